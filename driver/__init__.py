@@ -1,0 +1,1 @@
+"""The domain core shared by the controller and the kubelet plugin."""

@@ -1,0 +1,1 @@
+"""Kubelet gRPC API definitions (.proto) and their generated Python stubs."""
