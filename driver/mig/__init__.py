@@ -1,0 +1,1 @@
+"""MIG geometry: profiles, placements, the built-in catalog for emulation, device names."""
