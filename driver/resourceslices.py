@@ -1,0 +1,262 @@
+"""The ResourceSlice model: a node's MIG inventory → ``resource.k8s.io/v1`` ResourceSlice objects, and back.
+
+One device per (GPU, profile, placement start) — every slice that *could* be created — with the
+attributes and capacity of DESIGN.md's device model. Each GPU gets one counter set
+(``memory-slice-0..N-1`` = 1 each, ``media-extensions`` = 1); a device consumes the memory slices it
+covers (and the media-extensions counter if it is a ``+me`` profile), so no allocator that honours
+counters can ever hand out two overlapping slices.
+
+Kubernetes ≥ 1.35 requires counter sets and devices in separate slices, at most 8 counter sets per
+slice and at most 64 devices per slice that consumes counters; ``pool.resourceSliceCount`` counts all
+slices of the pool. The kubelet plugin publishes what :func:`build_pool` returns; the controller reads
+slices back with :func:`parse_devices`.
+"""
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from api import names
+from driver.mig.model import MigProfile, Placement
+from driver.mig.naming import device_name
+
+JsonObject = dict[str, Any]
+
+MAX_COUNTER_SETS_PER_SLICE = 8
+MAX_DEVICES_PER_SLICE = 64
+
+
+class PublishableGpu(Protocol):
+    """What the publisher needs to know of a GPU (``driver.gpu.backend.GpuInfo`` satisfies it)."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def uuid(self) -> str: ...
+    @property
+    def product_name(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInventory:
+    """One GPU to publish: its identity and the profiles it offers."""
+
+    index: int
+    uuid: str
+    product_name: str
+    memory_slices: int
+    profiles: tuple[MigProfile, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedDevice:
+    """A device read back from a ResourceSlice: one possible MIG slice on one GPU of one node."""
+
+    node: str
+    name: str
+    gpu_index: int
+    parent_uuid: str
+    product_name: str
+    profile: str
+    placement: Placement
+    media_extensions: bool
+    memory_bytes: int
+    multiprocessors: int
+    memory_slices_total: int
+    """Memory slices of the whole GPU (from its counter set), 0 if the counter slice is missing."""
+    attributes: Mapping[str, Any]
+    capacity: Mapping[str, Any]
+
+
+def counter_set_name(gpu_index: int) -> str:
+    return f"gpu-{gpu_index}"
+
+
+def slice_name(node: str, suffix: str) -> str:
+    """Deterministic slice names, so a restarted plugin updates its own slices in place."""
+    return f"{names.RESOURCE_SLICE_NAME_PREFIX}-{node}-{suffix}"
+
+
+def _device(gpu: GpuInventory, profile: MigProfile, placement: Placement) -> JsonObject:
+    counters = {
+        f"{names.COUNTER_MEMORY_SLICE_PREFIX}{i}": {"value": "1"}
+        for i in range(placement.start, placement.end)
+    }
+    if profile.media_extensions:
+        counters[names.COUNTER_MEDIA_EXTENSIONS] = {"value": "1"}
+    return {
+        "name": device_name(gpu_index=gpu.index, profile=profile.name, start=placement.start),
+        "attributes": {
+            names.ATTRIBUTE_PROFILE: {"string": profile.name},
+            names.ATTRIBUTE_GPU_INDEX: {"int": gpu.index},
+            names.ATTRIBUTE_PARENT_UUID: {"string": gpu.uuid},
+            names.ATTRIBUTE_PRODUCT_NAME: {"string": gpu.product_name},
+            names.ATTRIBUTE_PLACEMENT_START: {"int": placement.start},
+            names.ATTRIBUTE_PLACEMENT_SIZE: {"int": placement.size},
+            names.ATTRIBUTE_MEMORY_SLICES: {"int": profile.memory_slices},
+            names.ATTRIBUTE_COMPUTE_SLICES: {"int": profile.compute_slices},
+            names.ATTRIBUTE_MEDIA_EXTENSIONS: {"bool": profile.media_extensions},
+        },
+        "capacity": {
+            names.CAPACITY_MEMORY: {"value": str(profile.memory_bytes)},
+            names.CAPACITY_MULTIPROCESSORS: {"value": str(profile.multiprocessors)},
+        },
+        "consumesCounters": [{"counterSet": counter_set_name(gpu.index), "counters": counters}],
+    }
+
+
+def _counter_set(gpu: GpuInventory) -> JsonObject:
+    counters = {
+        f"{names.COUNTER_MEMORY_SLICE_PREFIX}{i}": {"value": "1"} for i in range(gpu.memory_slices)
+    }
+    counters[names.COUNTER_MEDIA_EXTENSIONS] = {"value": "1"}
+    return {"name": counter_set_name(gpu.index), "counters": counters}
+
+
+def _chunks(items: Sequence[JsonObject], size: int) -> list[Sequence[JsonObject]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def build_pool(
+    *,
+    node: str,
+    gpus: Iterable[GpuInventory],
+    generation: int,
+    owner: JsonObject | None = None,
+) -> list[JsonObject]:
+    """Every ResourceSlice of ``node``'s pool at ``generation``.
+
+    ``owner`` is the Node's ownerReference (``apiVersion``, ``kind``, ``name``, ``uid``) so the slices
+    go away with the Node. Returns an empty list when there is nothing to publish (no MIG GPU).
+    """
+    ordered = sorted(gpus, key=lambda g: g.index)
+    counter_sets = [_counter_set(g) for g in ordered]
+    device_groups: list[tuple[str, Sequence[JsonObject]]] = []
+    for gpu in ordered:
+        devices = [_device(gpu, p, pl) for p in gpu.profiles for pl in p.placements]
+        for part, chunk in enumerate(_chunks(devices, MAX_DEVICES_PER_SLICE)):
+            device_groups.append((f"gpu-{gpu.index}-{part}", chunk))
+    if not device_groups:
+        return []
+    counter_groups = _chunks(counter_sets, MAX_COUNTER_SETS_PER_SLICE)
+    total = len(counter_groups) + len(device_groups)
+
+    def spec(body: JsonObject) -> JsonObject:
+        return {
+            "driver": names.DRIVER_NAME,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": total},
+            "nodeName": node,
+            **body,
+        }
+
+    def metadata(suffix: str) -> JsonObject:
+        meta: JsonObject = {
+            "name": slice_name(node, suffix),
+            "labels": {"app.kubernetes.io/managed-by": "instaslice"},
+        }
+        if owner is not None:
+            meta["ownerReferences"] = [{**owner, "controller": True}]
+        return meta
+
+    slices = [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": metadata(f"counters-{i}"),
+            "spec": spec({"sharedCounters": list(group)}),
+        }
+        for i, group in enumerate(counter_groups)
+    ]
+    slices += [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": metadata(suffix),
+            "spec": spec({"devices": list(group)}),
+        }
+        for suffix, group in device_groups
+    ]
+    return slices
+
+
+def _attr(attributes: Mapping[str, Any], name: str) -> Any:
+    value = attributes.get(name) or attributes.get(f"{names.DRIVER_NAME}/{name}")
+    if not isinstance(value, Mapping) or len(value) != 1:
+        raise ValueError(f"attribute {name!r} missing or malformed")
+    return next(iter(value.values()))
+
+
+def _quantity_int(capacity: Mapping[str, Any], name: str) -> int:
+    entry = capacity.get(name) or capacity.get(f"{names.DRIVER_NAME}/{name}") or {}
+    value = str(entry.get("value", "0"))
+    suffixes = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+    for suffix, factor in suffixes.items():
+        if value.endswith(suffix):
+            return int(value[: -len(suffix)]) * factor
+    return int(value)
+
+
+def complete_pools(slices: Iterable[JsonObject]) -> dict[str, list[JsonObject]]:
+    """Our slices grouped by pool, keeping only each pool's newest generation, and only when all
+    ``resourceSliceCount`` slices of it are present (a half-published pool is not trusted yet)."""
+    by_pool: dict[str, list[JsonObject]] = {}
+    for obj in slices:
+        spec = obj.get("spec", {})
+        if spec.get("driver") != names.DRIVER_NAME:
+            continue
+        by_pool.setdefault(spec["pool"]["name"], []).append(obj)
+    complete: dict[str, list[JsonObject]] = {}
+    for pool, objs in by_pool.items():
+        newest = max(o["spec"]["pool"]["generation"] for o in objs)
+        current = [o for o in objs if o["spec"]["pool"]["generation"] == newest]
+        if len(current) >= current[0]["spec"]["pool"]["resourceSliceCount"]:
+            complete[pool] = current
+    return complete
+
+
+def parse_devices(pool_slices: Iterable[JsonObject]) -> list[PublishedDevice]:
+    """The devices of one pool's slices (as returned by :func:`complete_pools`).
+
+    Devices whose attributes are malformed are skipped: a slice we did not write must not break
+    allocation for everyone else.
+    """
+    objs = list(pool_slices)
+    sizes: dict[str, int] = {}
+    for obj in objs:
+        for counter_set in obj["spec"].get("sharedCounters") or []:
+            prefix = names.COUNTER_MEMORY_SLICE_PREFIX
+            sizes[counter_set["name"]] = sum(
+                1 for k in counter_set["counters"] if k.startswith(prefix)
+            )
+    devices: list[PublishedDevice] = []
+    for obj in objs:
+        spec = obj["spec"]
+        node = spec.get("nodeName") or spec["pool"]["name"]
+        for dev in spec.get("devices") or []:
+            attributes = dev.get("attributes", {})
+            capacity = dev.get("capacity", {})
+            try:
+                gpu_index = int(_attr(attributes, names.ATTRIBUTE_GPU_INDEX))
+                devices.append(
+                    PublishedDevice(
+                        node=node,
+                        name=dev["name"],
+                        gpu_index=gpu_index,
+                        parent_uuid=str(_attr(attributes, names.ATTRIBUTE_PARENT_UUID)),
+                        product_name=str(_attr(attributes, names.ATTRIBUTE_PRODUCT_NAME)),
+                        profile=str(_attr(attributes, names.ATTRIBUTE_PROFILE)),
+                        placement=Placement(
+                            start=int(_attr(attributes, names.ATTRIBUTE_PLACEMENT_START)),
+                            size=int(_attr(attributes, names.ATTRIBUTE_PLACEMENT_SIZE)),
+                        ),
+                        media_extensions=bool(_attr(attributes, names.ATTRIBUTE_MEDIA_EXTENSIONS)),
+                        memory_bytes=_quantity_int(capacity, names.CAPACITY_MEMORY),
+                        multiprocessors=_quantity_int(capacity, names.CAPACITY_MULTIPROCESSORS),
+                        memory_slices_total=sizes.get(counter_set_name(gpu_index), 0),
+                        attributes=attributes,
+                        capacity=capacity,
+                    )
+                )
+            except (KeyError, TypeError, ValueError):
+                continue
+    return devices
