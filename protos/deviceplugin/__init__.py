@@ -1,0 +1,1 @@
+"""Kubelet device plugin API (k8s.io/kubelet/pkg/apis/deviceplugin)."""

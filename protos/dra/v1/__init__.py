@@ -1,0 +1,1 @@
+"""DRA node API v1 (`k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`); stubs generated from api.proto."""

@@ -1,0 +1,1 @@
+"""Kubelet pod-resources API (k8s.io/kubelet/pkg/apis/podresources)."""
