@@ -1,7 +1,7 @@
 # InstaSlice — one tool per target. Everything runs inside the project's own virtualenv.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PACKAGES := api driver controller kubeletplugin localcluster
+PACKAGES := api driver controller kubeletplugin localcluster protos
 PYTEST_ARGS ?=
 
 .PHONY: help install protos protos-check lint fmt typecheck test test-unit bench demo check-nvml clean
