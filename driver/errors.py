@@ -47,5 +47,27 @@ class ApiNotFoundError(ClusterError):
     retryable = False
 
 
+class AlreadyExistsError(ConflictError):
+    """A create found an object of that name already there (HTTP 409, reason ``AlreadyExists``)."""
+
+    retryable = False
+
+
+class InvalidError(ClusterError):
+    """The API server refused the request as invalid (HTTP 400/422); the message is the Status's."""
+
+    retryable = False
+
+
+class GoneError(ClusterError):
+    """The resourceVersion asked for is too old (HTTP 410, or a watch ``ERROR`` event): re-list."""
+
+
 class CheckpointError(DriverError):
     """The node checkpoint file is corrupt, of an unknown version, or cannot be written."""
+
+
+class CdiError(DriverError):
+    """A CDI spec file cannot be written, read back or removed."""
+
+    retryable = True

@@ -1,0 +1,215 @@
+"""The writes our daemons make, each with the wire semantics Kubernetes requires of it.
+
+Functions over the ``ClusterApi`` port, so every adapter (and every fake) gets the same rules:
+optimistic concurrency everywhere (a stale object raises ``ConflictError``: re-read and recompute,
+never force), the claim finalizer before an allocation and the allocation timestamp in it (DESIGN
+facts 2 and 3), gates only ever removed and only our own (fact 4). Objects passed in are never
+mutated — they may be informer-cache dicts.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from datetime import datetime
+
+from api.names import DELETE_PROTECTION_FINALIZER, SCHEDULING_GATE
+from driver.cluster.port import (
+    PODS,
+    RESOURCE_CLAIMS,
+    ClusterApi,
+    JsonObject,
+    PatchType,
+    Resource,
+    format_time,
+    gate_names,
+    name_of,
+    namespace_of,
+    uid_of,
+)
+from driver.errors import ConflictError, InvalidError
+
+logger = logging.getLogger(__name__)
+
+_ATTEMPTS = 3
+
+
+def remove_scheduling_gate(
+    api: ClusterApi, *, pod: JsonObject, gate: str = SCHEDULING_GATE
+) -> JsonObject:
+    """Lift ``gate`` from the pod, keeping every other gate; return the pod as written.
+
+    A JSON patch guarded by a ``test`` of the whole gate list: it succeeds however stale ``pod``
+    is in other fields, and can never drop a gate someone else added or lifted meanwhile (the test
+    fails, we re-read and try again). Idempotent: a pod without the gate is returned unchanged.
+    """
+    namespace, name, uid = namespace_of(pod), name_of(pod), uid_of(pod)
+    for _ in range(_ATTEMPTS):
+        current = gate_names(pod)
+        if gate not in current:
+            return pod
+        gates = pod.get("spec", {}).get("schedulingGates") or []
+        ops: list[JsonObject] = [
+            {"op": "test", "path": "/metadata/uid", "value": uid},
+            {"op": "test", "path": "/spec/schedulingGates", "value": gates},
+            {
+                "op": "replace",
+                "path": "/spec/schedulingGates",
+                "value": [g for g in gates if g.get("name") != gate],
+            },
+        ]
+        try:
+            return api.patch(
+                PODS, name=name, namespace=namespace, patch=ops, patch_type=PatchType.JSON
+            )
+        except InvalidError as exc:
+            # A failed ``test`` is a lost race, not a bad request: look again.
+            pod = api.get(PODS, name=name, namespace=namespace)
+            if uid_of(pod) != uid:
+                raise ConflictError(f"pod {namespace}/{name} was replaced") from exc
+            if gate_names(pod) == current:
+                raise  # the gates did not change: the server refused for another reason
+    raise ConflictError(f"pod {namespace}/{name}: gates kept changing; gate {gate} not removed")
+
+
+def set_pod_node_selector(
+    api: ClusterApi, *, pod: JsonObject, node_selector: dict[str, str]
+) -> JsonObject:
+    """Merge ``node_selector`` into the pod's ``spec.nodeSelector`` — allowed only while the pod is
+    gated, so it is guarded by a ``test`` that the pod is the same and still carries its gates."""
+    gates = pod.get("spec", {}).get("schedulingGates") or []
+    if not gates:
+        raise InvalidError(f"pod {namespace_of(pod)}/{name_of(pod)} is not gated")
+    merged = {**(pod.get("spec", {}).get("nodeSelector") or {}), **node_selector}
+    ops: list[JsonObject] = [
+        {"op": "test", "path": "/metadata/uid", "value": uid_of(pod)},
+        {"op": "test", "path": "/spec/schedulingGates", "value": gates},
+        {"op": "add", "path": "/spec/nodeSelector", "value": merged},
+    ]
+    return api.patch(
+        PODS, name=name_of(pod), namespace=namespace_of(pod), patch=ops, patch_type=PatchType.JSON
+    )
+
+
+def set_pod_condition(
+    api: ClusterApi,
+    *,
+    pod: JsonObject,
+    condition_type: str,
+    status: str,
+    reason: str,
+    message: str,
+    now: datetime,
+) -> JsonObject:
+    """Set one condition on ``pod.status.conditions`` (others untouched) through ``/status``.
+
+    ``lastTransitionTime`` moves only when ``status`` changes; an identical condition is not
+    rewritten. Conflicts re-read the pod and retry a few times.
+    """
+    namespace, name = namespace_of(pod), name_of(pod)
+    for attempt in range(_ATTEMPTS):
+        conditions = list(pod.get("status", {}).get("conditions") or [])
+        existing = next((c for c in conditions if c.get("type") == condition_type), None)
+        if existing is not None and (
+            existing.get("status"),
+            existing.get("reason"),
+            existing.get("message"),
+        ) == (status, reason, message):
+            return pod
+        condition: JsonObject = {
+            "type": condition_type,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastProbeTime": None,
+            "lastTransitionTime": (
+                existing["lastTransitionTime"]
+                if existing is not None
+                and existing.get("status") == status
+                and existing.get("lastTransitionTime")
+                else format_time(now)
+            ),
+        }
+        updated = copy.deepcopy(pod)
+        updated.setdefault("status", {})["conditions"] = [
+            condition if c is existing else copy.deepcopy(c) for c in conditions
+        ] + ([] if existing is not None else [condition])
+        try:
+            return api.update_status(PODS, updated)
+        except ConflictError:
+            if attempt == _ATTEMPTS - 1:
+                raise
+            pod = api.get(PODS, name=name, namespace=namespace)
+    raise AssertionError("unreachable")
+
+
+def add_claim_finalizer(
+    api: ClusterApi, *, claim: JsonObject, finalizer: str = DELETE_PROTECTION_FINALIZER
+) -> JsonObject:
+    """Add the delete-protection finalizer (a normal update, resourceVersion-checked) — required
+    before writing an allocation (DESIGN fact 3). No write if it is already there."""
+    finalizers = claim.get("metadata", {}).get("finalizers") or []
+    if finalizer in finalizers:
+        return claim
+    updated = copy.deepcopy(claim)
+    updated["metadata"]["finalizers"] = [*finalizers, finalizer]
+    return api.update(RESOURCE_CLAIMS, updated)
+
+
+def write_claim_allocation(
+    api: ClusterApi,
+    *,
+    claim: JsonObject,
+    allocation: JsonObject,
+    allocated_at: datetime,
+    reserved_for: list[JsonObject] | None = None,
+) -> JsonObject:
+    """Write ``status.allocation`` (with ``allocationTimestamp``, DESIGN fact 2) through
+    ``/status`` with the claim's resourceVersion. ``reserved_for`` is set too when given (shadow
+    claims are reserved for their pod by us; for other claims kube-scheduler does it)."""
+    finalizers = claim.get("metadata", {}).get("finalizers") or []
+    if DELETE_PROTECTION_FINALIZER not in finalizers:
+        raise ValueError(
+            f"claim {namespace_of(claim)}/{name_of(claim)} lacks {DELETE_PROTECTION_FINALIZER}; "
+            "call add_claim_finalizer first"
+        )
+    if claim.get("status", {}).get("allocation"):
+        raise ConflictError(f"claim {namespace_of(claim)}/{name_of(claim)} is already allocated")
+    updated = copy.deepcopy(claim)
+    status = updated.setdefault("status", {})
+    status["allocation"] = {
+        **copy.deepcopy(allocation),
+        "allocationTimestamp": format_time(allocated_at),
+    }
+    if reserved_for is not None:
+        status["reservedFor"] = copy.deepcopy(reserved_for)
+    return api.update_status(RESOURCE_CLAIMS, updated)
+
+
+def clear_claim_allocation(api: ClusterApi, *, claim: JsonObject) -> JsonObject:
+    """Deallocate: drop ``allocation``, ``reservedFor`` and per-device status in one ``/status``
+    update (resourceVersion-checked). Used for shadow claims of finished pods (DESIGN fact 6)."""
+    updated = copy.deepcopy(claim)
+    status = updated.setdefault("status", {})
+    for key in ("allocation", "reservedFor", "devices"):
+        status.pop(key, None)
+    return api.update_status(RESOURCE_CLAIMS, updated)
+
+
+def owner_reference(
+    resource: Resource, owner: JsonObject, *, controller: bool = True, block_deletion: bool = True
+) -> JsonObject:
+    """An ``ownerReferences`` entry pointing at ``owner`` (garbage collection follows it)."""
+    return {
+        "apiVersion": resource.api_version,
+        "kind": resource.kind,
+        "name": name_of(owner),
+        "uid": uid_of(owner),
+        "controller": controller,
+        "blockOwnerDeletion": block_deletion,
+    }
+
+
+def pod_reference(pod: JsonObject) -> JsonObject:
+    """A ``status.reservedFor`` entry for a pod."""
+    return {"resource": "pods", "name": name_of(pod), "uid": uid_of(pod)}
