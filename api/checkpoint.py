@@ -1,0 +1,221 @@
+"""The node checkpoint: what the kubelet plugin has prepared on this node, and its file format.
+
+The plugin records a claim as ``PrepareStarted`` (with the devices it is about to create) *before*
+touching the GPU and as ``PrepareCompleted`` (with GPU-instance/compute-instance ids, MIG UUIDs and
+CDI ids) before answering the kubelet. After a crash the checkpoint says which slices may exist
+half-made (roll back), which are complete (answer again), and which MIG instances nobody owns
+(destroy). The boot id tells a checkpoint from before a reboot, when no MIG instance survives.
+
+File format (``encode_checkpoint`` / ``decode_checkpoint``)::
+
+    {"version": 1, "checksum": "sha256:<hex>", "data": {…Checkpoint…}}
+
+``checksum`` is SHA-256 over the *canonical* JSON of ``data`` (keys sorted, no spaces, ASCII), so
+how the file is indented does not matter but any edit or partial write of ``data`` does.
+
+Forward-compatibility rule: the schema is strict (unknown fields are errors), so **any change an
+older reader would reject or misread — a new field, a renamed one, a changed meaning — bumps
+``version``**. A newer build keeps decoding every older version (migrating it in
+``decode_checkpoint``), so upgrades keep the node's prepared claims. An older build refuses a newer
+version with ``CheckpointDecodeError`` naming both versions instead of guessing; the plugin then
+treats the file like a corrupt one (rebuild from the API server and NVML, keep the bad file aside).
+"""
+
+import hashlib
+import json
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any, Final
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from api.errors import CheckpointDecodeError, ValidationFailed
+
+CHECKPOINT_VERSION: Final = 1
+CHECKSUM_ALGORITHM: Final = "sha256"
+
+_ENVELOPE_KEYS: Final = frozenset({"version", "checksum", "data"})
+
+
+class PrepareState(StrEnum):
+    PREPARE_STARTED = "PrepareStarted"
+    """Devices may exist partly: roll back before preparing again."""
+    PREPARE_COMPLETED = "PrepareCompleted"
+    """Every device exists and its CDI spec is written: answer from the checkpoint."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class PreparedDevice(_Strict):
+    """One allocated device of a claim and the MIG slice made for it."""
+
+    request_names: tuple[str, ...]
+    pool: str
+    device: str
+    """Device name as published in the ResourceSlice, e.g. ``gpu-0-1g-5gb-3``."""
+    gpu_index: int = Field(ge=0)
+    gpu_uuid: str
+    profile: str
+    placement_start: int = Field(ge=0)
+    placement_size: int = Field(ge=1)
+    gi_id: int | None = Field(default=None, ge=0)
+    """NVML GPU-instance id; None until the GPU instance exists."""
+    ci_id: int | None = Field(default=None, ge=0)
+    mig_uuid: str | None = None
+    cdi_device_ids: tuple[str, ...] = ()
+
+    def is_complete(self) -> bool:
+        return (
+            self.gi_id is not None
+            and self.ci_id is not None
+            and bool(self.mig_uuid)
+            and bool(self.cdi_device_ids)
+        )
+
+
+class ShimBinding(_Strict):
+    """For claims the device-plugin shim prepared (shadow claims of classic pods).
+
+    The device-plugin ``Allocate`` call does not say which pod asks, so ``pod_uid`` and
+    ``container_name`` start unknown and are filled in once the kubelet's pod-resources API shows
+    which container holds ``device_plugin_ids``.
+    """
+
+    resource_name: str
+    """Extended resource served, e.g. ``nvidia.com/mig-1g.5gb``."""
+    device_plugin_ids: tuple[str, ...] = ()
+    """The device-plugin device ids the kubelet allocated for these slices."""
+    pod_uid: str | None = None
+    container_name: str | None = None
+
+
+class PreparedClaim(_Strict):
+    uid: str = Field(min_length=1)
+    namespace: str
+    name: str
+    state: PrepareState
+    devices: tuple[PreparedDevice, ...] = ()
+    shim: ShimBinding | None = None
+
+    @model_validator(mode="after")
+    def _completed_means_complete(self) -> "PreparedClaim":
+        if self.state is PrepareState.PREPARE_COMPLETED:
+            unfinished = [d.device for d in self.devices if not d.is_complete()]
+            if unfinished:
+                raise ValueError(
+                    f"claim {self.uid} is PrepareCompleted but devices {unfinished} lack a "
+                    "GPU-instance id, compute-instance id, MIG UUID or CDI device id"
+                )
+        return self
+
+
+class Checkpoint(_Strict):
+    """Everything prepared on one node, keyed by claim UID. Treat as immutable: use ``with_claim``."""
+
+    node_name: str = ""
+    boot_id: str = ""
+    """``/proc/sys/kernel/random/boot_id`` when written; empty in a fresh checkpoint."""
+    claims: dict[str, PreparedClaim] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _keys_are_uids(self) -> "Checkpoint":
+        for key, claim in self.claims.items():
+            if key != claim.uid:
+                raise ValueError(f"claim stored under key {key!r} has uid {claim.uid!r}")
+        return self
+
+    def claim(self, uid: str) -> PreparedClaim | None:
+        return self.claims.get(uid)
+
+    def with_claim(self, claim: PreparedClaim) -> "Checkpoint":
+        """A copy with ``claim`` added or replaced."""
+        return Checkpoint(
+            node_name=self.node_name,
+            boot_id=self.boot_id,
+            claims={**self.claims, claim.uid: claim},
+        )
+
+    def without_claim(self, uid: str) -> "Checkpoint":
+        """A copy without the claim (no error if it was not there)."""
+        claims = {key: claim for key, claim in self.claims.items() if key != uid}
+        return Checkpoint(node_name=self.node_name, boot_id=self.boot_id, claims=claims)
+
+    def with_identity(self, *, node_name: str, boot_id: str) -> "Checkpoint":
+        """A copy stamped with this node and boot, claims kept."""
+        return Checkpoint(node_name=node_name, boot_id=boot_id, claims=dict(self.claims))
+
+
+def _canonical(data: Any) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def _checksum(canonical: bytes) -> str:
+    return f"{CHECKSUM_ALGORITHM}:{hashlib.sha256(canonical).hexdigest()}"
+
+
+def data_checksum(data: Mapping[str, Any]) -> str:
+    """The ``checksum`` an envelope must carry for ``data`` (JSON-typed), e.g. ``sha256:…``."""
+    return _checksum(_canonical(data))
+
+
+def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
+    """The bytes of a checkpoint file (indented JSON for people; the checksum ignores layout)."""
+    data = checkpoint.model_dump(mode="json")
+    envelope = {
+        "version": CHECKPOINT_VERSION,
+        "checksum": _checksum(_canonical(data)),
+        "data": data,
+    }
+    return json.dumps(envelope, indent=2, sort_keys=True).encode() + b"\n"
+
+
+def decode_checkpoint(raw: bytes) -> Checkpoint:
+    """Read checkpoint bytes back; ``CheckpointDecodeError`` says what is wrong with them."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CheckpointDecodeError(f"not UTF-8 text ({exc})") from exc
+    if not text.strip():
+        raise CheckpointDecodeError("the file is empty")
+    try:
+        envelope = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CheckpointDecodeError(
+            f"not valid JSON ({exc}); the file may be truncated or partly written"
+        ) from exc
+    if not isinstance(envelope, dict):
+        raise CheckpointDecodeError(f"expected a JSON object, found {type(envelope).__name__}")
+    missing = sorted(_ENVELOPE_KEYS - envelope.keys())
+    unknown = sorted(envelope.keys() - _ENVELOPE_KEYS)
+    if missing or unknown:
+        raise CheckpointDecodeError(
+            f"envelope fields wrong (missing {missing}, unknown {unknown}); "
+            "expected version, checksum and data"
+        )
+    version = envelope["version"]
+    if type(version) is not int:
+        raise CheckpointDecodeError(f"version must be an integer, found {version!r}")
+    if version != CHECKPOINT_VERSION:
+        raise CheckpointDecodeError(
+            f"unknown checkpoint version {version} (this build reads version {CHECKPOINT_VERSION}); "
+            "was it written by a newer InstaSlice?"
+        )
+    data = envelope["data"]
+    if not isinstance(data, dict):
+        raise CheckpointDecodeError(f"data must be a JSON object, found {type(data).__name__}")
+    canonical = _canonical(data)
+    expected = _checksum(canonical)
+    if envelope["checksum"] != expected:
+        raise CheckpointDecodeError(
+            f"checksum mismatch: the file says {envelope['checksum']!r} but its data hashes to "
+            f"{expected!r}; the file was edited or partly written"
+        )
+    try:
+        return Checkpoint.model_validate_json(canonical)
+    except ValidationError as exc:
+        problems = ValidationFailed.from_pydantic("Checkpoint", exc)
+        raise CheckpointDecodeError(
+            f"data does not match checkpoint schema version {CHECKPOINT_VERSION}: {problems}"
+        ) from exc
