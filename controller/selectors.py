@@ -1,0 +1,430 @@
+"""CEL device selectors (DeviceClass and request ``selectors``) evaluated the way Kubernetes does.
+
+The controller is our only allocator, so it must pick exactly the devices kube-scheduler would: a
+device is a candidate for a request when every selector of its DeviceClass and of the request
+evaluates to ``true`` on it. Expressions are CEL over one variable, ``device``:
+
+- ``device.driver`` — the publishing driver's name;
+- ``device.attributes[<domain>].<name>`` — attribute values (int, bool, string, semver, lists);
+  names published without a domain belong to the driver's domain;
+- ``device.capacity[<domain>].<name>`` — Kubernetes ``Quantity`` values (``compareTo``,
+  ``isGreaterThan``, ``asInteger``…, see ``cel_library``).
+
+Rules copied from kube-scheduler (``k8s.io/dynamic-resource-allocation/cel``):
+
+- Looking up a domain the device has nothing in gives an empty map, so
+  ``device.attributes["other.dev"].x`` is a "no such key" *runtime error*, while
+  ``"other.dev" in device.attributes`` is ``false`` and ``has(device.attributes["d"].x)`` is safe.
+- **A runtime error is an error for the claim, not a "no match"**: kube-scheduler stops allocating
+  the pod with "CEL runtime error while evaluating …". ``CompiledSelector.matches`` therefore raises
+  ``SelectorEvaluationError``; the allocation loop must fail the claim with that message (a distinct
+  reason, no retry until the claim or the devices change) and leave every other claim alone.
+- A result that is not a bool is also such an error. Selectors of one request are checked in order
+  and the first ``false`` ends the check (``matches_all``), so a later selector's error stays hidden,
+  as in Kubernetes.
+
+Evaluator: ``cel-python`` (pure Python, already a dependency). Its parser gives us Kubernetes'
+syntax; cel-go's type checker has no equivalent there, so ``compile_selector`` adds the static checks
+that matter for error messages: unknown functions and undeclared variables are compile errors, as in
+kube-apiserver. Unsupported Kubernetes library functions (string extensions, ``cel.bind``, lists,
+IP/CIDR, URL) are reported as such at compile time rather than misbehaving at run time.
+
+Speed: an expression is compiled once (memoized), and a verdict is computed once per device and
+cached. cel-python costs ~0.1 ms per evaluation, too much for 20,000 devices times every selector, so
+when an expression reads ``device`` only through fixed paths (``device.driver``,
+``device.attributes["d"].name``, ``device.capacity["d"].name``, ``"d" in device.attributes`` —
+the usual case) the verdict is
+cached by the *values of those paths* instead: a profile selector is evaluated once per distinct
+profile, not once per device. The verdict is a pure function of what the expression reads, so this
+is exact; other expressions fall back to one evaluation per device (and slice version).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeAlias
+
+import celpy
+import lark
+from celpy import celtypes
+from celpy.celparser import CELParseError
+from celpy.evaluation import CELEvalError
+
+from controller.cel_library import KUBERNETES_FUNCTIONS, Quantity, Semver
+from controller.selector_analysis import DevicePath, analyze_expression
+from driver.errors import ConfigError
+
+_log = logging.getLogger(__name__)
+
+MAX_EXPRESSION_LENGTH: Final = 10 * 1024
+"""kube-apiserver's limit on a selector expression (``CELSelectorExpressionMaxLength``)."""
+
+MAX_CACHED_VERDICTS: Final = 200_000
+"""Per selector; the cache is dropped whole when it grows past this (old slice versions pile up)."""
+
+AttributeValue: TypeAlias = "int | bool | str | Semver | tuple[int | bool | str | Semver, ...]"
+DeviceId: TypeAlias = tuple[str, str, str]
+"""(driver, pool, device name): how an allocation result names a device."""
+
+
+class SelectorError(ConfigError):
+    """A device selector is unusable; ``expression`` is the CEL text the user wrote."""
+
+    def __init__(self, message: str, *, expression: str) -> None:
+        super().__init__(message)
+        self.expression = expression
+
+
+class SelectorCompileError(SelectorError):
+    """The expression does not compile (syntax, unknown function or variable, too long)."""
+
+
+class SelectorEvaluationError(SelectorError):
+    """The expression failed at run time on a device: an error for the whole claim (see above)."""
+
+    def __init__(self, message: str, *, expression: str, device: DeviceId) -> None:
+        super().__init__(message, expression=expression)
+        self.device = device
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceView:
+    """One published device as selectors see it. Build with ``device_view_from_slice``.
+
+    ``attributes`` and ``capacity`` are keyed domain → name (unqualified names already moved into
+    the driver's domain). The object is hashable only through ``device_id``/``cache_key``.
+    """
+
+    driver: str
+    pool: str
+    name: str
+    node_name: str | None
+    attributes: Mapping[str, Mapping[str, AttributeValue]]
+    capacity: Mapping[str, Mapping[str, Quantity]]
+    pool_generation: int = 0
+    slice_name: str = ""
+    slice_resource_version: str = ""
+    _cel: list[celtypes.MapType] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
+
+    @property
+    def device_id(self) -> DeviceId:
+        return (self.driver, self.pool, self.name)
+
+    @property
+    def cache_key(self) -> tuple[str, str, str, int, str, str]:
+        """Identity plus the slice version it came from: a new version may change attributes."""
+        return (
+            self.driver,
+            self.pool,
+            self.name,
+            self.pool_generation,
+            self.slice_name,
+            self.slice_resource_version,
+        )
+
+    def cel_value(self) -> celtypes.MapType:
+        """The ``device`` variable, built on first use (most devices never need it)."""
+        if not self._cel:
+            self._cel.append(_to_cel_device(self))
+        return self._cel[0]
+
+
+def device_view_from_slice(
+    slice_obj: Mapping[str, Any], device_obj: Mapping[str, Any]
+) -> DeviceView:
+    """A ``DeviceView`` of one device of a ResourceSlice (wire JSON, ``resource.k8s.io/v1``).
+
+    The v1beta1 shape (attributes under ``basic``) is accepted too. A malformed attribute or
+    quantity raises ``ConfigError`` naming the device.
+    """
+    spec = slice_obj.get("spec", {})
+    metadata = slice_obj.get("metadata", {})
+    driver = str(spec.get("driver", ""))
+    pool = spec.get("pool", {})
+    name = str(device_obj.get("name", ""))
+    body = device_obj.get("basic", device_obj)
+    where = f"device {name!r} of ResourceSlice {metadata.get('name', '?')!r}"
+    attributes: dict[str, dict[str, AttributeValue]] = {}
+    for qualified, raw in (body.get("attributes") or {}).items():
+        domain, short = split_qualified_name(qualified, default_domain=driver)
+        attributes.setdefault(domain, {})[short] = _attribute_value(
+            raw, where=f"{where}: {qualified}"
+        )
+    capacity: dict[str, dict[str, Quantity]] = {}
+    for qualified, raw in (body.get("capacity") or {}).items():
+        domain, short = split_qualified_name(qualified, default_domain=driver)
+        value = raw.get("value") if isinstance(raw, Mapping) else None
+        try:
+            capacity.setdefault(domain, {})[short] = Quantity.parse(str(value))
+        except ValueError as exc:
+            raise ConfigError(f"{where}: capacity {qualified}: {exc}") from exc
+    return DeviceView(
+        driver=driver,
+        pool=str(pool.get("name", "")),
+        name=name,
+        node_name=spec.get("nodeName"),
+        attributes=attributes,
+        capacity=capacity,
+        pool_generation=int(pool.get("generation", 0)),
+        slice_name=str(metadata.get("name", "")),
+        slice_resource_version=str(metadata.get("resourceVersion", "")),
+    )
+
+
+def device_views_from_slice(slice_obj: Mapping[str, Any]) -> list[DeviceView]:
+    """Every device of a ResourceSlice (none for a counter-only slice)."""
+    devices = slice_obj.get("spec", {}).get("devices") or []
+    return [device_view_from_slice(slice_obj, device) for device in devices]
+
+
+def split_qualified_name(qualified: str, *, default_domain: str) -> tuple[str, str]:
+    """``"dom.ain/name"`` → ``("dom.ain", "name")``; a bare name belongs to ``default_domain``."""
+    domain, sep, short = qualified.partition("/")
+    return (domain, short) if sep else (default_domain, qualified)
+
+
+def _attribute_value(raw: Any, *, where: str) -> AttributeValue:
+    if not isinstance(raw, Mapping) or len(raw) != 1:
+        raise ConfigError(f"{where}: an attribute needs exactly one value field, got {raw!r}")
+    ((kind, value),) = raw.items()
+    try:
+        if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if kind == "bool" and isinstance(value, bool):
+            return value
+        if kind == "string" and isinstance(value, str):
+            return value
+        if kind == "version" and isinstance(value, str):
+            return Semver.parse(value)
+        if kind in ("ints", "bools", "strings", "versions") and isinstance(value, list):
+            single = kind[:-1]
+            return tuple(_attribute_value({single: item}, where=where) for item in value)  # type: ignore[misc]
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    raise ConfigError(f"{where}: unsupported attribute value {raw!r}")
+
+
+class _DomainMap(celtypes.MapType):
+    """``device.attributes`` / ``device.capacity``: an unknown domain reads as an empty map."""
+
+    def __missing__(self, key: Any) -> celtypes.MapType:
+        return celtypes.MapType()
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self[key]
+
+
+def _cel_scalar(value: Any) -> Any:
+    if isinstance(value, bool):
+        return celtypes.BoolType(value)
+    if isinstance(value, int):
+        return celtypes.IntType(value)
+    if isinstance(value, str):
+        return celtypes.StringType(value)
+    if isinstance(value, tuple):
+        return celtypes.ListType([_cel_scalar(item) for item in value])
+    return value  # Semver, Quantity: already CEL-aware
+
+
+def _to_cel_device(device: DeviceView) -> celtypes.MapType:
+    def domains(source: Mapping[str, Mapping[str, Any]]) -> _DomainMap:
+        return _DomainMap(
+            {
+                celtypes.StringType(domain): celtypes.MapType(
+                    {celtypes.StringType(k): _cel_scalar(v) for k, v in values.items()}
+                )
+                for domain, values in source.items()
+            }
+        )
+
+    return celtypes.MapType(
+        {
+            celtypes.StringType("driver"): celtypes.StringType(device.driver),
+            celtypes.StringType("attributes"): domains(device.attributes),
+            celtypes.StringType("capacity"): domains(device.capacity),
+        }
+    )
+
+
+_ABSENT: Final = ("absent",)
+
+
+def _projection_value(device: DeviceView, path: DevicePath) -> Any:
+    """The value at ``path`` in a hashable form that keeps types apart (``1`` vs ``true``)."""
+    if path.root == "driver":
+        return ("str", device.driver)
+    source: Mapping[str, Mapping[str, Any]] = (
+        device.attributes if path.root == "attributes" else device.capacity
+    )
+    if not path.name:
+        return ("presence", path.domain in source)
+    value = source.get(path.domain, {}).get(path.name, _ABSENT)
+    if value is _ABSENT:
+        return _ABSENT
+    return _hashable(value)
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, Quantity | Semver):
+        return (type(value).__name__, value.text)
+    if isinstance(value, tuple):
+        return ("list", tuple(_hashable(item) for item in value))
+    return (type(value).__name__, value)
+
+
+_ENVIRONMENT: Final = celpy.Environment()
+
+
+class CompiledSelector:
+    """One compiled selector expression with its cache of verdicts. Thread-safe."""
+
+    def __init__(
+        self, expression: str, *, program: celpy.Runner, paths: tuple[DevicePath, ...] | None
+    ) -> None:
+        self.expression = expression
+        self._program = program
+        self._paths = paths
+        # verdict: True/False, or the runtime error message
+        self._verdicts: dict[Any, bool | str] = {}
+        self.evaluations = 0
+        """How many times the CEL program really ran (the rest were cache hits)."""
+
+    @property
+    def projected(self) -> bool:
+        """Whether verdicts are shared between devices with equal values at the paths read."""
+        return self._paths is not None
+
+    def matches(self, device: DeviceView) -> bool:
+        """Whether the device satisfies the expression; ``SelectorEvaluationError`` on a CEL error."""
+        if self._paths is not None:
+            key: Any = tuple(_projection_value(device, path) for path in self._paths)
+        else:
+            key = device.cache_key
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            verdict = self._evaluate(device)
+            if len(self._verdicts) >= MAX_CACHED_VERDICTS:
+                self._verdicts.clear()
+            self._verdicts[key] = verdict
+        return self._verdict_or_raise(verdict, device)
+
+    def evaluate(self, device: DeviceView) -> bool:
+        """Like ``matches`` but always runs the CEL program and caches nothing (tests, debugging)."""
+        return self._verdict_or_raise(self._evaluate(device), device)
+
+    def _verdict_or_raise(self, verdict: bool | str, device: DeviceView) -> bool:
+        if isinstance(verdict, str):
+            raise SelectorEvaluationError(
+                f"CEL runtime error while evaluating {self.expression!r} on device "
+                f"{device.pool}/{device.name}: {verdict}",
+                expression=self.expression,
+                device=device.device_id,
+            )
+        return verdict
+
+    def _evaluate(self, device: DeviceView) -> bool | str:
+        self.evaluations += 1
+        try:
+            result: Any = self._program.evaluate({"device": device.cel_value()})
+        except CELEvalError as exc:
+            return _eval_error_message(exc)
+        except Exception as exc:  # cel-python lets some Python errors escape; they are CEL errors
+            return f"{type(exc).__name__}: {exc}"
+        if isinstance(result, CELEvalError):
+            return _eval_error_message(result)
+        if not isinstance(result, celtypes.BoolType):
+            return f"the expression must evaluate to bool, not {type(result).__name__}"
+        return bool(result)
+
+    def clear_cache(self) -> None:
+        self._verdicts.clear()
+
+    def __repr__(self) -> str:
+        return f"CompiledSelector({self.expression!r})"
+
+
+def _eval_error_message(exc: CELEvalError) -> str:
+    """cel-python's ``(summary, exception class, exception args)`` as one readable line."""
+    args = exc.args
+    summary = str(args[0]) if args else repr(exc)
+    detail_args = args[2] if len(args) >= 3 and isinstance(args[2], tuple) else ()
+    if len(args) >= 2 and args[1] is KeyError and detail_args:
+        return f"no such key: {detail_args[0]}"
+    if len(detail_args) == 1 and isinstance(detail_args[0], str):
+        detail = detail_args[0]
+        # ``error && error`` arrives as a TypeError whose text holds both errors' reprs
+        inner = [m[2] for m in _NESTED_ERROR.finditer(detail)]
+        return " and ".join(inner) if inner else detail
+    return summary
+
+
+_NESTED_ERROR: Final = re.compile(r"""CELEvalError\(\*\((["'])(.*?)\1, """)
+
+
+_compiled: dict[str, CompiledSelector | SelectorCompileError] = {}
+_compiled_lock = threading.Lock()
+_MAX_COMPILED: Final = 10_000
+
+
+def compile_selector(expression: str) -> CompiledSelector:
+    """Compile one selector expression (memoized); ``SelectorCompileError`` when it is malformed."""
+    cached = _compiled.get(expression)
+    if cached is None:
+        cached = _compile(expression)
+        with _compiled_lock:
+            if len(_compiled) >= _MAX_COMPILED:
+                _compiled.clear()
+            cached = _compiled.setdefault(expression, cached)
+    if isinstance(cached, SelectorCompileError):
+        raise SelectorCompileError(str(cached), expression=expression)
+    return cached
+
+
+def _compile(expression: str) -> CompiledSelector | SelectorCompileError:
+    def failure(message: str) -> SelectorCompileError:
+        return SelectorCompileError(
+            f"CEL selector {expression!r} does not compile: {message}", expression=expression
+        )
+
+    if len(expression) > MAX_EXPRESSION_LENGTH:
+        return failure(f"longer than {MAX_EXPRESSION_LENGTH} bytes")
+    try:
+        ast = _ENVIRONMENT.compile(expression)
+    except CELParseError as exc:
+        line, column = getattr(exc, "line", None), getattr(exc, "column", None)
+        if line is None or column is None:
+            return failure("syntax error")
+        lines = expression.splitlines() or [""]
+        offending = lines[min(line, len(lines)) - 1][column - 1 : column + 19]
+        near = f"near {offending!r}" if offending else "at the end of the expression"
+        return failure(f"syntax error at line {line}, column {column}, {near}")
+    except lark.exceptions.LarkError as exc:
+        return failure(str(exc).strip())
+    analysis = analyze_expression(ast, known_functions=_KNOWN_FUNCTIONS)
+    if analysis.problems:
+        return failure("; ".join(analysis.problems))
+    program = _ENVIRONMENT.program(ast, functions=KUBERNETES_FUNCTIONS)
+    return CompiledSelector(expression, program=program, paths=analysis.device_paths)
+
+
+_KNOWN_FUNCTIONS: Final = frozenset(
+    {
+        # CEL standard functions cel-python implements (macros are handled by the analysis)
+        "size", "contains", "startsWith", "endsWith", "matches",
+        "int", "uint", "double", "string", "bool", "bytes", "type", "duration", "timestamp",
+        "getDate", "getDayOfMonth", "getDayOfWeek", "getDayOfYear", "getFullYear", "getMonth",
+        "getHours", "getMilliseconds", "getMinutes", "getSeconds",
+        *KUBERNETES_FUNCTIONS,
+    }
+)  # fmt: skip
+
+
+def matches_all(selectors: Sequence[CompiledSelector], device: DeviceView) -> bool:
+    """All selectors in order (class first, then request), stopping at the first ``false``."""
+    return all(selector.matches(device) for selector in selectors)
