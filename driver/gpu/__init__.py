@@ -1,0 +1,1 @@
+"""GPU backends: the ``GpuBackend`` seam, NVML for real GPUs, an emulation for everything else."""

@@ -1,0 +1,104 @@
+"""The ``GpuBackend`` seam: what the kubelet plugin needs from a GPU, whatever drives it.
+
+Two implementations stand behind it: ``driver.gpu.nvml`` (real GPUs through NVML) and
+``driver.gpu.emulated`` (the catalog's MIG rules, no hardware). Both pass the same contract suite in
+``tests/contract/test_gpu_backend.py``. Only a daemon's ``main`` chooses one.
+
+Errors every implementation raises (``driver.errors``):
+
+- ``NotFoundError``: a GPU index, profile, placement start or GPU-instance id that does not exist;
+- ``PlacementOccupiedError``: the placement overlaps an existing GPU instance, the GPU already has
+  its one ``+me`` instance, or the profile's maximum count is reached (NVML answers all three with
+  ``INSUFFICIENT_RESOURCES``);
+- ``ConfigError``: MIG mode is off on the GPU asked for (never toggled silently), or bad settings;
+- ``BackendError``: any other failure of the backend.
+"""
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from driver.errors import NotFoundError
+from driver.ids import GpuUuid, MigUuid
+from driver.mig.model import GpuModel, Placement
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """One physical GPU as the backend sees it now."""
+
+    index: int
+    uuid: GpuUuid
+    product_name: str
+    memory_bytes: int
+    multiprocessors: int
+    """Multiprocessors usable by MIG instances (the largest GPU-instance profile's); 0 if unknown."""
+    mig_enabled: bool
+    mig_pending: bool | None
+    """MIG mode after the next GPU reset; ``None`` when the GPU cannot tell (no MIG support)."""
+    minor: int | None
+    """The ``/dev/nvidia<minor>`` device node's minor number, when known."""
+    model: GpuModel | None
+    """Profiles and placements as this GPU reports them; ``None`` while MIG mode is off."""
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    """A GPU instance that exists on a GPU, with its default compute instance if it has one."""
+
+    gpu_index: int
+    gpu_uuid: GpuUuid
+    profile: str
+    placement: Placement
+    gi_id: int
+    ci_id: int | None
+    """``None``: a GPU instance without a compute instance (half-created; recovery destroys it)."""
+    mig_uuid: MigUuid | None
+    gi_cap_minor: int | None = None
+    """Minor of ``/dev/nvidia-caps/nvidia-cap<N>`` granting access to the GPU instance."""
+    ci_cap_minor: int | None = None
+    """Minor of ``/dev/nvidia-caps/nvidia-cap<N>`` granting access to the compute instance."""
+
+    @property
+    def complete(self) -> bool:
+        """True when the instance is usable: it has its compute instance and a MIG UUID."""
+        return self.ci_id is not None and self.mig_uuid is not None
+
+
+class GpuBackend(Protocol):
+    """Discover GPUs and their MIG instances; create and destroy one slice at a time.
+
+    Implementations are safe to call from several threads; calls on one GPU are serialised.
+    """
+
+    def gpus(self) -> tuple[GpuInfo, ...]:
+        """Every GPU on the node, in index order."""
+        ...
+
+    def instances(self, *, gpu_index: int | None = None) -> tuple[MigInstance, ...]:
+        """Existing GPU instances (of one GPU, or all), ordered by GPU index then GI id."""
+        ...
+
+    def create_slice(self, *, gpu_index: int, profile: str, start: int) -> MigInstance:
+        """Create a GPU instance of ``profile`` at placement ``start`` and its default compute instance.
+
+        If the compute instance cannot be created, the GPU instance is destroyed before raising:
+        nothing is left half-created by an error (only a crash can leave that).
+        """
+        ...
+
+    def destroy_slice(self, *, gpu_index: int, gi_id: int) -> None:
+        """Destroy the compute instances of GPU instance ``gi_id``, then the GPU instance."""
+        ...
+
+    def close(self) -> None:
+        """Release the backend's resources; later calls raise ``BackendError``."""
+        ...
+
+
+def gpu_by_index(gpus: tuple[GpuInfo, ...], index: int) -> GpuInfo:
+    """The GPU with ``index``; ``NotFoundError`` naming it and the indexes there are otherwise."""
+    for gpu in gpus:
+        if gpu.index == index:
+            return gpu
+    known = ", ".join(str(g.index) for g in gpus) or "none"
+    raise NotFoundError(f"GPU index {index} does not exist on this node (GPU indexes: {known})")

@@ -1,0 +1,299 @@
+"""A GPU backend without GPUs: the catalog's MIG tables and NVIDIA's placement rules, emulated.
+
+Used by ``make demo``, the end-to-end tests and KinD clusters without GPUs. It keeps NVML's
+contract (``driver.gpu.backend``): the same placements, the same refusals, the same error types.
+
+- GPUs come from a spec such as ``2xA100-40GB,1xH100-80GB`` (``parse_gpu_spec``).
+- GPU and MIG UUIDs are deterministic: uuid5 over (node name, GPU index) and over (node name, GPU
+  index, profile, placement start, GI id), so a restarted plugin sees the same ids.
+- With ``state_file``, instances live in a JSON file shared by processes
+  (``driver.gpu.emulated_state``) and outlive the process, as real MIG instances outlive a crashed
+  plugin.
+- GI ids are the lowest free id from 1; the default compute instance has CI id 0.
+
+Fault injection (for crash tests of callers): ``fault_hook(step)`` is called inside
+``create_slice`` with these steps, while the state lock is held:
+
+- ``"before-gi"``: nothing created yet;
+- ``"after-gi"``: the GPU instance is recorded (state saved) without a compute instance;
+- ``"ci"``: creating the compute instance. An exception here is a compute-instance failure: the
+  GPU instance is destroyed and ``BackendError`` raised, as the NVML backend does;
+- ``"after-ci"``: the slice is complete and saved, but the caller has not been answered.
+
+An exception from any other step propagates unchanged and leaves the state as saved so far —
+``"after-gi"`` leaves a GPU instance without compute instance behind, as a real crash would.
+"""
+
+import logging
+import re
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Final
+
+from driver.errors import BackendError, ConfigError, DriverError, NotFoundError
+from driver.gpu import caps
+from driver.gpu.backend import GpuInfo, MigInstance, gpu_by_index
+from driver.gpu.emulated_state import (
+    FileStateStore,
+    InstanceRecord,
+    MemoryStateStore,
+    StateStore,
+)
+from driver.gpu.rules import Occupant, checked_placement, lowest_free_id
+from driver.ids import GpuUuid, MigUuid
+from driver.mig.catalog import gpu_model
+from driver.mig.model import GpuModel
+
+log = logging.getLogger(__name__)
+
+FaultHook = Callable[[str], None]
+FAULT_STEPS: Final = ("before-gi", "after-gi", "ci", "after-ci")
+MAX_GPUS_PER_NODE: Final = 64
+FIRST_GI_ID: Final = 1
+DEFAULT_CI_ID: Final = 0
+
+_UUID_NAMESPACE: Final = uuid.UUID("5b7d8f0e-3c1a-4e55-9a51-6d2f3b1c9e47")
+_SPEC_PART: Final = re.compile(r"^(?:(?P<count>\d+)\s*[xX]\s*)?(?P<model>[A-Za-z0-9][\w.-]*)$")
+
+
+def parse_gpu_spec(spec: str) -> tuple[GpuModel, ...]:
+    """``"2xA100-40GB,1xH100-80GB"`` → the catalog models, one per GPU, in index order.
+
+    A part without a count means one GPU. ``ConfigError`` naming the bad part otherwise.
+    """
+    models: list[GpuModel] = []
+    parts = [part.strip() for part in spec.split(",")]
+    if not spec.strip():
+        raise ConfigError("emulated GPU spec is empty; expected e.g. '2xA100-40GB,1xH100-80GB'")
+    for part in parts:
+        match = _SPEC_PART.match(part)
+        if match is None:
+            raise ConfigError(
+                f"malformed emulated GPU spec part {part!r} in {spec!r}; "
+                "expected '<count>x<model>', e.g. '2xA100-40GB'"
+            )
+        count = int(match["count"] or "1")
+        if count < 1:
+            raise ConfigError(f"emulated GPU spec part {part!r} asks for {count} GPUs")
+        try:
+            model = gpu_model(match["model"])
+        except ConfigError as exc:
+            raise ConfigError(f"emulated GPU spec part {part!r}: {exc}") from exc
+        models.extend([model] * count)
+    if len(models) > MAX_GPUS_PER_NODE:
+        raise ConfigError(
+            f"emulated GPU spec {spec!r} asks for {len(models)} GPUs; at most "
+            f"{MAX_GPUS_PER_NODE} per node"
+        )
+    return tuple(models)
+
+
+def emulated_gpu_uuid(*, node_name: str, gpu_index: int) -> GpuUuid:
+    return GpuUuid(f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{node_name}/gpu/{gpu_index}')}")
+
+
+def emulated_mig_uuid(
+    *, node_name: str, gpu_index: int, profile: str, start: int, gi_id: int
+) -> MigUuid:
+    key = f"{node_name}/gpu/{gpu_index}/{profile}/{start}/gi/{gi_id}"
+    return MigUuid(f"MIG-{uuid.uuid5(_UUID_NAMESPACE, key)}")
+
+
+class EmulatedGpuBackend:
+    """``GpuBackend`` over emulated GPUs; see the module docstring for ids, state and faults."""
+
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        spec: str | Sequence[GpuModel],
+        state_file: Path | None = None,
+        fault_hook: FaultHook | None = None,
+    ) -> None:
+        if not node_name:
+            raise ConfigError("the emulated GPU backend needs a node name")
+        models = parse_gpu_spec(spec) if isinstance(spec, str) else tuple(spec)
+        if not models:
+            raise ConfigError("the emulated GPU backend needs at least one GPU")
+        self._node_name = node_name
+        self._gpus = tuple(
+            GpuInfo(
+                index=index,
+                uuid=emulated_gpu_uuid(node_name=node_name, gpu_index=index),
+                product_name=model.product_name,
+                memory_bytes=model.memory_bytes,
+                multiprocessors=max(p.multiprocessors for p in model.profiles),
+                mig_enabled=True,
+                mig_pending=True,
+                minor=index,
+                model=model,
+            )
+            for index, model in enumerate(models)
+        )
+        self._store: StateStore = (
+            MemoryStateStore()
+            if state_file is None
+            else FileStateStore(
+                state_file, node_name=node_name, gpu_models=[m.name for m in models]
+            )
+        )
+        self._fault_hook = fault_hook
+        self._closed = threading.Event()
+        with self._store.locked() as records:
+            self._validate(records)
+        log.info("emulated GPUs on node %s: %s (%s)", node_name, len(models), self._store.where)
+
+    def gpus(self) -> tuple[GpuInfo, ...]:
+        self._check_open()
+        return self._gpus
+
+    def instances(self, *, gpu_index: int | None = None) -> tuple[MigInstance, ...]:
+        self._check_open()
+        if gpu_index is not None:
+            gpu_by_index(self._gpus, gpu_index)
+        with self._store.locked() as records:
+            self._validate(records)
+        return tuple(
+            self._instance(r)
+            for r in sorted(records, key=lambda r: (r.gpu_index, r.gi_id))
+            if gpu_index is None or r.gpu_index == gpu_index
+        )
+
+    def create_slice(self, *, gpu_index: int, profile: str, start: int) -> MigInstance:
+        self._check_open()
+        model = self._model(gpu_index)
+        mig_profile = model.profile(profile)
+        with self._store.locked() as records:
+            self._validate(records)
+            mine = [r for r in records if r.gpu_index == gpu_index]
+            checked_placement(
+                gpu_index=gpu_index,
+                profile=mig_profile,
+                start=start,
+                occupants=[self._occupant(model, r) for r in mine],
+            )
+            self._fault("before-gi")
+            gi_only = InstanceRecord(
+                gpu_index=gpu_index,
+                profile=mig_profile.name,
+                start=start,
+                gi_id=lowest_free_id((r.gi_id for r in mine), first=FIRST_GI_ID),
+                ci_id=None,
+            )
+            records.append(gi_only)
+            self._store.save(records)
+            self._fault("after-gi")
+            complete = replace(gi_only, ci_id=DEFAULT_CI_ID)
+            try:
+                self._fault("ci")
+                self._store.save([complete if r is gi_only else r for r in records])
+            except Exception as exc:
+                records.remove(gi_only)
+                outcome = "the GPU instance was destroyed"
+                try:
+                    self._store.save(records)
+                except DriverError as rollback_exc:
+                    log.error("GPU instance %s left without compute instance: %s", gi_only.gi_id,
+                              rollback_exc)  # fmt: skip
+                    outcome = f"destroying the GPU instance failed too: {rollback_exc}"
+                raise BackendError(
+                    f"creating the compute instance of GPU instance {gi_only.gi_id} "
+                    f"({profile} at start {start}) on GPU {gpu_index} failed: {exc}; {outcome}"
+                ) from exc
+            self._fault("after-ci")
+        log.info(
+            "created %s at start %s on GPU %s (GI %s)", profile, start, gpu_index, gi_only.gi_id
+        )
+        return self._instance(complete)
+
+    def destroy_slice(self, *, gpu_index: int, gi_id: int) -> None:
+        self._check_open()
+        self._model(gpu_index)
+        with self._store.locked() as records:
+            self._validate(records)
+            doomed = [r for r in records if r.gpu_index == gpu_index and r.gi_id == gi_id]
+            if not doomed:
+                raise _no_such_gi(gpu_index, gi_id, records)
+            self._store.save([r for r in records if r not in doomed])
+        log.info("destroyed GPU instance %s on GPU %s", gi_id, gpu_index)
+
+    def close(self) -> None:
+        self._closed.set()
+
+    def _check_open(self) -> None:
+        if self._closed.is_set():
+            raise BackendError("the emulated GPU backend is closed")
+
+    def _model(self, gpu_index: int) -> GpuModel:
+        model = gpu_by_index(self._gpus, gpu_index).model
+        if model is None:  # pragma: no cover - emulated GPUs always have MIG mode on
+            raise ConfigError(f"MIG mode is off on emulated GPU {gpu_index}")
+        return model
+
+    @staticmethod
+    def _occupant(model: GpuModel, record: InstanceRecord) -> Occupant:
+        profile = model.profile(record.profile)
+        return Occupant(profile=profile, placement=profile.placement_at(record.start))
+
+    def _validate(self, records: Sequence[InstanceRecord]) -> None:
+        """Refuse state that cannot be on these GPUs (a hand-edited or foreign file)."""
+        seen: set[tuple[int, int]] = set()
+        for record in records:
+            key = (record.gpu_index, record.gi_id)
+            try:
+                self._occupant(self._model(record.gpu_index), record)
+            except DriverError as exc:
+                raise ConfigError(
+                    f"{self._store.where} holds an impossible instance: {exc}"
+                ) from exc
+            if key in seen:
+                raise ConfigError(
+                    f"{self._store.where} holds GPU instance {record.gi_id} on GPU "
+                    f"{record.gpu_index} twice"
+                )
+            seen.add(key)
+
+    def _instance(self, record: InstanceRecord) -> MigInstance:
+        gpu = self._gpus[record.gpu_index]
+        minor = gpu.minor if gpu.minor is not None else record.gpu_index
+        complete = record.ci_id is not None
+        return MigInstance(
+            gpu_index=record.gpu_index,
+            gpu_uuid=gpu.uuid,
+            profile=record.profile,
+            placement=self._occupant(self._model(record.gpu_index), record).placement,
+            gi_id=record.gi_id,
+            ci_id=record.ci_id,
+            mig_uuid=(
+                emulated_mig_uuid(
+                    node_name=self._node_name,
+                    gpu_index=record.gpu_index,
+                    profile=record.profile,
+                    start=record.start,
+                    gi_id=record.gi_id,
+                )
+                if complete
+                else None
+            ),
+            gi_cap_minor=caps.layout_minor(gpu_minor=minor, gi_id=record.gi_id),
+            ci_cap_minor=(
+                caps.layout_minor(gpu_minor=minor, gi_id=record.gi_id, ci_id=record.ci_id)
+                if record.ci_id is not None
+                else None
+            ),
+        )
+
+    def _fault(self, step: str) -> None:
+        if self._fault_hook is not None:
+            self._fault_hook(step)
+
+
+def _no_such_gi(gpu_index: int, gi_id: int, records: Sequence[InstanceRecord]) -> NotFoundError:
+    existing = sorted(r.gi_id for r in records if r.gpu_index == gpu_index)
+    listed = ", ".join(map(str, existing)) or "none"
+    return NotFoundError(
+        f"no GPU instance {gi_id} on GPU {gpu_index} (GPU instances there: {listed})"
+    )
