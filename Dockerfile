@@ -1,0 +1,50 @@
+# syntax=docker/dockerfile:1
+# InstaSlice images: one Dockerfile, two targets.
+#   docker build --target controller     -t quay.io/instaslice/instaslice-controller:latest .
+#   docker build --target kubelet-plugin -t quay.io/instaslice/instaslice-kubelet-plugin:latest .
+# (`make docker-build`; `make docker-buildx PLATFORMS=linux/amd64,linux/arm64` for multi-arch.)
+# The Python package is built once into a virtualenv in the build stage and copied into a slim
+# runtime; no compiler, pip cache or source tree ends up in the images.
+ARG PYTHON_VERSION=3.11
+
+FROM python:${PYTHON_VERSION}-slim AS build
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/instaslice
+WORKDIR /src
+# Dependencies first (their layer survives source edits), then the packages.
+COPY pyproject.toml README.md ./
+RUN /opt/instaslice/bin/python -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; open('/tmp/requirements.txt', 'w').write('\n'.join(deps))" \
+ && /opt/instaslice/bin/pip install -r /tmp/requirements.txt
+COPY api/ api/
+COPY driver/ driver/
+COPY protos/ protos/
+COPY controller/ controller/
+COPY kubeletplugin/ kubeletplugin/
+COPY localcluster/ localcluster/
+RUN /opt/instaslice/bin/pip install --no-deps . \
+ && /opt/instaslice/bin/instaslice --help >/dev/null
+
+FROM python:${PYTHON_VERSION}-slim AS runtime
+COPY --from=build /opt/instaslice /opt/instaslice
+# Bytecode was compiled at install time; never write it at run time (read-only root filesystem).
+ENV PATH=/opt/instaslice/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+LABEL org.opencontainers.image.title="InstaSlice" \
+      org.opencontainers.image.description="Kubernetes DRA driver that creates NVIDIA MIG slices on demand" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+# The node agent. It runs as root: the kubelet's plugin directories and sockets (plugins_registry,
+# device-plugins/kubelet.sock, pod-resources/kubelet.sock) are owned by root with modes 0700/0750,
+# and NVML's MIG management needs root. The DaemonSet drops every capability in the emulated
+# overlay; only the gpu overlay makes it privileged (see deploy/overlays/gpu).
+FROM runtime AS kubelet-plugin
+USER 0:0
+ENTRYPOINT ["instaslice-kubelet-plugin"]
+
+# The controller needs nothing from the host: a fixed unprivileged user (matches the Deployment's
+# runAsUser; "nonroot" in distroless images).
+FROM runtime AS controller
+USER 65532:65532
+ENTRYPOINT ["instaslice-controller"]
