@@ -32,6 +32,7 @@ from driver.errors import (
 from driver.gpu import caps
 from driver.gpu import nvml_api as api
 from driver.gpu.backend import GpuInfo, MigInstance
+from driver.gpu.rules import slice_range
 from driver.ids import GpuUuid, MigUuid
 from driver.mig.model import MIB, GpuModel, MigProfile, Placement
 
@@ -144,7 +145,9 @@ class NvmlGpuBackend:
                 )
             except NvmlCallError as exc:
                 if exc.code in (api.NVML_ERROR_NOT_FOUND, api.NVML_ERROR_INVALID_ARGUMENT):
-                    raise NotFoundError(f"no GPU instance {gi_id} on GPU {gpu_index}") from exc
+                    raise NotFoundError(
+                        f"no GPU instance {gi_id} on GPU {gpu_index}"
+                    ) from exc.__cause__
                 raise
             for ci in self._compute_instances(gi):
                 self._call("nvmlComputeInstanceDestroy", self._nvml.nvmlComputeInstanceDestroy, ci)
@@ -359,10 +362,10 @@ class NvmlGpuBackend:
             if exc.code == api.NVML_ERROR_INSUFFICIENT_RESOURCES:
                 raise PlacementOccupiedError(
                     f"placement occupied: {profile.name} at placement start {placement.start} "
-                    f"on GPU {gpu.index} (NVML: insufficient resources — the memory slices "
-                    f"{placement.start}-{placement.end - 1} are taken, the GPU's +me instance "
-                    f"exists, or {profile.max_count} {profile.name} instances exist)"
-                ) from exc
+                    f"on GPU {gpu.index} (NVML: insufficient resources; memory slices "
+                    f"{slice_range(placement)} are taken, the GPU's +me instance exists, or "
+                    f"{profile.max_count} {profile.name} instances exist)"
+                ) from exc.__cause__
             raise
 
     def _create_default_ci(self, gi: Any, profile: MigProfile) -> tuple[int, MigUuid]:

@@ -83,8 +83,8 @@ def checked_placement(
         detail = reason.value
     elif reason is Refusal.OVERLAP:
         detail = (
-            f"its memory slices {_slices(placement)} overlap {other.profile.name} "
-            f"at start {other.placement.start} (memory slices {_slices(other.placement)})"
+            f"its memory slices {slice_range(placement)} overlap {other.profile.name} "
+            f"at start {other.placement.start} (memory slices {slice_range(other.placement)})"
         )
     else:
         detail = (
@@ -94,7 +94,8 @@ def checked_placement(
     raise PlacementOccupiedError(f"placement occupied: {asked}: {detail}")
 
 
-def _slices(placement: Placement) -> str:
+def slice_range(placement: Placement) -> str:
+    """``2-3`` for memory slices 2 and 3, ``5`` for slice 5 alone."""
     last = placement.end - 1
     return str(placement.start) if last == placement.start else f"{placement.start}-{last}"
 
