@@ -18,7 +18,7 @@ Tests steer it with ``fail(function, code=…)`` (the next call(s) of that funct
 ``mig_enabled`` per GPU.
 """
 # Names below are pynvml's and nvml.h's, hence not PEP 8:
-# ruff: noqa: N801, N802, N803, N815
+# ruff: noqa: N802, N803, N815
 
 import ctypes
 import threading
@@ -29,10 +29,22 @@ from typing import Any, Final
 
 from driver.gpu import nvml_api as api
 from driver.gpu.emulated import emulated_gpu_uuid, parse_gpu_spec
+from driver.gpu.fake_nvml_types import (
+    FakeNvmlError,
+    c_nvmlComputeInstanceInfo_t,
+    c_nvmlComputeInstanceProfileInfo_t,
+    c_nvmlComputeInstanceProfileInfo_v2_t,
+    c_nvmlGpuInstanceInfo_t,
+    c_nvmlGpuInstancePlacement_t,
+    c_nvmlGpuInstanceProfileInfo_t,
+    c_nvmlGpuInstanceProfileInfo_v2_t,
+    c_nvmlMemory_t,
+)
 from driver.gpu.rules import Occupant, Refusal, lowest_free_id, refusal
 from driver.mig.model import MIB, GpuModel, MigProfile, Placement
 
-_NAME_SIZE: Final = 96
+__all__ = ["FakeNvml", "FakeNvmlError", "gi_profile_selector"]
+
 _UUID_NAMESPACE: Final = uuid.UUID("0b1e3a4c-7d52-4f0e-8f6a-2c9d1e7b5a13")
 
 # Handles: a kind tag in the high bits, then GPU index, GI id and CI id.
@@ -53,115 +65,6 @@ _CI_SIZES_IN_GI: Final = {
     8: (1, 2, 4, 8),
 }
 _CI_SLICES_BY_SELECTOR: Final = {v: k for k, v in api.CI_PROFILE_BY_SLICE_COUNT.items()}
-
-_ERROR_TEXT: Final = {
-    api.NVML_ERROR_UNINITIALIZED: "Uninitialized",
-    api.NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
-    api.NVML_ERROR_NOT_SUPPORTED: "Not Supported",
-    api.NVML_ERROR_NOT_FOUND: "Not Found",
-    api.NVML_ERROR_INSUFFICIENT_SIZE: "Insufficient Size",
-    api.NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
-    api.NVML_ERROR_IN_USE: "In use by another client",
-    api.NVML_ERROR_INSUFFICIENT_RESOURCES: "Insufficient Resources",
-}
-
-
-class FakeNvmlError(Exception):
-    """pynvml's ``NVMLError``: ``value`` is the NVML return code."""
-
-    def __init__(self, value: int) -> None:
-        super().__init__(value)
-        self.value = value
-
-    def __str__(self) -> str:
-        return _ERROR_TEXT.get(self.value, f"NVML Error with code {self.value}")
-
-
-class c_nvmlGpuInstancePlacement_t(ctypes.Structure):
-    _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
-
-
-class c_nvmlComputeInstancePlacement_t(ctypes.Structure):
-    _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
-
-
-_GI_PROFILE_FIELDS: Final = [
-    ("id", ctypes.c_uint),
-    ("isP2pSupported", ctypes.c_uint),
-    ("sliceCount", ctypes.c_uint),
-    ("instanceCount", ctypes.c_uint),
-    ("multiprocessorCount", ctypes.c_uint),
-    ("copyEngineCount", ctypes.c_uint),
-    ("decoderCount", ctypes.c_uint),
-    ("encoderCount", ctypes.c_uint),
-    ("jpegCount", ctypes.c_uint),
-    ("ofaCount", ctypes.c_uint),
-    ("memorySizeMB", ctypes.c_ulonglong),
-]
-
-
-class c_nvmlGpuInstanceProfileInfo_t(ctypes.Structure):
-    _fields_ = _GI_PROFILE_FIELDS
-
-
-class c_nvmlGpuInstanceProfileInfo_v2_t(ctypes.Structure):
-    _fields_ = [
-        ("version", ctypes.c_uint),
-        *_GI_PROFILE_FIELDS,
-        ("name", ctypes.c_char * _NAME_SIZE),
-    ]
-
-
-_CI_PROFILE_FIELDS: Final = [
-    ("id", ctypes.c_uint),
-    ("sliceCount", ctypes.c_uint),
-    ("instanceCount", ctypes.c_uint),
-    ("multiprocessorCount", ctypes.c_uint),
-    ("sharedCopyEngineCount", ctypes.c_uint),
-    ("sharedDecoderCount", ctypes.c_uint),
-    ("sharedEncoderCount", ctypes.c_uint),
-    ("sharedJpegCount", ctypes.c_uint),
-    ("sharedOfaCount", ctypes.c_uint),
-]
-
-
-class c_nvmlComputeInstanceProfileInfo_t(ctypes.Structure):
-    _fields_ = _CI_PROFILE_FIELDS
-
-
-class c_nvmlComputeInstanceProfileInfo_v2_t(ctypes.Structure):
-    _fields_ = [
-        ("version", ctypes.c_uint),
-        *_CI_PROFILE_FIELDS,
-        ("name", ctypes.c_char * _NAME_SIZE),
-    ]
-
-
-class c_nvmlGpuInstanceInfo_t(ctypes.Structure):
-    _fields_ = [
-        ("device", ctypes.c_uint64),
-        ("id", ctypes.c_uint),
-        ("profileId", ctypes.c_uint),
-        ("placement", c_nvmlGpuInstancePlacement_t),
-    ]
-
-
-class c_nvmlComputeInstanceInfo_t(ctypes.Structure):
-    _fields_ = [
-        ("device", ctypes.c_uint64),
-        ("gpuInstance", ctypes.c_uint64),
-        ("id", ctypes.c_uint),
-        ("profileId", ctypes.c_uint),
-        ("placement", c_nvmlComputeInstancePlacement_t),
-    ]
-
-
-class c_nvmlMemory_t(ctypes.Structure):
-    _fields_ = [
-        ("total", ctypes.c_ulonglong),
-        ("free", ctypes.c_ulonglong),
-        ("used", ctypes.c_ulonglong),
-    ]
 
 
 def gi_profile_selector(profile: MigProfile) -> int:
