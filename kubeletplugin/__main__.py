@@ -1,11 +1,98 @@
-"""Entry point of `instaslice-kubelet-plugin`; wiring only."""
+"""Entry point of ``instaslice-kubelet-plugin``; wiring only: settings → backend → API → plugin → serve.
 
+SIGTERM and SIGINT stop the plugin gracefully: sockets removed, prepared slices and the checkpoint
+kept (a restarted plugin answers for them again).
+"""
+
+import logging
+import signal
 import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+from driver import cdi
+from driver.cluster.events import EventRecorder
+from driver.cluster.kube import connect
+from driver.errors import DriverError
+from driver.gpu.backend import GpuBackend
+from kubeletplugin.logs import configure_logging
+from kubeletplugin.plugin import KubeletPlugin, PluginConfig
+from kubeletplugin.recovery import read_boot_id
+from kubeletplugin.settings import Settings, parse_settings
+
+logger = logging.getLogger("kubeletplugin")
+
+COMPONENT = "instaslice-kubelet-plugin"
 
 
-def main(argv: list[str] | None = None) -> int:
-    print("instaslice-kubelet-plugin: not implemented yet", file=sys.stderr)
-    return 2
+def build_backend(settings: Settings) -> GpuBackend:
+    if settings.gpu_backend == "emulated":
+        from driver.gpu.emulated import EmulatedGpuBackend  # noqa: PLC0415 - chosen at run time
+
+        settings.emulated_state_file.parent.mkdir(parents=True, exist_ok=True)
+        return EmulatedGpuBackend(
+            node_name=settings.node_name,
+            spec=settings.emulated_gpus or "",
+            state_file=settings.emulated_state_file,
+        )
+    from driver.gpu.nvml import NvmlGpuBackend  # noqa: PLC0415 - imports pynvml only when chosen
+
+    return NvmlGpuBackend()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = parse_settings(argv)
+    configure_logging(level=settings.log_level, log_format=settings.log_format)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        logger.info("received signal %s, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        backend = build_backend(settings)
+    except DriverError as exc:
+        logger.error("cannot start the GPU backend: %s", exc)
+        return 1
+    try:
+        api = connect(kubeconfig=settings.kubeconfig, url=settings.kube_api_url)
+    except DriverError as exc:
+        logger.error("cannot configure the Kubernetes client: %s", exc)
+        backend.close()
+        return 1
+    plugin = KubeletPlugin(
+        config=PluginConfig(
+            node_name=settings.node_name,
+            plugin_registry_dir=settings.plugin_registry_dir,
+            plugin_dir=settings.plugin_dir,
+            cdi_root=settings.cdi_root,
+            state_dir=settings.state_dir,
+            emulated=settings.gpu_backend == "emulated",
+            healthz_address=settings.healthz_address,
+            metrics_address=settings.metrics_address,
+            inventory_poll_seconds=settings.inventory_poll_seconds,
+        ),
+        backend=backend,
+        api=api,
+        boot_id=read_boot_id(),
+        events=EventRecorder(api=api, component=COMPONENT, host=settings.node_name),
+        majors=None if settings.gpu_backend == "emulated" else cdi.read_device_majors(),
+    )
+    try:
+        plugin.start()
+        logger.info("kubelet plugin running on node %s", settings.node_name)
+        stop.wait()
+        return 0
+    except DriverError as exc:
+        logger.error("kubelet plugin failed: %s", exc)
+        return 1
+    finally:
+        plugin.stop()
+        backend.close()
+        api.close()
 
 
 if __name__ == "__main__":

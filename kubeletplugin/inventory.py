@@ -1,0 +1,84 @@
+"""This node's MIG inventory: what the publisher advertises and how prepare reads device names back.
+
+Device names in ResourceSlices are DNS labels (``gpu-0-1g-5gb-me-0``), which lose the ``.`` and
+``+`` of profile names, so a name cannot be parsed back reliably. Both the publisher and
+``DeviceState`` use the same table built here from the GPU backend: the publisher publishes exactly
+its devices, and prepare maps an allocated device name back to the (GPU, profile, placement) it was
+published for. A GPU without MIG mode (or whose profiles the backend cannot read) offers nothing.
+"""
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from driver.errors import NotFoundError
+from driver.gpu.backend import GpuInfo
+from driver.ids import GpuUuid
+from driver.mig.model import MigProfile, Placement
+from driver.mig.naming import device_name
+from driver.resourceslices import GpuInventory
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryDevice:
+    """One published device: a slice that could be created on this node."""
+
+    name: str
+    gpu_index: int
+    gpu_uuid: GpuUuid
+    gpu_minor: int | None
+    profile: MigProfile
+    placement: Placement
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInventory:
+    """The GPUs we publish, the GPUs we cannot (MIG mode off), and the device-name table."""
+
+    gpus: tuple[GpuInventory, ...] = ()
+    non_mig_gpus: tuple[GpuInfo, ...] = ()
+    devices: Mapping[str, InventoryDevice] = field(default_factory=lambda: MappingProxyType({}))
+
+    def device(self, name: str) -> InventoryDevice:
+        """The device published as ``name``; ``NotFoundError`` if this node never published it."""
+        try:
+            return self.devices[name]
+        except KeyError:
+            raise NotFoundError(
+                f"device {name!r} is not in this node's inventory "
+                f"({len(self.devices)} devices on {len(self.gpus)} MIG-enabled GPUs)"
+            ) from None
+
+
+def build_inventory(gpus: Iterable[GpuInfo]) -> NodeInventory:
+    """The inventory of the GPUs the backend reports now (pure)."""
+    published: list[GpuInventory] = []
+    non_mig: list[GpuInfo] = []
+    devices: dict[str, InventoryDevice] = {}
+    for gpu in sorted(gpus, key=lambda g: g.index):
+        if not gpu.mig_enabled or gpu.model is None:
+            non_mig.append(gpu)
+            continue
+        published.append(
+            GpuInventory(
+                index=gpu.index,
+                uuid=gpu.uuid,
+                product_name=gpu.product_name,
+                memory_slices=gpu.model.memory_slices,
+                profiles=gpu.model.profiles,
+            )
+        )
+        for profile in gpu.model.profiles:
+            for placement in profile.placements:
+                name = device_name(gpu_index=gpu.index, profile=profile.name, start=placement.start)
+                devices[name] = InventoryDevice(
+                    name=name,
+                    gpu_index=gpu.index,
+                    gpu_uuid=gpu.uuid,
+                    gpu_minor=gpu.minor,
+                    profile=profile,
+                    placement=placement,
+                )
+    return NodeInventory(
+        gpus=tuple(published), non_mig_gpus=tuple(non_mig), devices=MappingProxyType(devices)
+    )

@@ -1,0 +1,195 @@
+"""One kubelet-plugin instance: its parts built from the chosen backend and API, started in order.
+
+Start order (what the kubelet and the Go helper expect): recover checkpoint ⇄ GPU ⇄ API first (so
+nothing is served from a stale checkpoint), publish the inventory, serve the DRA socket, then the
+registration socket (the kubelet dials the DRA endpoint as soon as it sees the registration socket),
+then ``/healthz`` and ``/metrics``, then the inventory poll. ``stop`` goes the other way and removes
+both sockets. ``__main__`` and the tests (and the local demo) build the plugin through this class;
+only the callers choose the backend and the API client.
+"""
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from api.names import DRIVER_NAME
+from driver import cdi
+from driver.checkpoint import CHECKPOINT_FILE_NAME, CheckpointStore
+from driver.cluster.events import EventRecorder
+from driver.cluster.port import ClusterApi
+from driver.errors import DriverError
+from driver.gpu.backend import GpuBackend
+from kubeletplugin.dra_service import add_dra_services
+from kubeletplugin.health import HealthChecker
+from kubeletplugin.http import HttpEndpoint
+from kubeletplugin.metrics import PluginMetrics
+from kubeletplugin.publisher import SlicePublisher
+from kubeletplugin.recovery import Recovery, RecoveryReport
+from kubeletplugin.registration import (
+    RegistrationServicer,
+    RegistrationTracker,
+    add_registration_service,
+    registration_socket_path,
+)
+from kubeletplugin.sockets import UnixGrpcServer, ensure_directory
+from kubeletplugin.state import DeviceState, StepHook, slices_in_use
+
+logger = logging.getLogger(__name__)
+
+DRA_SOCKET_NAME: Final = "dra.sock"
+STATE_DIR_MODE: Final = 0o700
+
+
+@dataclass(frozen=True, slots=True)
+class PluginConfig:
+    node_name: str
+    plugin_registry_dir: Path
+    plugin_dir: Path
+    cdi_root: Path
+    state_dir: Path
+    emulated: bool
+    """No host device nodes in CDI specs (DESIGN fact 10)."""
+    healthz_address: str = ""
+    """``host:port``; empty: no health endpoint."""
+    metrics_address: str = ""
+    inventory_poll_seconds: float = 30.0
+    driver_name: str = DRIVER_NAME
+
+
+class KubeletPlugin:
+    def __init__(
+        self,
+        *,
+        config: PluginConfig,
+        backend: GpuBackend,
+        api: ClusterApi,
+        boot_id: str,
+        events: EventRecorder | None = None,
+        metrics: PluginMetrics | None = None,
+        majors: cdi.DeviceMajors | None = None,
+        step_hook: StepHook | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics or PluginMetrics()
+        self.tracker = RegistrationTracker()
+        self.dra_socket = config.plugin_dir / DRA_SOCKET_NAME
+        self.registration_socket = registration_socket_path(
+            config.plugin_registry_dir, config.driver_name
+        )
+        self.store = CheckpointStore(config.state_dir / CHECKPOINT_FILE_NAME)
+        self.publisher = SlicePublisher(
+            api=api,
+            backend=backend,
+            node_name=config.node_name,
+            driver_name=config.driver_name,
+            events=events,
+            metrics=self.metrics,
+            poll_seconds=config.inventory_poll_seconds,
+        )
+        self.state = DeviceState(
+            node_name=config.node_name,
+            backend=backend,
+            api=api,
+            store=self.store,
+            cdi_root=config.cdi_root,
+            inventory=lambda: self.publisher.inventory,
+            emulated=config.emulated,
+            majors=majors,
+            metrics=self.metrics,
+            step_hook=step_hook,
+        )
+        self.recovery = Recovery(
+            node_name=config.node_name,
+            store=self.store,
+            slices=self.state.slices,
+            api=api,
+            cdi_root=config.cdi_root,
+            inventory=lambda: self.publisher.inventory,
+            boot_id=boot_id,
+            metrics=self.metrics,
+        )
+        self.health = HealthChecker(
+            registration_socket=self.registration_socket,
+            dra_socket=self.dra_socket,
+            tracker=self.tracker,
+        )
+        self._dra_server = UnixGrpcServer(
+            path=self.dra_socket,
+            register=lambda server: add_dra_services(server, self.state, metrics=self.metrics),
+            name="dra",
+        )
+        self._registration_server = UnixGrpcServer(
+            path=self.registration_socket,
+            register=lambda server: add_registration_service(
+                server,
+                RegistrationServicer(
+                    driver_name=config.driver_name, endpoint=self.dra_socket, tracker=self.tracker
+                ),
+            ),
+            max_workers=2,
+            name="registration",
+        )
+        self._http: list[HttpEndpoint] = []
+        if config.healthz_address:
+            self._http.append(
+                HttpEndpoint(
+                    address=config.healthz_address,
+                    routes={"/healthz": self.health.route},
+                    name="healthz",
+                )
+            )
+        if config.metrics_address:
+            self._http.append(
+                HttpEndpoint(
+                    address=config.metrics_address,
+                    routes={"/metrics": self._metrics_route},
+                    name="metrics",
+                )
+            )
+        self._started = False
+
+    def start(self) -> RecoveryReport:
+        """Recover, publish, serve; returns what recovery did. Raises ``DriverError`` if the
+        plugin cannot start (unusable directory, socket path, GPU backend)."""
+        if not self.config.state_dir.is_dir():
+            ensure_directory(self.config.state_dir, mode=STATE_DIR_MODE)
+        ensure_directory(self.config.cdi_root, mode=0o755)
+        self.publisher.refresh_inventory()
+        report = self.recovery.run()
+        self.metrics.set_slices_in_use(slices_in_use(self.store.load()))
+        try:
+            self.publisher.sync()
+        except DriverError as exc:
+            logger.warning("first ResourceSlice publication failed (will retry): %s", exc)
+        self._started = True
+        self._dra_server.start()
+        self._registration_server.start()
+        for endpoint in self._http:
+            endpoint.start()
+        self.publisher.start()
+        return report
+
+    def stop(self) -> None:
+        """Stop serving and remove both sockets; prepared slices and the checkpoint stay."""
+        if not self._started:
+            self.state.close()
+            return
+        self._started = False
+        self._registration_server.stop()
+        self._dra_server.stop()
+        self.publisher.stop()
+        for endpoint in self._http:
+            endpoint.stop()
+        self.state.close()
+        logger.info("kubelet plugin stopped")
+
+    def endpoint_port(self, name: str) -> int:
+        """Port of the ``healthz`` or ``metrics`` endpoint (after start)."""
+        for endpoint in self._http:
+            if endpoint.name == name:
+                return endpoint.port
+        raise KeyError(name)
+
+    def _metrics_route(self) -> tuple[int, str, bytes]:
+        return 200, "text/plain; version=0.0.4; charset=utf-8", self.metrics.render()

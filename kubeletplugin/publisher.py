@@ -1,0 +1,213 @@
+"""Publish this node's MIG inventory as ResourceSlices, and keep it right as the GPUs change.
+
+What is published is ``driver.resourceslices.build_pool`` over ``inventory.build_inventory`` of the
+backend's GPUs: counter slices plus device slices with deterministic names, owned by the Node so they
+go away with it. Like the Go helper's slice controller, the pool generation starts above the highest
+generation found; the content is compared first and nothing is written when it is unchanged (a
+restart does not bump the generation); otherwise obsolete slices are deleted first, then every
+desired slice is updated in place or created with generation ``max + 1``.
+
+The backend is polled (``poll_seconds``): a GPU that disappears or has MIG mode turned off has its
+devices withdrawn. GPUs without MIG mode are never published; each is logged and reported once as a
+``MigModeDisabled`` Warning event on the Node. Publishing errors are logged and retried on the next
+poll; they never stop the plugin.
+"""
+
+import contextlib
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any, Final
+
+from driver.cluster.events import WARNING, EventRecorder
+from driver.cluster.port import (
+    NODES,
+    RESOURCE_SLICES,
+    ClusterApi,
+    JsonObject,
+    name_of,
+    resource_version_of,
+    uid_of,
+)
+from driver.errors import ApiNotFoundError, ConflictError, DriverError
+from driver.gpu.backend import GpuBackend
+from driver.resourceslices import build_pool
+from kubeletplugin.inventory import NodeInventory, build_inventory
+from kubeletplugin.metrics import PluginMetrics
+
+logger = logging.getLogger(__name__)
+
+MIG_DISABLED_REASON: Final = "MigModeDisabled"
+_CONFLICT_RETRIES: Final = 3
+
+
+def _content(obj: JsonObject) -> Any:
+    """What must match for a published slice to need no write: spec without generation, owners."""
+    spec = dict(obj.get("spec") or {})
+    pool = dict(spec.get("pool") or {})
+    pool.pop("generation", None)
+    spec["pool"] = pool
+    owners = [
+        {k: ref.get(k) for k in ("apiVersion", "kind", "name", "uid")}
+        for ref in obj.get("metadata", {}).get("ownerReferences") or []
+    ]
+    return spec, owners
+
+
+class SlicePublisher:
+    def __init__(
+        self,
+        *,
+        api: ClusterApi,
+        backend: GpuBackend,
+        node_name: str,
+        driver_name: str,
+        events: EventRecorder | None = None,
+        metrics: PluginMetrics | None = None,
+        poll_seconds: float = 30.0,
+    ) -> None:
+        self._api = api
+        self._backend = backend
+        self._node = node_name
+        self._driver = driver_name
+        self._events = events
+        self._metrics = metrics or PluginMetrics()
+        self._poll_seconds = poll_seconds
+        self._lock = threading.Lock()
+        self._inventory = NodeInventory()
+        self._reported_non_mig: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def inventory(self) -> NodeInventory:
+        """The inventory read last (what is, or is about to be, published)."""
+        with self._lock:
+            return self._inventory
+
+    def refresh_inventory(self) -> NodeInventory:
+        """Read the backend's GPUs now; report GPUs without MIG mode once each."""
+        inventory = build_inventory(self._backend.gpus())
+        with self._lock:
+            self._inventory = inventory
+        non_mig = {gpu.uuid: gpu for gpu in inventory.non_mig_gpus}
+        for uuid in sorted(non_mig.keys() - self._reported_non_mig):
+            gpu = non_mig[uuid]
+            message = (
+                f"GPU {gpu.index} ({gpu.product_name}, {gpu.uuid}) has MIG mode disabled; "
+                "InstaSlice publishes no devices for it (enable MIG mode with nvidia-smi -mig 1)"
+            )
+            logger.warning("%s", message, extra={"node": self._node, "gpu": gpu.index})
+            self._node_event(reason=MIG_DISABLED_REASON, message=message)
+        self._reported_non_mig = set(non_mig)
+        return inventory
+
+    def sync(self) -> bool:
+        """Re-read the inventory and make the published slices match it (also repairing slices
+        someone else changed or deleted). Returns True if ResourceSlices were written; raises
+        ``DriverError`` if publishing failed.
+        """
+        inventory = self.refresh_inventory()
+        for attempt in range(_CONFLICT_RETRIES):
+            try:
+                written = self.publish(inventory)
+            except ConflictError:
+                if attempt + 1 == _CONFLICT_RETRIES:
+                    raise
+                continue
+            self._metrics.set_published_devices(len(inventory.devices))
+            return written
+        return False  # pragma: no cover - the loop returns or raises
+
+    def publish(self, inventory: NodeInventory) -> bool:
+        """Make the API's slices of this node's pool equal to ``inventory``; True if written."""
+        existing = [
+            obj
+            for obj in self._api.list_objects(
+                RESOURCE_SLICES, field_selector=f"spec.nodeName={self._node}"
+            ).items
+            if obj.get("spec", {}).get("driver") == self._driver
+        ]
+        owner = self._node_owner()
+        current_generation = max(
+            (int(o["spec"]["pool"].get("generation", 0)) for o in existing), default=0
+        )
+        desired = build_pool(
+            node=self._node, gpus=inventory.gpus, generation=current_generation, owner=owner
+        )
+        if self._unchanged(existing, desired):
+            return False
+        desired = build_pool(
+            node=self._node, gpus=inventory.gpus, generation=current_generation + 1, owner=owner
+        )
+        wanted = {name_of(obj) for obj in desired}
+        by_name = {name_of(obj): obj for obj in existing}
+        for name, obj in by_name.items():
+            if name not in wanted:
+                with contextlib.suppress(ApiNotFoundError):
+                    self._api.delete(RESOURCE_SLICES, name=name, uid=uid_of(obj))
+        for obj in desired:
+            old = by_name.get(name_of(obj))
+            if old is None:
+                self._api.create(RESOURCE_SLICES, obj)
+            else:
+                obj["metadata"]["resourceVersion"] = resource_version_of(old)
+                self._api.update(RESOURCE_SLICES, obj)
+        logger.info(
+            "published %d devices of %d MIG GPUs in %d ResourceSlices (generation %d)",
+            len(inventory.devices),
+            len(inventory.gpus),
+            len(desired),
+            current_generation + 1,
+            extra={"node": self._node},
+        )
+        return True
+
+    def start(self) -> None:
+        """Poll the backend every ``poll_seconds`` in a daemon thread."""
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="slice-publisher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._poll_seconds):
+            try:
+                self.sync()
+            except DriverError as exc:
+                logger.warning("publishing ResourceSlices failed (retrying): %s", exc)
+            except Exception:
+                logger.exception("publishing ResourceSlices failed unexpectedly (retrying)")
+
+    @staticmethod
+    def _unchanged(existing: Sequence[JsonObject], desired: Sequence[JsonObject]) -> bool:
+        if len(existing) != len(desired):
+            return False
+        generations = {o["spec"]["pool"].get("generation") for o in existing}
+        if len(generations) > 1:
+            return False
+        old = {name_of(o): _content(o) for o in existing}
+        return all(old.get(name_of(o)) == _content(o) for o in desired)
+
+    def _node_owner(self) -> JsonObject | None:
+        try:
+            node = self._api.get(NODES, name=self._node)
+        except ApiNotFoundError:
+            logger.warning("Node %s not found; publishing slices without an owner", self._node)
+            return None
+        return {"apiVersion": "v1", "kind": "Node", "name": self._node, "uid": uid_of(node)}
+
+    def _node_event(self, *, reason: str, message: str) -> None:
+        if self._events is None:
+            return
+        try:
+            node = self._api.get(NODES, name=self._node)
+        except DriverError as exc:
+            logger.info("cannot post %s event on Node %s: %s", reason, self._node, exc)
+            return
+        self._events.record(node, event_type=WARNING, reason=reason, message=message)

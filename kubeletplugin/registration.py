@@ -1,0 +1,96 @@
+"""The kubelet plugin-registration service (``pluginregistration.Registration``).
+
+The kubelet's plugin watcher notices ``<registry-dir>/<driver>-reg.sock``, calls ``GetInfo`` to learn
+that a DRA plugin named ``mig.instaslice.dev`` serves the DRA services on the endpoint it names, and
+then reports the outcome with ``NotifyRegistrationStatus``. Like the Go helper
+(``registrationserver.go``) we answer an error to a failed registration; we also keep the last status
+so ``/healthz`` can show it.
+"""
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import grpc
+
+from protos.pluginregistration import api_pb2, api_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+DRA_PLUGIN_TYPE: Final = "DRAPlugin"
+DRA_V1_SERVICE: Final = "v1.DRAPlugin"
+DRA_V1BETA1_SERVICE: Final = "v1beta1.DRAPlugin"
+SUPPORTED_SERVICES: Final = (DRA_V1_SERVICE, DRA_V1BETA1_SERVICE)
+"""In the order the Go helper lists them: for DRA, ``supported_versions`` names gRPC services."""
+
+
+def registration_socket_path(registry_dir: Path, driver_name: str) -> Path:
+    """``<registry-dir>/<driver>-reg.sock``, the name the kubelet's plugin watcher picks up."""
+    return registry_dir / f"{driver_name}-reg.sock"
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrationState:
+    """What the kubelet last told us: ``None`` until it has called ``NotifyRegistrationStatus``."""
+
+    registered: bool | None
+    error: str
+
+
+class RegistrationTracker:
+    """Thread-safe holder of the last registration status, read by the health endpoint."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state = RegistrationState(registered=None, error="")
+
+    def record(self, *, registered: bool, error: str) -> None:
+        with self._lock:
+            self._state = RegistrationState(registered=registered, error=error)
+
+    @property
+    def state(self) -> RegistrationState:
+        with self._lock:
+            return self._state
+
+
+class RegistrationServicer(api_pb2_grpc.RegistrationServicer):
+    def __init__(
+        self,
+        *,
+        driver_name: str,
+        endpoint: Path,
+        tracker: RegistrationTracker,
+        supported_services: Sequence[str] = SUPPORTED_SERVICES,
+    ) -> None:
+        self._info = api_pb2.PluginInfo(
+            type=DRA_PLUGIN_TYPE,
+            name=driver_name,
+            endpoint=str(endpoint),
+            supported_versions=list(supported_services),
+        )
+        self._tracker = tracker
+
+    def GetInfo(  # noqa: N802 - gRPC method name
+        self, request: api_pb2.InfoRequest, context: grpc.ServicerContext
+    ) -> api_pb2.PluginInfo:
+        return self._info
+
+    def NotifyRegistrationStatus(  # noqa: N802 - gRPC method name
+        self, request: api_pb2.RegistrationStatus, context: grpc.ServicerContext
+    ) -> api_pb2.RegistrationStatusResponse:
+        self._tracker.record(registered=request.plugin_registered, error=request.error)
+        if not request.plugin_registered:
+            logger.error(
+                "kubelet failed to register the plugin: %s", request.error or "(no reason)"
+            )
+            context.abort(grpc.StatusCode.UNKNOWN, f"failed registration process: {request.error}")
+        logger.info("kubelet registered plugin %s", self._info.name)
+        return api_pb2.RegistrationStatusResponse()
+
+
+def add_registration_service(server: grpc.Server, servicer: RegistrationServicer) -> None:
+    api_pb2_grpc.add_RegistrationServicer_to_server(servicer, server)

@@ -1,0 +1,259 @@
+"""Command-line flags of ``instaslice-kubelet-plugin``; every flag can also come from the environment.
+
+A DaemonSet sets most of these through env vars (``INSTASLICE_<FLAG>``, e.g. ``INSTASLICE_NODE_NAME``;
+the node name is also read from ``NODE_NAME``, the downward-API name most charts use). A flag given on
+the command line wins over its env var. Bad values end the process with a one-line CLI error and exit
+status 2, before anything is started.
+"""
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+ENV_PREFIX: Final = "INSTASLICE_"
+NODE_NAME_FALLBACK_ENV: Final = "NODE_NAME"
+
+GPU_BACKENDS: Final = ("nvml", "emulated")
+LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS: Final = ("text", "json")
+
+DEFAULT_PLUGIN_REGISTRY_DIR: Final = "/var/lib/kubelet/plugins_registry"
+DEFAULT_PLUGIN_DIR: Final = "/var/lib/kubelet/plugins/mig.instaslice.dev"
+DEFAULT_DEVICE_PLUGIN_DIR: Final = "/var/lib/kubelet/device-plugins"
+DEFAULT_POD_RESOURCES_SOCKET: Final = "/var/lib/kubelet/pod-resources/kubelet.sock"
+DEFAULT_CDI_ROOT: Final = "/var/run/cdi"
+DEFAULT_STATE_DIR: Final = "/var/lib/instaslice"
+DEFAULT_METRICS_ADDRESS: Final = ":9400"
+DEFAULT_HEALTHZ_ADDRESS: Final = ":9401"
+DEFAULT_INVENTORY_POLL_SECONDS: Final = 30.0
+EMULATED_STATE_FILE_NAME: Final = "emulated-gpus.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The validated configuration of one plugin process."""
+
+    node_name: str
+    gpu_backend: str
+    emulated_gpus: str | None
+    emulated_state_file: Path
+    kubeconfig: str | None
+    kube_api_url: str | None
+    plugin_registry_dir: Path
+    plugin_dir: Path
+    device_plugin_dir: Path
+    pod_resources_socket: Path
+    cdi_root: Path
+    state_dir: Path
+    metrics_address: str
+    """``host:port`` for ``/metrics``; empty string disables the endpoint."""
+    healthz_address: str
+    """``host:port`` for ``/healthz``; empty string disables the endpoint."""
+    inventory_poll_seconds: float
+    log_level: str
+    log_format: str
+
+
+def env_var(dest: str) -> str:
+    """The env var that sets the flag stored in ``dest`` (``node_name`` → ``INSTASLICE_NODE_NAME``)."""
+    return ENV_PREFIX + dest.upper()
+
+
+def _add(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    *,
+    help_text: str,
+    default: str | None,
+    choices: Sequence[str] | None = None,
+    upper: bool = False,
+) -> None:
+    dest = flag.removeprefix("--").replace("-", "_")
+    parser.add_argument(
+        flag,
+        dest=dest,
+        default=default,
+        choices=choices,
+        type=str.upper if upper else str,
+        help=f"{help_text} (env {env_var(dest)})",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every flag; defaults here are the built-in ones (env vars applied on parse)."""
+    parser = argparse.ArgumentParser(
+        prog="instaslice-kubelet-plugin",
+        description="InstaSlice node agent: DRA kubelet plugin that creates MIG slices on demand.",
+    )
+
+    _add(
+        parser,
+        "--node-name",
+        help_text="name of this Node (also read from NODE_NAME)",
+        default=None,
+    )
+    _add(parser, "--gpu-backend", help_text="GPU backend", choices=GPU_BACKENDS, default="nvml")
+    _add(
+        parser,
+        "--emulated-gpus",
+        help_text="emulated GPUs, e.g. 2xA100-40GB or A100-40GB,H100-80GB (emulated backend only)",
+        default=None,
+    )
+    _add(
+        parser,
+        "--emulated-state-file",
+        help_text=f"file holding emulated MIG state (default <state-dir>/{EMULATED_STATE_FILE_NAME})",
+        default=None,
+    )
+    _add(
+        parser,
+        "--kubeconfig",
+        help_text="kubeconfig file (default: in-cluster config)",
+        default=None,
+    )
+    _add(
+        parser,
+        "--kube-api-url",
+        help_text="plain API server URL without auth (local API server); overrides --kubeconfig",
+        default=None,
+    )
+    _add(
+        parser,
+        "--plugin-registry-dir",
+        help_text="kubelet plugin registry directory",
+        default=DEFAULT_PLUGIN_REGISTRY_DIR,
+    )
+    _add(
+        parser,
+        "--plugin-dir",
+        help_text="directory of the DRA socket and the checkpoint",
+        default=DEFAULT_PLUGIN_DIR,
+    )
+    _add(
+        parser,
+        "--device-plugin-dir",
+        help_text="kubelet device-plugin directory (classic-resource shim)",
+        default=DEFAULT_DEVICE_PLUGIN_DIR,
+    )
+    _add(
+        parser,
+        "--pod-resources-socket",
+        help_text="kubelet pod-resources socket (classic-resource shim)",
+        default=DEFAULT_POD_RESOURCES_SOCKET,
+    )
+    _add(parser, "--cdi-root", help_text="directory for CDI spec files", default=DEFAULT_CDI_ROOT)
+    _add(
+        parser, "--state-dir", help_text="directory for node-local state", default=DEFAULT_STATE_DIR
+    )
+    _add(
+        parser,
+        "--metrics-address",
+        help_text="host:port of the Prometheus /metrics endpoint; empty disables it",
+        default=DEFAULT_METRICS_ADDRESS,
+    )
+    _add(
+        parser,
+        "--healthz-address",
+        help_text="host:port of the /healthz endpoint; empty disables it",
+        default=DEFAULT_HEALTHZ_ADDRESS,
+    )
+    _add(
+        parser,
+        "--inventory-poll-seconds",
+        help_text="how often the GPU inventory is re-read and republished",
+        default=str(DEFAULT_INVENTORY_POLL_SECONDS),
+    )
+    _add(
+        parser, "--log-level", help_text="log level", choices=LOG_LEVELS, default="INFO", upper=True
+    )
+    _add(parser, "--log-format", help_text="log format", choices=LOG_FORMATS, default="text")
+    return parser
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` → (host, port); ``:9400`` listens on every interface. ``ValueError`` if bad."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"address {address!r} must look like host:port (e.g. :9400)")
+    host = host.strip("[]") or "0.0.0.0"  # noqa: S104 - a DaemonSet endpoint scraped from outside
+    return host, int(port_text)
+
+
+def parse_settings(
+    argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Flags from ``argv`` over env vars over built-in defaults; exits with status 2 if invalid."""
+    env = os.environ if environ is None else environ
+    parser = build_parser()
+    from_env: dict[str, str] = {}
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        value = env.get(env_var(action.dest))
+        if value is not None:
+            from_env[action.dest] = value
+    if "node_name" not in from_env and env.get(NODE_NAME_FALLBACK_ENV):
+        from_env["node_name"] = env[NODE_NAME_FALLBACK_ENV]
+    parser.set_defaults(**from_env)
+    args = parser.parse_args(argv)
+    return _validate(parser, args)
+
+
+def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
+    # argparse checks `choices` only for values given on the command line, not for env defaults.
+    for dest, choices in (
+        ("gpu_backend", GPU_BACKENDS),
+        ("log_format", LOG_FORMATS),
+    ):
+        if getattr(args, dest) not in choices:
+            parser.error(f"{env_var(dest)}: {getattr(args, dest)!r} is not one of {choices}")
+    log_level = str(args.log_level).upper()
+    if log_level not in LOG_LEVELS:
+        parser.error(f"log level {args.log_level!r} is not one of {LOG_LEVELS}")
+    if not args.node_name:
+        parser.error(f"--node-name is required (or env {env_var('node_name')} / NODE_NAME)")
+    if args.gpu_backend == "emulated" and not args.emulated_gpus:
+        parser.error("--gpu-backend emulated needs --emulated-gpus, e.g. 2xA100-40GB")
+    for dest in ("metrics_address", "healthz_address"):
+        value = getattr(args, dest)
+        if value:
+            try:
+                split_address(value)
+            except ValueError as exc:
+                parser.error(f"--{dest.replace('_', '-')}: {exc}")
+    try:
+        poll = float(args.inventory_poll_seconds)
+    except ValueError:
+        poll = -1.0
+    if not poll > 0:
+        parser.error(
+            f"--inventory-poll-seconds must be a positive number, got {args.inventory_poll_seconds!r}"
+        )
+    state_dir = Path(args.state_dir)
+    emulated_state = (
+        Path(args.emulated_state_file)
+        if args.emulated_state_file
+        else state_dir / EMULATED_STATE_FILE_NAME
+    )
+    return Settings(
+        node_name=str(args.node_name),
+        gpu_backend=str(args.gpu_backend),
+        emulated_gpus=args.emulated_gpus or None,
+        emulated_state_file=emulated_state,
+        kubeconfig=args.kubeconfig or None,
+        kube_api_url=args.kube_api_url or None,
+        plugin_registry_dir=Path(args.plugin_registry_dir),
+        plugin_dir=Path(args.plugin_dir),
+        device_plugin_dir=Path(args.device_plugin_dir),
+        pod_resources_socket=Path(args.pod_resources_socket),
+        cdi_root=Path(args.cdi_root),
+        state_dir=state_dir,
+        metrics_address=str(args.metrics_address),
+        healthz_address=str(args.healthz_address),
+        inventory_poll_seconds=poll,
+        log_level=log_level,
+        log_format=str(args.log_format),
+    )

@@ -1,0 +1,411 @@
+"""Prepare and unprepare claims on this node: create the allocated MIG slices, idempotently.
+
+For one claim, prepare is (DESIGN "the node agent executes, idempotently"):
+
+1. GET the claim and plan it (``claims.plan_claim``: right UID, allocated to this node, devices
+   this node publishes, opaque config valid) — per-claim error otherwise;
+2. a claim already ``PrepareCompleted`` with the same devices is answered from the checkpoint,
+   without touching the GPU;
+3. checkpoint ``PrepareStarted`` with the intended placements (refused if another prepared claim
+   on this node holds an overlapping placement);
+4. create each slice (GI + default CI) at exactly the allocated placement — an instance the
+   claim's own earlier, unfinished attempt left there is adopted;
+5. write the claim's CDI spec, then checkpoint ``PrepareCompleted`` with the GI/CI ids, MIG UUIDs
+   and CDI ids, and only then answer.
+
+A failure in 3 to 5 rolls back what exists for the claim (instances, CDI spec, entry); if the rollback
+itself fails the ``PrepareStarted`` entry stays, so the next attempt or start-up recovery finishes
+it. A crash anywhere leaves the checkpoint saying enough for ``recovery`` to do the same.
+
+Claims of one call are prepared concurrently on a thread pool; per-GPU locks (``slices``) serialise
+one GPU's operations; the checkpoint store serialises its read-modify-write updates.
+"""
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Final
+
+from api.checkpoint import Checkpoint, PreparedClaim, PrepareState, ShimBinding
+from api.checkpoint import PreparedDevice as CheckpointDevice
+from driver import cdi
+from driver.checkpoint import CheckpointStore
+from driver.cluster.port import RESOURCE_CLAIMS, ClusterApi, JsonObject
+from driver.errors import ApiNotFoundError, BackendError, DriverError
+from driver.gpu.backend import GpuBackend, MigInstance
+from driver.ids import ClaimUid
+from kubeletplugin.claims import ClaimRejectedError, PlannedDevice, plan_claim
+from kubeletplugin.inventory import NodeInventory
+from kubeletplugin.metrics import PluginMetrics
+from kubeletplugin.model import ClaimRef, PreparedDevice, PrepareResult
+from kubeletplugin.slices import SliceOperations
+
+logger = logging.getLogger(__name__)
+
+StepHook = Callable[[str], None]
+STEPS: Final = ("after-started", "after-cdi", "after-checkpoint")
+"""Points of ``prepare_claim`` where an injected ``step_hook`` is called (crash tests)."""
+
+
+def answer(entry: PreparedClaim) -> tuple[PreparedDevice, ...]:
+    """What the kubelet is told about a completed claim."""
+    return tuple(
+        PreparedDevice(
+            request_names=d.request_names,
+            pool_name=d.pool,
+            device_name=d.device,
+            cdi_device_ids=d.cdi_device_ids,
+        )
+        for d in entry.devices
+    )
+
+
+def slices_in_use(checkpoint: Checkpoint) -> Counter[tuple[int, str]]:
+    return Counter(
+        (d.gpu_index, d.profile)
+        for claim in checkpoint.claims.values()
+        if claim.state is PrepareState.PREPARE_COMPLETED
+        for d in claim.devices
+    )
+
+
+def _intended(planned: PlannedDevice, *, pool: str) -> CheckpointDevice:
+    device = planned.device
+    return CheckpointDevice(
+        request_names=planned.request_names,
+        pool=pool,
+        device=device.name,
+        gpu_index=device.gpu_index,
+        gpu_uuid=device.gpu_uuid,
+        profile=device.profile.name,
+        placement_start=device.placement.start,
+        placement_size=device.placement.size,
+    )
+
+
+def _same_devices(entry: PreparedClaim, planned: Sequence[PlannedDevice]) -> bool:
+    return sorted(d.device for d in entry.devices) == sorted(p.device.name for p in planned)
+
+
+class DeviceState:
+    """The node's prepared claims; the ``ClaimPreparer`` behind the DRA service."""
+
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        backend: GpuBackend,
+        api: ClusterApi,
+        store: CheckpointStore,
+        cdi_root: Path,
+        inventory: Callable[[], NodeInventory],
+        emulated: bool,
+        majors: cdi.DeviceMajors | None = None,
+        metrics: PluginMetrics | None = None,
+        step_hook: StepHook | None = None,
+        max_workers: int = 8,
+    ) -> None:
+        self._node = node_name
+        self._api = api
+        self._store = store
+        self._cdi_root = cdi_root
+        self._inventory = inventory
+        self._emulated = emulated
+        self._majors = majors or cdi.DeviceMajors()
+        self._metrics = metrics or PluginMetrics()
+        self._step_hook = step_hook
+        self.slices = SliceOperations(backend)
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="prepare")
+        self._claim_locks: dict[str, threading.Lock] = {}
+        self._claim_locks_guard = threading.Lock()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    # -- ClaimPreparer ---------------------------------------------------------------------
+
+    def prepare(self, claims: Sequence[ClaimRef]) -> dict[ClaimUid, PrepareResult]:
+        unique = list({ref.uid: ref for ref in claims}.values())
+        if len(unique) <= 1:
+            return {ref.uid: self._prepare_result(ref) for ref in unique}
+        futures = {ref.uid: self._pool.submit(self._prepare_result, ref) for ref in unique}
+        return {uid: future.result() for uid, future in futures.items()}
+
+    def unprepare(self, claims: Sequence[ClaimRef]) -> dict[ClaimUid, str]:
+        unique = list({ref.uid: ref for ref in claims}.values())
+        if len(unique) <= 1:
+            return {ref.uid: self._unprepare_result(ref) for ref in unique}
+        futures = {ref.uid: self._pool.submit(self._unprepare_result, ref) for ref in unique}
+        return {uid: future.result() for uid, future in futures.items()}
+
+    # -- per claim, raising ----------------------------------------------------------------
+
+    def prepare_claim(
+        self,
+        ref: ClaimRef,
+        *,
+        visible_devices_env: bool = True,
+        shim: ShimBinding | None = None,
+    ) -> PreparedClaim:
+        """Prepare one claim (steps in the module docstring); the completed checkpoint entry
+        carries the CDI ids and MIG UUIDs. Raises ``DriverError`` subclasses.
+
+        ``visible_devices_env=False`` and ``shim`` are for the device-plugin shim, which sets
+        ``NVIDIA_VISIBLE_DEVICES`` per container itself and records which pod holds the slices.
+        """
+        with self._claim_lock(ref.uid):
+            claim = self._get_claim(ref)
+            planned = plan_claim(claim, ref=ref, node_name=self._node, inventory=self._inventory())
+            previous = self._store.load().claim(ref.uid)
+            if previous is not None and previous.state is PrepareState.PREPARE_COMPLETED:
+                if _same_devices(previous, planned):
+                    logger.debug("claim %s already prepared", ref, extra=_ids(ref))
+                    return previous
+                logger.warning(
+                    "claim %s was prepared with other devices; releasing them first",
+                    ref,
+                    extra=_ids(ref),
+                )
+                self._release(ref.uid)
+                previous = None
+            return self._prepare_planned(
+                ref, planned, previous=previous, visible_devices_env=visible_devices_env, shim=shim
+            )
+
+    def unprepare_claim(self, ref: ClaimRef) -> None:
+        """Destroy the claim's slices, CDI spec and checkpoint entry; nothing to do is fine."""
+        with self._claim_lock(ref.uid):
+            self._release(ref.uid)
+
+    def prepared(self) -> Mapping[str, PreparedClaim]:
+        """The checkpoint's claims, by UID."""
+        return dict(self._store.load().claims)
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _prepare_result(self, ref: ClaimRef) -> PrepareResult:
+        started = time.monotonic()
+        try:
+            entry = self.prepare_claim(ref)
+        except DriverError as exc:
+            logger.warning("prepare of claim %s failed: %s", ref, exc, extra=_ids(ref))
+            self._metrics.claim_done(
+                operation="prepare", seconds=time.monotonic() - started, ok=False
+            )
+            return PrepareResult(error=str(exc))
+        except Exception as exc:
+            logger.exception("prepare of claim %s failed unexpectedly", ref, extra=_ids(ref))
+            self._metrics.claim_done(
+                operation="prepare", seconds=time.monotonic() - started, ok=False
+            )
+            return PrepareResult(error=f"internal error: {exc}")
+        self._metrics.claim_done(operation="prepare", seconds=time.monotonic() - started, ok=True)
+        return PrepareResult(devices=answer(entry))
+
+    def _unprepare_result(self, ref: ClaimRef) -> str:
+        started = time.monotonic()
+        try:
+            self.unprepare_claim(ref)
+        except DriverError as exc:
+            logger.warning("unprepare of claim %s failed: %s", ref, exc, extra=_ids(ref))
+            error = str(exc)
+        except Exception as exc:
+            logger.exception("unprepare of claim %s failed unexpectedly", ref, extra=_ids(ref))
+            error = f"internal error: {exc}"
+        else:
+            error = ""
+        self._metrics.claim_done(
+            operation="unprepare", seconds=time.monotonic() - started, ok=not error
+        )
+        return error
+
+    def _get_claim(self, ref: ClaimRef) -> JsonObject:
+        try:
+            return self._api.get(RESOURCE_CLAIMS, name=ref.name, namespace=ref.namespace)
+        except ApiNotFoundError as exc:
+            raise ClaimRejectedError(f"claim {ref}: not found in the API server") from exc
+
+    def _prepare_planned(
+        self,
+        ref: ClaimRef,
+        planned: Sequence[PlannedDevice],
+        *,
+        previous: PreparedClaim | None,
+        visible_devices_env: bool,
+        shim: ShimBinding | None,
+    ) -> PreparedClaim:
+        intended = tuple(_intended(p, pool=self._node) for p in planned)
+        started = PreparedClaim(
+            uid=ref.uid,
+            namespace=ref.namespace,
+            name=ref.name,
+            state=PrepareState.PREPARE_STARTED,
+            devices=intended,
+            shim=shim,
+        )
+        leftovers = [] if previous is None else list(previous.devices)
+        adoptable = {(d.gpu_index, d.profile, d.placement_start) for d in leftovers}
+        stale = [d for d in leftovers if d.device not in {i.device for i in intended}]
+        if stale:
+            self.slices.destroy_recorded(stale, claim_uid=ref.uid, checkpoint=self._store.load())
+        self._update(lambda checkpoint: _start(checkpoint, started, ref=ref))
+        self._step("after-started")
+        made: list[MigInstance] = []
+        try:
+            for record in intended:
+                ensured = self.slices.ensure(
+                    gpu_index=record.gpu_index,
+                    profile=record.profile,
+                    start=record.placement_start,
+                    adoptable=(record.gpu_index, record.profile, record.placement_start)
+                    in adoptable,
+                )
+                made.append(ensured.instance)
+            devices = self._write_cdi(ref, planned, intended, made, visible_devices_env)
+            self._step("after-cdi")
+            completed = PreparedClaim(
+                uid=ref.uid,
+                namespace=ref.namespace,
+                name=ref.name,
+                state=PrepareState.PREPARE_COMPLETED,
+                devices=devices,
+                shim=shim,
+            )
+            self._update(lambda checkpoint: checkpoint.with_claim(completed))
+        except Exception:
+            self._roll_back(ref, made, started)
+            raise
+        self._step("after-checkpoint")
+        logger.info(
+            "prepared claim %s: %s",
+            ref,
+            ", ".join(d.device for d in devices),
+            extra=_ids(ref),
+        )
+        return completed
+
+    def _write_cdi(
+        self,
+        ref: ClaimRef,
+        planned: Sequence[PlannedDevice],
+        intended: Sequence[CheckpointDevice],
+        made: Sequence[MigInstance],
+        visible_devices_env: bool,
+    ) -> tuple[CheckpointDevice, ...]:
+        cdi_slices = []
+        for plan, instance in zip(planned, made, strict=True):
+            if instance.mig_uuid is None or instance.ci_id is None:
+                raise BackendError(f"claim {ref}: slice {plan.device.name} has no compute instance")
+            cdi_slices.append(
+                cdi.CdiSlice(
+                    device=plan.device.name,
+                    mig_uuid=instance.mig_uuid,
+                    gpu_minor=self._minor(plan.device.gpu_minor, "GPU", plan),
+                    gi_cap_minor=self._minor(
+                        instance.gi_cap_minor, "GPU-instance capability", plan
+                    ),
+                    ci_cap_minor=self._minor(
+                        instance.ci_cap_minor, "compute-instance capability", plan
+                    ),
+                    env=plan.env,
+                )
+            )
+        spec = cdi.build_claim_spec(
+            claim_uid=ref.uid,
+            slices=cdi_slices,
+            emulated=self._emulated,
+            majors=self._majors,
+            visible_devices_env=visible_devices_env,
+        )
+        cdi.write_spec(self._cdi_root, spec, claim_uid=ref.uid)
+        return tuple(
+            CheckpointDevice(
+                **{
+                    **record.model_dump(),
+                    "gi_id": instance.gi_id,
+                    "ci_id": instance.ci_id,
+                    "mig_uuid": instance.mig_uuid,
+                    "cdi_device_ids": (cdi.claim_cdi_device_id(ref.uid, record.device),),
+                }
+            )
+            for record, instance in zip(intended, made, strict=True)
+        )
+
+    def _minor(self, value: int | None, what: str, plan: PlannedDevice) -> int:
+        if value is not None:
+            return value
+        if self._emulated:
+            return 0
+        raise BackendError(f"the {what} device minor of {plan.device.name} is unknown")
+
+    def _roll_back(
+        self, ref: ClaimRef, made: Iterable[MigInstance], started: PreparedClaim
+    ) -> None:
+        try:
+            for instance in made:
+                self.slices.destroy_instance(instance)
+            cdi.remove_spec(self._cdi_root, ref.uid)
+            self._update(lambda checkpoint: checkpoint.without_claim(ref.uid))
+        except Exception:
+            logger.exception(
+                "rolling back claim %s failed; its PrepareStarted entry stays for the next attempt",
+                ref,
+                extra=_ids(ref),
+            )
+        else:
+            logger.info("rolled back claim %s", ref, extra=_ids(ref))
+
+    def _release(self, uid: str) -> None:
+        checkpoint = self._store.load()
+        entry = checkpoint.claim(uid)
+        if entry is not None:
+            self.slices.destroy_recorded(entry.devices, claim_uid=uid, checkpoint=checkpoint)
+        cdi.remove_spec(self._cdi_root, uid)
+        if entry is not None:
+            self._update(lambda current: current.without_claim(uid))
+            logger.info(
+                "unprepared claim %s/%s (%s)",
+                entry.namespace,
+                entry.name,
+                uid,
+                extra={"claim_uid": uid, "claim": f"{entry.namespace}/{entry.name}"},
+            )
+
+    def _update(self, change: Callable[[Checkpoint], Checkpoint]) -> Checkpoint:
+        checkpoint = self._store.update(change)
+        self._metrics.set_slices_in_use(slices_in_use(checkpoint))
+        return checkpoint
+
+    def _step(self, step: str) -> None:
+        if self._step_hook is not None:
+            self._step_hook(step)
+
+    def _claim_lock(self, uid: str) -> threading.Lock:
+        with self._claim_locks_guard:
+            return self._claim_locks.setdefault(uid, threading.Lock())
+
+
+def _start(checkpoint: Checkpoint, started: PreparedClaim, *, ref: ClaimRef) -> Checkpoint:
+    """``started`` added, unless another claim prepared here holds an overlapping placement."""
+    for other in checkpoint.claims.values():
+        if other.uid == started.uid:
+            continue
+        for theirs in other.devices:
+            for mine in started.devices:
+                if mine.gpu_index == theirs.gpu_index and (
+                    mine.placement_start < theirs.placement_start + theirs.placement_size
+                    and theirs.placement_start < mine.placement_start + mine.placement_size
+                ):
+                    raise ClaimRejectedError(
+                        f"claim {ref}: device {mine.device} overlaps {theirs.device} of claim "
+                        f"{other.namespace}/{other.name} ({other.uid}), prepared on this node"
+                    )
+    return checkpoint.with_claim(started)
+
+
+def _ids(ref: ClaimRef) -> dict[str, str]:
+    return {"claim_uid": ref.uid, "claim": f"{ref.namespace}/{ref.name}"}
