@@ -208,7 +208,7 @@ class Informer:
                 if need_list:
                     self._relist()
                     need_list = False
-                if self._watch_once():
+                if self._watch_once() or self._stop.is_set():
                     self.failures = 0
                     continue
                 self.failures += 1
@@ -221,7 +221,13 @@ class Informer:
                     continue  # the first 410 re-lists at once, repeated ones back off
             except Exception as exc:
                 self.failures += 1
-                logger.warning("informer %s: %s (attempt %d)", self.name, exc, self.failures)
+                logger.log(
+                    logging.INFO if self.failures == 1 else logging.WARNING,
+                    "informer %s: %s (attempt %d)",
+                    self.name,
+                    exc,
+                    self.failures,
+                )
             self._stop.wait(self._backoff.delay(self.failures, self._rng))
 
     def _relist(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from collections.abc import Iterator
 from types import TracebackType
 from typing import Any, Self
@@ -323,19 +324,27 @@ class KubeWatchStream:
 
     def __init__(self, *, resource: Resource, response: Any, path: str) -> None:
         self._resource = resource
-        self._response = response
         self._raw = response.response
         self._path = path
+        self._lock = threading.Lock()
         self._closed = False
+        self._reading = False
+        self._released = False
 
     def __iter__(self) -> Iterator[WatchEvent]:
+        with self._lock:
+            if self._closed:
+                self._release()
+                return
+            self._reading = True
         buffer = b""
         try:
-            while not self._closed:
+            while not self._is_closed():
                 try:
                     chunk = self._raw.read1(_READ_SIZE)
-                except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
-                    if self.closed:
+                except Exception as exc:
+                    # after close() from another thread, http.client fails in assorted ways
+                    if self._is_closed():
                         return
                     raise ClusterError(f"watch {self._path}: {exc}") from exc
                 if not chunk:
@@ -347,7 +356,10 @@ class KubeWatchStream:
                     if event is not None:
                         yield event
         finally:
-            self.close()
+            with self._lock:
+                self._closed = True
+                self._reading = False
+                self._release()
 
     def _decode(self, line: bytes) -> WatchEvent | None:
         if not line.strip():
@@ -372,19 +384,33 @@ class KubeWatchStream:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._is_closed()
+
+    def _is_closed(self) -> bool:
+        with self._lock:
+            return self._closed
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if not self._reading:
+                self._release()
+                return
+        # A reader is blocked in another thread: wake it by shutting the socket down; the reader
+        # then releases the response itself.
         try:
-            # shutdown() wakes a reader blocked in another thread; close() drops the connection
-            # (a half-read watch must never go back to the pool).
             if getattr(self._raw, "_sock_shutdown", None) is not None:
                 self._raw.shutdown()
         except (OSError, RuntimeError, ValueError):
             logger.debug("watch %s: socket already gone", self._path)
+
+    def _release(self) -> None:
+        """Close the response (a half-read watch must never go back to the pool); lock held."""
+        if self._released:
+            return
+        self._released = True
         self._raw.close()
         self._raw.release_conn()
 
