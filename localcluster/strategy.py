@@ -1,0 +1,137 @@
+"""Per-kind preparation of an object before it is validated and stored — kube's "strategies".
+
+What the server decides rather than the client: status reset on create (status is written through
+``/status`` only), spec kept on a status write and status kept on a spec write, ``generation``
+bumped on spec change, defaults a reader may rely on (pod ``phase``, ``schedulerName``, …), and
+system metadata carried over from the stored object on update. The functions mutate the object
+passed in; the store hands them a private copy.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from localcluster.resources import ResourceType
+
+JsonObj = dict[str, Any]
+
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+_SYSTEM_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "generation",
+)
+_KEEP_STATUS_ON_CREATE = {("", "nodes")}
+
+
+def prepare_create(resource: ResourceType, obj: JsonObj) -> None:
+    """Server-side fields of a new object (system metadata is the store's job)."""
+    meta = obj.setdefault("metadata", {})
+    if resource.tracks_generation:
+        meta["generation"] = 1
+    if resource.has_status and (resource.group, resource.plural) not in _KEEP_STATUS_ON_CREATE:
+        obj.pop("status", None)
+    apply_defaults(resource, obj)
+    if resource.plural == "pods" and not resource.group:
+        obj["status"] = {"phase": "Pending", "qosClass": _qos_class(obj.get("spec") or {})}
+    elif resource.plural == "namespaces" and not resource.group:
+        obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
+        obj["status"] = {"phase": "Active"}
+
+
+def prepare_update(
+    resource: ResourceType, old: JsonObj, new: JsonObj, *, subresource: str | None
+) -> JsonObj:
+    """The object to store: for ``status`` only the status of ``new`` counts, otherwise the
+    status of ``old`` is kept; system metadata always comes from ``old``."""
+    if subresource == "status":
+        result = {k: v for k, v in old.items() if k != "status"}
+        result["metadata"] = dict(old.get("metadata") or {})
+        if "status" in new:
+            result["status"] = new["status"]
+        return result
+    meta = new.setdefault("metadata", {})
+    old_meta = old.get("metadata") or {}
+    for key in _SYSTEM_METADATA:
+        if key in old_meta:
+            meta[key] = old_meta[key]
+        else:
+            meta.pop(key, None)
+    if resource.has_status:
+        if "status" in old:
+            new["status"] = old["status"]
+        else:
+            new.pop("status", None)
+    apply_defaults(resource, new)
+    if resource.tracks_generation and new.get("spec") != old.get("spec"):
+        meta["generation"] = int(old_meta.get("generation") or 0) + 1
+    return new
+
+
+def apply_defaults(resource: ResourceType, obj: JsonObj) -> None:
+    """Defaults kube applies when decoding any write, so a client that omits them changes nothing."""
+    if resource.group:
+        return
+    if resource.plural == "pods":
+        _default_pod_spec(obj.setdefault("spec", {}))
+    elif resource.plural == "secrets":
+        _fold_string_data(obj)
+    elif resource.plural == "namespaces":
+        name = (obj.get("metadata") or {}).get("name")
+        if name:
+            labels = obj["metadata"].get("labels") or {}
+            obj["metadata"]["labels"] = {**labels, NAMESPACE_NAME_LABEL: name}
+
+
+def _default_pod_spec(spec: JsonObj) -> None:
+    spec.setdefault("restartPolicy", "Always")
+    spec.setdefault("schedulerName", "default-scheduler")
+    spec.setdefault("terminationGracePeriodSeconds", 30)
+    spec.setdefault("dnsPolicy", "ClusterFirst")
+    for field in ("containers", "initContainers"):
+        for container in spec.get(field) or []:
+            if not isinstance(container, dict):
+                continue
+            container.setdefault("terminationMessagePath", "/dev/termination-log")
+            container.setdefault("terminationMessagePolicy", "File")
+            image = str(container.get("image") or "")
+            tagless = ":" not in image.rsplit("/", 1)[-1] and "@" not in image
+            latest = tagless or image.endswith(":latest")
+            container.setdefault("imagePullPolicy", "Always" if latest else "IfNotPresent")
+
+
+def _fold_string_data(obj: JsonObj) -> None:
+    string_data = obj.pop("stringData", None)
+    if isinstance(string_data, dict) and string_data:
+        data = dict(obj.get("data") or {})
+        for key, value in string_data.items():
+            data[key] = base64.b64encode(str(value).encode()).decode()
+        obj["data"] = data
+
+
+def _qos_class(spec: JsonObj) -> str:
+    """BestEffort / Guaranteed / Burstable, comparing quantities as written."""
+    containers = [
+        c
+        for c in (spec.get("containers") or []) + (spec.get("initContainers") or [])
+        if isinstance(c, dict)
+    ]
+    any_set = False
+    guaranteed = True
+    for container in containers:
+        resources = container.get("resources") or {}
+        requests = resources.get("requests") or {}
+        limits = resources.get("limits") or {}
+        for name in ("cpu", "memory"):
+            if name in requests or name in limits:
+                any_set = True
+            if name not in limits or requests.get(name, limits[name]) != limits[name]:
+                guaranteed = False
+    if not any_set:
+        return "BestEffort"
+    return "Guaranteed" if guaranteed else "Burstable"
