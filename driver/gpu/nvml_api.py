@@ -15,6 +15,8 @@ ctypes arrays, ``None`` where NVML allows NULL (to ask for a count).
 
 from typing import Any, Final, Protocol
 
+from driver.mig.model import CI_PROFILE_BY_COMPUTE_SLICES
+
 # nvml.h return codes (the ones the backend tells apart).
 NVML_ERROR_UNINITIALIZED: Final = 1
 NVML_ERROR_INVALID_ARGUMENT: Final = 2
@@ -58,7 +60,7 @@ NVML_GPU_INSTANCE_PROFILE_COUNT: Final = 0x12
 # Compute-instance profile selectors; the one covering a whole GPU instance has its slice count.
 NVML_COMPUTE_INSTANCE_PROFILE_COUNT: Final = 0x9
 NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED: Final = 0x0
-CI_PROFILE_BY_SLICE_COUNT: Final = {1: 0x0, 2: 0x1, 3: 0x2, 4: 0x3, 7: 0x4, 8: 0x5, 6: 0x6}
+CI_PROFILE_BY_SLICE_COUNT: Final = CI_PROFILE_BY_COMPUTE_SLICES
 
 # Name suffixes of the GPU-instance profile variants (as in go-nvlib's MigProfileInfo.String()).
 GI_PROFILE_NAME_SUFFIX: Final = {

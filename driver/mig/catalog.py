@@ -10,11 +10,7 @@ from types import MappingProxyType
 from typing import Final
 
 from driver.errors import ConfigError
-from driver.mig.model import MIB, GpuModel, MigProfile, Placement
-
-# NVML compute-instance profile constants (nvml.h NVML_COMPUTE_INSTANCE_PROFILE_*), keyed by the
-# number of compute slices of the one compute instance that covers a whole GPU instance.
-_CI_PROFILE_BY_COMPUTE_SLICES: Final = MappingProxyType({1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6})
+from driver.mig.model import CI_PROFILE_BY_COMPUTE_SLICES, MIB, GpuModel, MigProfile, Placement
 
 # NVML GPU-instance profile ids on GPUs with 8 memory slices (identical on every such GPU).
 _GI_1G: Final = 19
@@ -45,7 +41,7 @@ def _profile(
     return MigProfile(
         name=name,
         gi_profile_id=gi_id,
-        ci_profile_id=_CI_PROFILE_BY_COMPUTE_SLICES[compute_slices],
+        ci_profile_id=CI_PROFILE_BY_COMPUTE_SLICES[compute_slices],
         memory_slices=memory_slices,
         compute_slices=compute_slices,
         memory_bytes=round(gib * 1024) * MIB,

@@ -8,10 +8,16 @@ the GPU backends.
 """
 
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final
 
 from driver.errors import NotFoundError
 
 MIB = 1024 * 1024
+
+# NVML compute-instance profile constants (nvml.h NVML_COMPUTE_INSTANCE_PROFILE_*), keyed by the
+# number of compute slices of the one compute instance that covers a whole GPU instance.
+CI_PROFILE_BY_COMPUTE_SLICES: Final = MappingProxyType({1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6})
 
 
 @dataclass(frozen=True, slots=True)
