@@ -211,7 +211,14 @@ class LeaderElector:
         while not self._stop.is_set():
             if not self._acquire():
                 break
-            self._call(self._on_started, "on_started_leading")
+            if not self._call(self._on_started, "on_started_leading"):
+                # a leader that cannot start its work must not sit on the lease
+                with self._lock:
+                    self._renewed_at = None
+                self.release()
+                self._call(self._on_stopped, "on_stopped_leading")
+                self._stop.wait(self.config.retry_period)
+                continue
             self._renew_until_lost()
             with self._lock:
                 self._renewed_at = None
@@ -305,8 +312,10 @@ class LeaderElector:
         with self._lock:
             self._renewed_at = None
 
-    def _call(self, callback: Callable[[], object], what: str) -> None:
+    def _call(self, callback: Callable[[], object], what: str) -> bool:
         try:
             callback()
         except Exception:
             logger.exception("%s: %s raised", self.config.identity, what)
+            return False
+        return True

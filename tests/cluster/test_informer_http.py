@@ -7,7 +7,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 
@@ -21,6 +20,7 @@ from driver.cluster.port import (
     JsonObject,
     ObjectList,
     PatchType,
+    Resource,
     WatchStream,
     resource_version_of,
 )
@@ -99,7 +99,7 @@ def _cache_state(informer: Informer) -> dict[str, str]:
     return {o["metadata"]["name"]: resource_version_of(o) for o in informer.list()}
 
 
-def _server_state(api: KubeClusterApi, resource: Any) -> dict[str, str]:
+def _server_state(api: KubeClusterApi, resource: Resource) -> dict[str, str]:
     return {o["metadata"]["name"]: resource_version_of(o) for o in api.list_objects(resource).items}
 
 

@@ -294,3 +294,34 @@ def test_config_rejects_unsafe_timings() -> None:
         LeaderElectionConfig(identity="x", lease_duration=2, renew_deadline=2.0, retry_period=0.2)
     with pytest.raises(ValueError, match="identity"):
         LeaderElectionConfig(identity="")
+
+
+def test_a_leader_whose_start_fails_gives_the_lease_back(
+    api: KubeClusterApi, electors: list[LeaderElector]
+) -> None:
+    calls: list[str] = []
+
+    def failing_start() -> None:
+        calls.append("started")
+        raise RuntimeError("cannot start workers")
+
+    broken = LeaderElector(
+        api=api,
+        config=config("broken"),
+        on_started_leading=failing_start,
+        on_stopped_leading=lambda: calls.append("stopped"),
+    )
+    broken.start()
+    electors.append(broken)
+    deadline = time.monotonic() + 5
+    while "stopped" not in calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert calls[:2] == ["started", "stopped"]
+    timeline = Timeline()
+    healthy = timeline.elector(api, "healthy")
+    healthy.start()
+    electors.append(healthy)
+    # the broken candidate never keeps the lease, so the healthy one gets it without waiting
+    # for an expiry
+    _wait_for_leader([healthy], timeout=LEASE_DURATION)
+    assert not broken.is_leader()
