@@ -1,0 +1,77 @@
+"""The console script end to end: a real process, found and driven by the kubelet, stopped by SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from localcluster.apiserver import LocalApiServer
+from tests.kubeletplugin.harness import Kubelet, NodeHarness
+
+
+def test_plugin_process_serves_until_sigterm_then_removes_its_sockets(
+    apiserver: LocalApiServer,
+) -> None:
+    node = NodeHarness(api_url=apiserver.url, node="node-m", gpus="1xA100-40GB")
+    node.create_node()
+    env = {
+        **os.environ,
+        "NODE_NAME": node.node,
+        "INSTASLICE_GPU_BACKEND": "emulated",
+        "INSTASLICE_EMULATED_GPUS": node.gpus,
+        "INSTASLICE_LOG_FORMAT": "json",
+    }
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kubeletplugin",
+            "--kube-api-url",
+            apiserver.url,
+            "--plugin-registry-dir",
+            str(node.registry_dir),
+            "--plugin-dir",
+            str(node.plugin_dir),
+            "--cdi-root",
+            str(node.cdi_root),
+            "--state-dir",
+            str(node.state_dir),
+            "--emulated-state-file",
+            str(node.emulated_state),
+            "--metrics-address",
+            "",
+            "--healthz-address",
+            "127.0.0.1:0",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    kubelet = None
+    try:
+        deadline = time.monotonic() + 30
+        while not list(node.registry_dir.glob("*-reg.sock")) and time.monotonic() < deadline:
+            assert process.poll() is None, process.communicate()
+            time.sleep(0.05)
+        kubelet = Kubelet(node.registry_dir)
+        claim = node.claim(["gpu-0-3g-20gb-4"])
+        assert kubelet.prepare([claim])[claim.uid].error == ""
+        assert [(g, p, s) for g, p, s, _ in node.instances()] == [(0, "3g.20gb", 4)]
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+        assert process.returncode == 0, stderr
+        assert '"claim_uid": "' + claim.uid in stderr  # structured JSON logs carry the claim
+        assert list(node.registry_dir.glob("*.sock")) == []
+        assert list(node.plugin_dir.glob("*.sock")) == []
+        assert len(node.instances()) == 1  # a stop keeps prepared slices
+    finally:
+        if kubelet is not None:
+            kubelet.close()
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+        node.close()

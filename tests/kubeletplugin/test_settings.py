@@ -1,0 +1,93 @@
+"""Flags and their env vars; bad values are CLI errors (exit status 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kubeletplugin.settings import build_parser, env_var, parse_settings, split_address
+
+
+def test_defaults_match_the_kubelet_layout() -> None:
+    settings = parse_settings(["--node-name", "n1"], environ={})
+    assert settings.node_name == "n1"
+    assert settings.gpu_backend == "nvml"
+    assert settings.plugin_registry_dir == Path("/var/lib/kubelet/plugins_registry")
+    assert settings.plugin_dir == Path("/var/lib/kubelet/plugins/mig.instaslice.dev")
+    assert settings.device_plugin_dir == Path("/var/lib/kubelet/device-plugins")
+    assert settings.pod_resources_socket == Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    assert settings.cdi_root == Path("/var/run/cdi")
+    assert settings.emulated_state_file == Path("/var/lib/instaslice/emulated-gpus.json")
+    assert settings.metrics_address == ":9400"
+    assert settings.healthz_address == ":9401"
+    assert settings.kubeconfig is None
+
+
+def test_every_flag_has_its_env_var_and_the_command_line_wins() -> None:
+    environ = {
+        "INSTASLICE_NODE_NAME": "from-env",
+        "INSTASLICE_GPU_BACKEND": "emulated",
+        "INSTASLICE_EMULATED_GPUS": "2xA100-40GB",
+        "INSTASLICE_STATE_DIR": "/srv/state",
+        "INSTASLICE_LOG_LEVEL": "debug",
+        "INSTASLICE_LOG_FORMAT": "json",
+        "INSTASLICE_KUBE_API_URL": "http://127.0.0.1:8080",
+        "INSTASLICE_INVENTORY_POLL_SECONDS": "5",
+    }
+    settings = parse_settings(["--node-name", "from-flag"], environ=environ)
+    assert settings.node_name == "from-flag"
+    assert settings.gpu_backend == "emulated"
+    assert settings.emulated_gpus == "2xA100-40GB"
+    assert settings.emulated_state_file == Path("/srv/state/emulated-gpus.json")
+    assert settings.log_level == "DEBUG"
+    assert settings.log_format == "json"
+    assert settings.kube_api_url == "http://127.0.0.1:8080"
+    assert settings.inventory_poll_seconds == 5.0
+    flags = [a for a in build_parser()._actions if a.option_strings and a.dest != "help"]
+    assert all(env_var(a.dest) in (a.help or "") for a in flags)
+
+
+def test_node_name_falls_back_to_node_name_env() -> None:
+    assert parse_settings([], environ={"NODE_NAME": "downward"}).node_name == "downward"
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "message"),
+    [
+        ([], {}, "--node-name is required"),
+        (["--node-name", "n", "--gpu-backend", "cuda"], {}, "invalid choice"),
+        (["--node-name", "n"], {"INSTASLICE_GPU_BACKEND": "cuda"}, "INSTASLICE_GPU_BACKEND"),
+        (["--node-name", "n", "--gpu-backend", "emulated"], {}, "needs --emulated-gpus"),
+        (["--node-name", "n", "--metrics-address", "9400"], {}, "host:port"),
+        (["--node-name", "n", "--inventory-poll-seconds", "0"], {}, "positive"),
+        (["--node-name", "n", "--log-level", "loud"], {}, "invalid choice"),
+        (["--node-name", "n"], {"INSTASLICE_LOG_FORMAT": "xml"}, "INSTASLICE_LOG_FORMAT"),
+    ],
+    ids=[
+        "no-node",
+        "bad-backend-flag",
+        "bad-backend-env",
+        "emulated-without-gpus",
+        "bad-address",
+        "zero-poll",
+        "bad-level",
+        "bad-format-env",
+    ],
+)
+def test_bad_values_exit_2_with_a_message(
+    argv: list[str], environ: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_settings(argv, environ=environ)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [(":9400", ("0.0.0.0", 9400)), ("127.0.0.1:0", ("127.0.0.1", 0)), ("[::1]:80", ("::1", 80))],
+    ids=["any", "loopback", "ipv6"],
+)
+def test_split_address(address: str, expected: tuple[str, int]) -> None:
+    assert split_address(address) == expected
