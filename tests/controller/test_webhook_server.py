@@ -1,0 +1,262 @@
+"""The webhook over real HTTPS: certificates from ``certs``, verification against their CA."""
+
+import base64
+import http.client
+import json
+import socket
+import ssl
+from collections.abc import Iterator, Mapping
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from api.names import SCHEDULING_GATE
+from controller.admission import review_pod
+from controller.cert_manager import CertificateManager
+from controller.certs import CA_FILE, CERT_FILE, KEY_FILE, CertificateSettings
+from controller.webhook_server import WebhookServer
+from driver.errors import ConfigError
+from tests.controller.certfakes import InMemoryCertificateStore, StepClock
+from tests.controller.test_admission import default_context, pod, review
+
+SERVICE_NAME = "instaslice-webhook.instaslice-system.svc"
+
+
+def settings(*extra: str) -> CertificateSettings:
+    return CertificateSettings(
+        service="instaslice-webhook",
+        namespace="instaslice-system",
+        extra_names=("127.0.0.1", *extra),
+    )
+
+
+@pytest.fixture
+def cert_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "certs"
+    CertificateManager(
+        InMemoryCertificateStore(), settings=settings(), cert_dir=directory, clock=StepClock()
+    ).reconcile()
+    return directory
+
+
+def review_handler(body: Mapping[str, Any]) -> dict[str, Any]:
+    if body.get("explode"):
+        raise RuntimeError("boom")
+    return review_pod(body, default_context())
+
+
+@pytest.fixture
+def server(cert_dir: Path) -> Iterator[WebhookServer]:
+    with WebhookServer(
+        review=review_handler,
+        cert_file=cert_dir / CERT_FILE,
+        key_file=cert_dir / KEY_FILE,
+        host="127.0.0.1",
+        port=0,
+        reload_interval=0.0,
+        connection_timeout=5.0,
+    ) as running:
+        yield running
+
+
+def client_context(cert_dir: Path) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(cert_dir / CA_FILE))
+
+
+def connect(
+    server: WebhookServer, cert_dir: Path, *, hostname: str = SERVICE_NAME
+) -> http.client.HTTPSConnection:
+    """Connect to 127.0.0.1 but verify the certificate for ``hostname`` (SNI + name check)."""
+    connection = http.client.HTTPSConnection(
+        "127.0.0.1", server.port, context=client_context(cert_dir), timeout=5
+    )
+    raw = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    connection.sock = client_context(cert_dir).wrap_socket(raw, server_hostname=hostname)
+    return connection
+
+
+def post(
+    connection: http.client.HTTPSConnection, path: str, body: bytes
+) -> tuple[int, dict[str, Any]]:
+    connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+    response = connection.getresponse()
+    return response.status, json.loads(response.read())
+
+
+def test_admission_review_round_trip_over_verified_tls(
+    server: WebhookServer, cert_dir: Path
+) -> None:
+    with closing(connect(server, cert_dir)) as connection:
+        status, answer = post(
+            connection,
+            "/mutate-pods?timeout=5s",
+            json.dumps(review(pod(limits={"nvidia.com/mig-1g.5gb": "1"}))).encode(),
+        )
+        assert status == 200
+        assert answer["response"]["allowed"] is True
+        patch = json.loads(base64.b64decode(answer["response"]["patch"]))
+        assert patch == [
+            {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": SCHEDULING_GATE}]}
+        ]
+        # keep-alive: a second review on the same connection, on the path the deploy uses
+        status, answer = post(
+            connection,
+            "/mutate-v1-pod",
+            json.dumps(review(pod(limits={"nvidia.com/mig-9g.99gb": "1"}))).encode(),
+        )
+        assert status == 200
+        assert answer["response"]["allowed"] is False
+        assert "nvidia.com/mig-9g.99gb" in answer["response"]["status"]["message"]
+
+
+def test_client_verifies_by_ip_address_too(server: WebhookServer, cert_dir: Path) -> None:
+    with closing(
+        http.client.HTTPSConnection(
+            "127.0.0.1", server.port, context=client_context(cert_dir), timeout=5
+        )
+    ) as connection:
+        connection.request("GET", "/healthz")
+        response = connection.getresponse()
+        assert (response.status, response.read()) == (200, b"ok")
+
+
+def test_a_client_trusting_another_ca_refuses_the_server(
+    server: WebhookServer, cert_dir: Path, tmp_path: Path
+) -> None:
+    other = tmp_path / "other"
+    CertificateManager(
+        InMemoryCertificateStore(), settings=settings(), cert_dir=other, clock=StepClock()
+    ).reconcile()
+    raw = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    with closing(raw), pytest.raises(ssl.SSLCertVerificationError):
+        client_context(other).wrap_socket(raw, server_hostname=SERVICE_NAME)
+
+
+def test_a_wrong_hostname_is_refused(server: WebhookServer, cert_dir: Path) -> None:
+    raw = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    with closing(raw), pytest.raises(ssl.SSLCertVerificationError):
+        client_context(cert_dir).wrap_socket(raw, server_hostname="evil.example.com")
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "fragment"),
+    [
+        ("/mutate-pods", b"{not json", 400, "not an AdmissionReview"),
+        ("/mutate-pods", b"[1, 2]", 400, "not a JSON object"),
+        ("/mutate-pods", b'{"kind": "AdmissionReview"}', 400, "request.uid"),
+        ("/mutate-pods", b'{"explode": true}', 500, "boom"),
+        ("/elsewhere", b"{}", 404, "no webhook at /elsewhere"),
+    ],
+    ids=["bad-json", "not-an-object", "no-request", "handler-crash", "unknown-path"],
+)
+def test_bad_requests_get_error_statuses_and_the_server_survives(
+    server: WebhookServer, cert_dir: Path, path: str, body: bytes, status: int, fragment: str
+) -> None:
+    with closing(connect(server, cert_dir)) as connection:
+        got, answer = post(connection, path, body)
+        assert got == status
+        assert answer["kind"] == "Status"
+        assert answer["code"] == status
+        assert fragment in answer["message"]
+    with closing(connect(server, cert_dir)) as connection:
+        got, _ = post(connection, "/mutate-pods", json.dumps(review(pod())).encode())
+        assert got == 200
+
+
+def test_oversized_and_lengthless_bodies_are_refused(server: WebhookServer, cert_dir: Path) -> None:
+    with closing(connect(server, cert_dir)) as connection:
+        connection.putrequest("POST", "/mutate-pods")
+        connection.putheader("Content-Length", str(64 * 1024 * 1024))
+        connection.endheaders()
+        response = connection.getresponse()
+        assert response.status == 413
+        response.read()
+    with closing(connect(server, cert_dir)) as connection:
+        connection.putrequest("POST", "/mutate-pods")
+        connection.endheaders()
+        response = connection.getresponse()
+        assert response.status == 411
+        response.read()
+
+
+def test_a_failed_handshake_does_not_stop_the_server(server: WebhookServer, cert_dir: Path) -> None:
+    with closing(socket.create_connection(("127.0.0.1", server.port), timeout=5)) as raw:
+        raw.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")  # plain HTTP to a TLS port
+        raw.recv(1024)
+    with closing(connect(server, cert_dir)) as connection:
+        connection.request("GET", "/healthz")
+        assert connection.getresponse().status == 200
+
+
+def served_certificate(server: WebhookServer, cert_dir: Path) -> x509.Certificate:
+    raw = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    with closing(client_context(cert_dir).wrap_socket(raw, server_hostname=SERVICE_NAME)) as tls:
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der)
+
+
+def test_a_rotated_certificate_is_served_without_a_restart(
+    server: WebhookServer, cert_dir: Path
+) -> None:
+    before = served_certificate(server, cert_dir)
+    store = InMemoryCertificateStore()
+    # a new Secret (other names) rewrites the files the running server reads
+    CertificateManager(
+        store, settings=settings("localhost"), cert_dir=cert_dir, clock=StepClock()
+    ).reconcile()
+    after = served_certificate(server, cert_dir)
+    assert after.serial_number != before.serial_number
+    assert after.public_bytes(serialization.Encoding.PEM) == (cert_dir / CERT_FILE).read_bytes()
+
+
+def test_a_half_written_pair_keeps_the_previous_certificate(
+    server: WebhookServer, cert_dir: Path, tmp_path: Path
+) -> None:
+    before = served_certificate(server, cert_dir)
+    other = tmp_path / "other"
+    CertificateManager(
+        InMemoryCertificateStore(), settings=settings(), cert_dir=other, clock=StepClock()
+    ).reconcile()
+    # the new certificate has landed, its key not yet: the pair does not load
+    (cert_dir / CERT_FILE).write_bytes((other / CERT_FILE).read_bytes())
+    assert served_certificate(server, cert_dir).serial_number == before.serial_number
+
+
+def test_missing_certificate_files_fail_at_start(tmp_path: Path) -> None:
+    server = WebhookServer(
+        review=review_handler,
+        cert_file=tmp_path / "tls.crt",
+        key_file=tmp_path / "tls.key",
+        host="127.0.0.1",
+        port=0,
+    )
+    with pytest.raises(ConfigError, match="unreadable"):
+        server.start()
+    (tmp_path / "tls.crt").write_text("junk")
+    (tmp_path / "tls.key").write_text("junk")
+    with pytest.raises(ConfigError, match="cannot load"):
+        server.start()
+
+
+def test_stop_closes_idle_keep_alive_connections(cert_dir: Path) -> None:
+    server = WebhookServer(
+        review=review_handler,
+        cert_file=cert_dir / CERT_FILE,
+        key_file=cert_dir / KEY_FILE,
+        host="127.0.0.1",
+        port=0,
+        connection_timeout=60.0,
+    )
+    server.start()
+    with closing(connect(server, cert_dir)) as connection:
+        connection.request("GET", "/healthz")
+        assert connection.getresponse().read() == b"ok"
+        server.stop()  # must not wait 60 s for the idle connection
+        server.stop()  # idempotent
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", connection.port), timeout=1).close()
