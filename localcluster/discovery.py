@@ -28,6 +28,8 @@ def document(parts: list[str], server_address: str) -> JsonObj | None:
         return resources.api_versions(server_address)
     if parts == ["apis"]:
         return resources.api_group_list()
+    if parts[:2] == ["openapi", "v3"]:
+        return _openapi_v3(parts[2:])
     if parts[0] == "openapi":
         raise errors.resource_not_found()
     if parts[0] == "api" and len(parts) == 2:
@@ -41,6 +43,53 @@ def document(parts: list[str], server_address: str) -> JsonObj | None:
     if found is None:
         raise errors.resource_not_found()
     return found
+
+
+def _openapi_v3(gv_parts: list[str]) -> JsonObj:
+    """Just enough OpenAPI v3 for kubectl: each PATCH operation declares ``fieldValidation``, so
+    kubectl leaves validation to the server instead of demanding full schemas."""
+    if not gv_parts:
+        index = {"api/v1": {"serverRelativeURL": "/openapi/v3/api/v1"}}
+        for group in resources.api_group_list()["groups"]:
+            gv = group["preferredVersion"]["groupVersion"]
+            index[f"apis/{gv}"] = {"serverRelativeURL": f"/openapi/v3/apis/{gv}"}
+        return {"paths": index}
+    if gv_parts[0] == "api" and len(gv_parts) == 2:
+        group, version = "", gv_parts[1]
+    elif gv_parts[0] == "apis" and len(gv_parts) == 3:
+        group, version = gv_parts[1], gv_parts[2]
+    else:
+        raise errors.resource_not_found()
+    served = [r for r in resources.RESOURCES if r.group == group and r.version == version]
+    if not served:
+        raise errors.resource_not_found()
+    prefix = f"/apis/{group}/{version}" if group else f"/api/{version}"
+    paths: JsonObj = {}
+    for r in served:
+        scope = "/namespaces/{namespace}" if r.namespaced else ""
+        paths[f"{prefix}{scope}/{r.plural}/{{name}}"] = {
+            "patch": {
+                "operationId": f"patch{r.kind}",
+                "parameters": [
+                    {"name": "fieldValidation", "in": "query", "schema": {"type": "string"}},
+                    {"name": "fieldManager", "in": "query", "schema": {"type": "string"}},
+                ],
+                "requestBody": {"content": {"application/merge-patch+json": {"schema": {}}}},
+                "responses": {"200": {"description": "OK"}},
+                "x-kubernetes-action": "patch",
+                "x-kubernetes-group-version-kind": {
+                    "group": r.group,
+                    "version": r.version,
+                    "kind": r.kind,
+                },
+            }
+        }
+    return {
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": resources.SERVER_VERSION["gitVersion"]},
+        "paths": paths,
+        "components": {"schemas": {}},
+    }
 
 
 def _age(timestamp: str | None, now: datetime) -> str:

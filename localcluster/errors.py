@@ -36,6 +36,10 @@ class FieldError:
     value: Any = None
 
     def message(self) -> str:
+        return f"{self.field}: {self.body()}"
+
+    def body(self) -> str:
+        """The message without the field path, as kube puts it in ``details.causes``."""
         if self.kind == "Required":
             body = "Required value"
         elif self.kind == "Forbidden":
@@ -50,7 +54,7 @@ class FieldError:
             body = f"Unsupported value: {_render(self.value)}"
         else:
             body = f"Invalid value: {_render(self.value)}"
-        return f"{self.field}: {body}: {self.detail}" if self.detail else f"{self.field}: {body}"
+        return f"{body}: {self.detail}" if self.detail else body
 
 
 def _render(value: Any) -> str:
@@ -153,10 +157,10 @@ def invalid(resource: ResourceType, name: str, errors: list[FieldError]) -> ApiE
         "causes": [
             {
                 "reason": _CAUSE_REASONS.get(err.kind, "FieldValueInvalid"),
-                "message": m,
+                "message": err.body(),
                 "field": err.field,
             }
-            for err, m in zip(errors, messages, strict=True)
+            for err in errors
         ],
     }
     if resource.group:

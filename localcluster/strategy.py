@@ -73,8 +73,21 @@ def prepare_update(
     return new
 
 
+_OMIT_EMPTY_METADATA = ("labels", "annotations", "finalizers", "ownerReferences")
+_OMIT_EMPTY_POD_SPEC = ("schedulingGates", "nodeSelector", "tolerations", "resourceClaims")
+
+
+def _omit_empty(obj: JsonObj, keys: tuple[str, ...]) -> None:
+    """Kube serializes these ``omitempty``: an emptied list or map is absent, not ``[]``."""
+    for key in keys:
+        if key in obj and not obj[key]:
+            del obj[key]
+
+
 def apply_defaults(resource: ResourceType, obj: JsonObj) -> None:
     """Defaults kube applies when decoding any write, so a client that omits them changes nothing."""
+    if isinstance(obj.get("metadata"), dict):
+        _omit_empty(obj["metadata"], _OMIT_EMPTY_METADATA)
     if resource.group:
         return
     if resource.plural == "pods":
@@ -89,6 +102,7 @@ def apply_defaults(resource: ResourceType, obj: JsonObj) -> None:
 
 
 def _default_pod_spec(spec: JsonObj) -> None:
+    _omit_empty(spec, _OMIT_EMPTY_POD_SPEC)
     spec.setdefault("restartPolicy", "Always")
     spec.setdefault("schedulerName", "default-scheduler")
     spec.setdefault("terminationGracePeriodSeconds", 30)

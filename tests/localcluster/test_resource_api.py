@@ -1,0 +1,225 @@
+"""Contract: resource.k8s.io/v1 rules — claim spec immutable, allocation set once, slice shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client import ApiException
+
+from tests.localcluster.helpers import NS, allocation, claim, status_of
+
+DRIVER = "mig.instaslice.dev"
+
+
+@pytest.fixture
+def resource_api(kube_client: Any) -> Any:
+    return client.ResourceV1Api(kube_client)
+
+
+def _set_allocation(api: Any, name: str, value: Any) -> Any:
+    return api.patch_namespaced_resource_claim_status(name, NS, {"status": {"allocation": value}})
+
+
+def _invalid_message(caught: pytest.ExceptionInfo[ApiException]) -> str:
+    assert caught.value.status == 422
+    status = status_of(caught.value)
+    assert status["reason"] == "Invalid"
+    return str(status["message"])
+
+
+def test_claim_spec_is_immutable(resource_api: Any) -> None:
+    resource_api.create_namespaced_resource_claim(NS, claim("c"))
+    changed = {
+        "spec": {"devices": {"requests": [{"name": "other", "exactly": {"deviceClassName": "x"}}]}}
+    }
+
+    with pytest.raises(ApiException) as caught:
+        resource_api.patch_namespaced_resource_claim("c", NS, changed)
+
+    assert "spec: Invalid value" in _invalid_message(caught)
+    assert "field is immutable" in _invalid_message(caught)
+
+
+def test_claim_status_is_dropped_on_create(resource_api: Any) -> None:
+    body = claim("c") | {"status": {"allocation": allocation("gpu-0-1g-5gb-0")}}
+
+    created = resource_api.create_namespaced_resource_claim(NS, body)
+
+    assert created.status is None or created.status.allocation is None
+
+
+def test_allocation_through_main_resource_is_ignored(resource_api: Any) -> None:
+    resource_api.create_namespaced_resource_claim(NS, claim("c"))
+
+    patched = resource_api.patch_namespaced_resource_claim(
+        "c", NS, {"status": {"allocation": allocation("gpu-0-1g-5gb-0")}}
+    )
+
+    assert patched.status is None or patched.status.allocation is None
+
+
+def test_allocation_is_set_once(resource_api: Any) -> None:
+    resource_api.create_namespaced_resource_claim(NS, claim("c"))
+
+    allocated = _set_allocation(resource_api, "c", allocation("gpu-0-1g-5gb-0"))
+
+    assert allocated.status.allocation.devices.results[0].device == "gpu-0-1g-5gb-0"
+
+
+def test_allocation_cannot_be_replaced(resource_api: Any) -> None:
+    resource_api.create_namespaced_resource_claim(NS, claim("c"))
+    _set_allocation(resource_api, "c", allocation("gpu-0-1g-5gb-0"))
+
+    with pytest.raises(ApiException) as caught:
+        _set_allocation(resource_api, "c", allocation("gpu-0-1g-5gb-1"))
+
+    message = _invalid_message(caught)
+    assert "status.allocation" in message
+    assert "field is immutable" in message
+
+
+def test_allocation_can_be_cleared_then_set_again(resource_api: Any) -> None:
+    resource_api.create_namespaced_resource_claim(NS, claim("c"))
+    _set_allocation(resource_api, "c", allocation("gpu-0-1g-5gb-0"))
+
+    cleared = _set_allocation(resource_api, "c", None)
+    again = _set_allocation(resource_api, "c", allocation("gpu-0-1g-5gb-1"))
+
+    assert cleared.status is None or cleared.status.allocation is None
+    assert again.status.allocation.devices.results[0].device == "gpu-0-1g-5gb-1"
+
+
+def test_reserved_for_needs_an_allocation(resource_api: Any) -> None:
+    resource_api.create_namespaced_resource_claim(NS, claim("c"))
+    consumer = {"resource": "pods", "name": "p", "uid": "1234"}
+
+    with pytest.raises(ApiException) as caught:
+        resource_api.patch_namespaced_resource_claim_status(
+            "c", NS, {"status": {"reservedFor": [consumer]}}
+        )
+
+    assert "status.reservedFor" in _invalid_message(caught)
+
+
+def test_allocation_result_must_name_a_request(resource_api: Any) -> None:
+    resource_api.create_namespaced_resource_claim(NS, claim("c"))
+    wrong = allocation("gpu-0-1g-5gb-0")
+    wrong["devices"]["results"][0]["request"] = "nope"
+
+    with pytest.raises(ApiException) as caught:
+        _set_allocation(resource_api, "c", wrong)
+
+    assert "results[0].request" in _invalid_message(caught)
+
+
+def test_claim_request_needs_exactly_or_first_available(resource_api: Any) -> None:
+    body = claim("c")
+    del body["spec"]["devices"]["requests"][0]["exactly"]
+
+    with pytest.raises(ApiException) as caught:
+        resource_api.create_namespaced_resource_claim(NS, body)
+
+    assert "spec.devices.requests[0]" in _invalid_message(caught)
+
+
+def test_template_spec_is_immutable(resource_api: Any) -> None:
+    template = {
+        "metadata": {"name": "t"},
+        "spec": {"spec": claim()["spec"]},
+    }
+    resource_api.create_namespaced_resource_claim_template(NS, template)
+
+    with pytest.raises(ApiException) as caught:
+        resource_api.patch_namespaced_resource_claim_template(
+            "t", NS, {"spec": {"metadata": {"labels": {"a": "b"}}}}
+        )
+
+    assert "field is immutable" in _invalid_message(caught)
+
+
+def _slice(name: str, node: str = "node-1", **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 2},
+            **spec,
+        },
+    }
+
+
+def _devices(count: int, *, counters: bool) -> list[dict[str, Any]]:
+    devices = []
+    for i in range(count):
+        device: dict[str, Any] = {"name": f"d{i}", "attributes": {"profile": {"string": "1g.5gb"}}}
+        if counters:
+            device["consumesCounters"] = [
+                {"counterSet": "gpu-0", "counters": {"memory-slice-0": {"value": "1"}}}
+            ]
+        devices.append(device)
+    return devices
+
+
+COUNTERS = [{"name": "gpu-0", "counters": {"memory-slice-0": {"value": "1"}}}]
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ({"devices": _devices(1, counters=False), "sharedCounters": COUNTERS}, "only one of"),
+        ({"devices": _devices(65, counters=True)}, "must have at most 64 items"),
+        ({"devices": _devices(129, counters=False)}, "must have at most 128 items"),
+        ({"devices": [{"name": "Bad_Name"}]}, "spec.devices[0].name"),
+    ],
+    ids=["devices-and-counters", "65-with-counters", "129-plain", "bad-device-name"],
+)
+def test_invalid_slices(resource_api: Any, spec: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(ApiException) as caught:
+        resource_api.create_resource_slice(_slice("s", **spec))
+
+    assert fragment in _invalid_message(caught)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"sharedCounters": COUNTERS},
+        {"devices": _devices(64, counters=True)},
+        {"devices": _devices(128, counters=False)},
+    ],
+    ids=["counters-only", "64-with-counters", "128-plain"],
+)
+def test_valid_slices(resource_api: Any, spec: dict[str, Any]) -> None:
+    created = resource_api.create_resource_slice(_slice("s", **spec))
+
+    assert created.metadata.name == "s"
+
+
+def test_slice_node_name_is_immutable(resource_api: Any) -> None:
+    resource_api.create_resource_slice(_slice("s", sharedCounters=COUNTERS))
+
+    with pytest.raises(ApiException) as caught:
+        resource_api.patch_resource_slice("s", {"spec": {"nodeName": "node-2"}})
+
+    assert "spec.nodeName" in _invalid_message(caught)
+
+
+@pytest.mark.parametrize(
+    ("field_selector", "expected"),
+    [
+        ("spec.nodeName=node-2", ["b"]),
+        (f"spec.driver={DRIVER}", ["a", "b"]),
+        ("spec.driver=other.example.com", []),
+    ],
+    ids=["node", "driver", "other-driver"],
+)
+def test_slice_field_selectors(resource_api: Any, field_selector: str, expected: list[str]) -> None:
+    resource_api.create_resource_slice(_slice("a", "node-1", sharedCounters=COUNTERS))
+    resource_api.create_resource_slice(_slice("b", "node-2", sharedCounters=COUNTERS))
+
+    listed = resource_api.list_resource_slice(field_selector=field_selector)
+
+    assert [s.metadata.name for s in listed.items] == expected
