@@ -279,6 +279,7 @@ def _hashable(value: Any) -> Any:
 
 
 _ENVIRONMENT: Final = celpy.Environment()
+_environment_lock = threading.Lock()
 
 
 class CompiledSelector:
@@ -395,7 +396,8 @@ def _compile(expression: str) -> CompiledSelector | SelectorCompileError:
     if len(expression) > MAX_EXPRESSION_LENGTH:
         return failure(f"longer than {MAX_EXPRESSION_LENGTH} bytes")
     try:
-        ast = _ENVIRONMENT.compile(expression)
+        with _environment_lock:  # the parser keeps per-call state on a shared object
+            ast = _ENVIRONMENT.compile(expression)
     except CELParseError as exc:
         line, column = getattr(exc, "line", None), getattr(exc, "column", None)
         if line is None or column is None:
@@ -409,7 +411,8 @@ def _compile(expression: str) -> CompiledSelector | SelectorCompileError:
     analysis = analyze_expression(ast, known_functions=_KNOWN_FUNCTIONS)
     if analysis.problems:
         return failure("; ".join(analysis.problems))
-    program = _ENVIRONMENT.program(ast, functions=KUBERNETES_FUNCTIONS)
+    with _environment_lock:
+        program = _ENVIRONMENT.program(ast, functions=KUBERNETES_FUNCTIONS)
     return CompiledSelector(expression, program=program, paths=analysis.device_paths)
 
 

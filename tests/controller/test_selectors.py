@@ -1,5 +1,6 @@
 """CEL device selectors: Kubernetes' syntax, its error rules, and the verdict caches."""
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -350,3 +351,26 @@ def test_class_selectors_need_a_driver_guard_against_other_drivers_devices() -> 
     guarded = compile_selector(f'device.driver == "{DRIVER}" && {A}.profile == "1g.5gb"')
     assert guarded.matches(foreign) is False
     assert guarded.matches(DEVICE) is True
+
+
+def test_concurrent_evaluation_gives_the_same_verdicts() -> None:
+    devices = heterogeneous_devices()
+    expressions = [f'{A}.placementStart == {n} && device.driver == "{DRIVER}"' for n in range(7)]
+    expected = {
+        expr: [compile_selector(expr).evaluate(d) for d in devices if d.driver == DRIVER]
+        for expr in expressions
+    }
+    for expr in expressions:
+        compile_selector(expr).clear_cache()
+    results: dict[str, list[bool]] = {}
+
+    def work(expr: str) -> None:
+        selector = compile_selector(expr)
+        results[expr] = [selector.matches(d) for d in devices if d.driver == DRIVER]
+
+    threads = [threading.Thread(target=work, args=(e,)) for e in expressions * 2]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == expected
