@@ -14,6 +14,7 @@ gives for a wrong receiver.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,6 +58,10 @@ class Quantity:
     @classmethod
     def parse(cls, text: str) -> Quantity:
         """Parse ``"5Gi"``, ``"100m"``, ``"1.5"``, ``"1e3"``; ``ValueError`` for anything else."""
+        return _parse_quantity_cached(text)  # slices repeat the same few capacities
+
+    @classmethod
+    def _parse(cls, text: str) -> Quantity:
         match = _QUANTITY_RE.match(text.strip())
         if match is None:
             raise ValueError(f"{text!r} is not a Kubernetes quantity (e.g. 5Gi, 100m, 1.5, 1e3)")
@@ -86,6 +91,11 @@ class Quantity:
 
     def is_int64(self) -> bool:
         return self.value.denominator == 1 and _INT64_MIN <= self.value <= _INT64_MAX
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_quantity_cached(text: str) -> Quantity:
+    return Quantity._parse(text)
 
 
 _SEMVER_RE: Final = re.compile(
