@@ -33,15 +33,18 @@ Speed: an expression is compiled once (memoized), and a verdict is computed once
 cached. cel-python costs ~0.1 ms per evaluation, too much for 20,000 devices times every selector, so
 when an expression reads ``device`` only through fixed paths (``device.driver``,
 ``device.attributes["d"].name``, ``device.capacity["d"].name``, ``"d" in device.attributes`` —
-the usual case) the verdict is
-cached by the *values of those paths* instead: a profile selector is evaluated once per distinct
-profile, not once per device. The verdict is a pure function of what the expression reads, so this
-is exact; other expressions fall back to one evaluation per device (and slice version).
+the usual case) the verdict is cached by the *values of those paths* instead: a profile selector is
+evaluated once per distinct profile, not once per device. The verdict is a pure function of what the
+expression reads, so this is exact; other expressions fall back to one evaluation per device (and
+slice version).
+
+Class selectors are evaluated on every driver's devices, so an unguarded
+``device.attributes["mig.instaslice.dev"].profile == …`` is a runtime error on another driver's
+device; DeviceClasses must start with ``device.driver == "mig.instaslice.dev" && …``.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 import threading
 from collections.abc import Mapping, Sequence
@@ -57,8 +60,6 @@ from celpy.evaluation import CELEvalError
 from controller.cel_library import KUBERNETES_FUNCTIONS, Quantity, Semver
 from controller.selector_analysis import DevicePath, analyze_expression
 from driver.errors import ConfigError
-
-_log = logging.getLogger(__name__)
 
 MAX_EXPRESSION_LENGTH: Final = 10 * 1024
 """kube-apiserver's limit on a selector expression (``CELSelectorExpressionMaxLength``)."""

@@ -2,9 +2,11 @@
 
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from controller.selectors import (
     DeviceView,
@@ -374,3 +376,24 @@ def test_concurrent_evaluation_gives_the_same_verdicts() -> None:
     for thread in threads:
         thread.join()
     assert results == expected
+
+
+def test_deployed_device_class_selectors_compile_and_share_verdicts() -> None:
+    path = Path(__file__).resolve().parents[2] / "deploy" / "base" / "deviceclasses.yaml"
+    classes = [
+        doc
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc and doc.get("kind") == "DeviceClass"
+    ]
+    assert classes
+    for device_class in classes:
+        for selector in device_class["spec"].get("selectors", []):
+            compiled = compile_selector(selector["cel"]["expression"])
+            assert compiled.projected, device_class["metadata"]["name"]
+            assert compiled.matches(heterogeneous_devices()[-1]) is False  # another driver's device
+    one_g = compile_selector(
+        next(c for c in classes if c["metadata"]["name"] == "mig-1g.5gb.instaslice.dev")["spec"][
+            "selectors"
+        ][0]["cel"]["expression"]
+    )
+    assert one_g.matches(DEVICE) is True
