@@ -132,6 +132,10 @@ def rendered_files() -> dict[Path, str]:
     }
 
 
+def _shown(path: Path) -> str:
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument(
@@ -144,14 +148,13 @@ def main(argv: list[str] | None = None) -> int:
         if current == text:
             continue
         if args.check:
-            stale.append(path.relative_to(REPO_ROOT))
+            stale.append(_shown(path))
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
-            print(f"wrote {path.relative_to(REPO_ROOT)}")
+            print(f"wrote {_shown(path)}")
     if stale:
-        joined = ", ".join(str(p) for p in stale)
-        print(f"stale: {joined}; run `make deviceclasses`", file=sys.stderr)
+        print(f"stale: {', '.join(stale)}; run `make deviceclasses`", file=sys.stderr)
         return 1
     return 0
 
