@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 .PHONY: help install protos protos-check lint fmt typecheck test test-unit bench demo check-nvml clean
 
 help: ## list targets
-	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-28s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-28s %s\n", $$1, $$2}'
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -41,3 +41,76 @@ check-nvml: ## read-only NVML discovery on a real GPU host (never changes MIG st
 
 clean:
 	rm -rf .mypy_cache .ruff_cache .pytest_cache .hypothesis
+
+##@ Images and cluster deployment (deploy/, samples/, docs/deploy.md)
+# `make install` above sets up the virtualenv; the cluster-scoped API objects of InstaSlice (its
+# DeviceClasses) are installed with `make deploy-classes` (also part of `make deploy`).
+IMG ?= quay.io/instaslice/instaslice-controller:latest
+IMG_PLUGIN ?= quay.io/instaslice/instaslice-kubelet-plugin:latest
+CONTAINER_TOOL ?= docker
+PLATFORMS ?= linux/amd64,linux/arm64
+KUBECTL ?= kubectl
+KIND ?= kind
+KIND_CLUSTER ?= instaslice
+KIND_NODE_IMAGE ?= kindest/node:v1.35.0
+OVERLAY ?= gpu
+EMULATED_GPUS ?=
+COMPONENTS ?=
+RENDER = IMG='$(IMG)' IMG_PLUGIN='$(IMG_PLUGIN)' EMULATED_GPUS='$(EMULATED_GPUS)' COMPONENTS='$(COMPONENTS)' KUBECTL='$(KUBECTL)' deploy/render.sh
+
+.PHONY: deviceclasses docker-build docker-push docker-buildx manifests deploy deploy-emulated undeploy deploy-classes undeploy-classes test-e2e-kind-emulated cleanup-test-e2e-kind-emulated
+
+deviceclasses: ## regenerate deploy/base/deviceclasses.yaml (and the extendedResourceName patches) from the MIG catalog
+	$(PY) deploy/generate_deviceclasses.py
+
+docker-build: ## build both images: IMG (controller) and IMG_PLUGIN (kubelet plugin); CONTAINER_TOOL=podman works
+	$(CONTAINER_TOOL) build --target controller -t $(IMG) .
+	$(CONTAINER_TOOL) build --target kubelet-plugin -t $(IMG_PLUGIN) .
+
+docker-push: ## push IMG and IMG_PLUGIN
+	$(CONTAINER_TOOL) push $(IMG)
+	$(CONTAINER_TOOL) push $(IMG_PLUGIN)
+
+docker-buildx: ## build and push multi-arch images for PLATFORMS (docker buildx, or podman manifests)
+ifeq ($(notdir $(CONTAINER_TOOL)),podman)
+	for target_image in controller=$(IMG) kubelet-plugin=$(IMG_PLUGIN); do \
+	  target=$${target_image%%=*}; image=$${target_image#*=}; \
+	  podman manifest rm $$image 2>/dev/null || true; \
+	  podman build --platform $(PLATFORMS) --target $$target --manifest $$image . && \
+	  podman manifest push --all $$image $$image || exit 1; \
+	done
+else
+	- $(CONTAINER_TOOL) buildx create --name instaslice-builder
+	$(CONTAINER_TOOL) buildx use instaslice-builder
+	$(CONTAINER_TOOL) buildx build --push --platform $(PLATFORMS) --target controller -t $(IMG) .
+	$(CONTAINER_TOOL) buildx build --push --platform $(PLATFORMS) --target kubelet-plugin -t $(IMG_PLUGIN) .
+	- $(CONTAINER_TOOL) buildx rm instaslice-builder
+endif
+
+manifests: ## print what `make deploy` applies (OVERLAY=gpu|emulated, IMG, IMG_PLUGIN, EMULATED_GPUS, COMPONENTS)
+	@$(RENDER) $(OVERLAY)
+
+deploy: ## deploy InstaSlice with kustomize overlay OVERLAY (default gpu) and the images IMG / IMG_PLUGIN
+	$(RENDER) $(OVERLAY) | $(KUBECTL) apply -f -
+	$(KUBECTL) -n instaslice-system rollout status deploy/instaslice-controller --timeout=300s
+	$(KUBECTL) -n instaslice-system rollout status ds/instaslice-kubelet-plugin --timeout=300s
+
+deploy-emulated: ## deploy on a cluster without GPUs (KinD): emulated GPUs, EMULATED_GPUS per node (default 2xA100-40GB)
+	$(MAKE) deploy OVERLAY=emulated
+
+undeploy: ## remove InstaSlice (delete MIG workloads first: slices left on GPUs are not destroyed)
+	$(RENDER) $(OVERLAY) | $(KUBECTL) delete --ignore-not-found -f -
+	$(KUBECTL) delete resourceslices --field-selector spec.driver=mig.instaslice.dev --ignore-not-found
+
+deploy-classes: ## install only the cluster-scoped API objects: the DeviceClasses (what `install` is in kubebuilder projects)
+	$(KUBECTL) apply -f deploy/base/deviceclasses.yaml
+
+undeploy-classes: ## remove the DeviceClasses
+	$(KUBECTL) delete --ignore-not-found -f deploy/base/deviceclasses.yaml
+
+test-e2e-kind-emulated: docker-build ## KinD without GPUs: cluster, images, emulated overlay, samples/, check placement
+	KIND_CLUSTER='$(KIND_CLUSTER)' KIND_NODE_IMAGE='$(KIND_NODE_IMAGE)' IMG='$(IMG)' IMG_PLUGIN='$(IMG_PLUGIN)' \
+	  CONTAINER_TOOL='$(CONTAINER_TOOL)' KIND='$(KIND)' KUBECTL='$(KUBECTL)' deploy/e2e-kind-emulated.sh
+
+cleanup-test-e2e-kind-emulated: ## delete the KinD cluster of test-e2e-kind-emulated
+	$(if $(filter podman,$(notdir $(CONTAINER_TOOL))),KIND_EXPERIMENTAL_PROVIDER=podman) $(KIND) delete cluster --name $(KIND_CLUSTER)
