@@ -29,6 +29,7 @@ from localcluster.store import Store
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 3 * 1024 * 1024  # kube-apiserver's request body limit
+_DRAIN_LIMIT = 16 * 1024 * 1024  # oversized bodies up to this are read and dropped, not cut off
 _STREAM_END_GRACE_S = 1.0  # how long stop/restart let watch streams end cleanly
 
 
@@ -136,7 +137,14 @@ class _Handler(BaseHTTPRequestHandler):
             return b"".join(chunks)
         length = int(self.headers.get("Content-Length") or 0)
         if length > self.server.max_body:
-            self._too_large()
+            if length <= _DRAIN_LIMIT:
+                # Read it away so the client gets the 413 instead of a broken pipe.
+                remaining = length
+                while remaining > 0 and (chunk := self.rfile.read(min(remaining, 1 << 20))):
+                    remaining -= len(chunk)
+                self._send(ApiResponse(413, errors.too_large(self.server.max_body).status()))
+            else:
+                self._too_large()
             return None
         return self.rfile.read(length) if length else b""
 
