@@ -183,3 +183,23 @@ def test_e2e_script_uses_the_kind_config_the_overlay_and_the_samples() -> None:
     text = (m.DEPLOY / "e2e-kind-emulated.sh").read_text(encoding="utf-8")
     for needed in ("deploy/kind/cluster.yaml", 'render.sh" emulated', 'apply -k "$repo/samples"'):
         assert needed in text, needed
+
+
+def test_deploy_guide_links_resolve_and_name_every_deploy_target() -> None:
+    guide = m.REPO_ROOT / "docs" / "deploy.md"
+    text = guide.read_text(encoding="utf-8")
+    for link in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text):
+        if "://" not in link:
+            assert (guide.parent / link).resolve().exists(), link
+    for target in (
+        "docker-build",
+        "docker-push",
+        "docker-buildx",
+        "deploy-emulated",
+        "undeploy",
+        "undeploy-classes",
+        "test-e2e-kind-emulated",
+        "cleanup-test-e2e-kind-emulated",
+    ):
+        assert f"make {target}" in text, target
+    assert "docs/deploy.md" in (m.REPO_ROOT / "README.md").read_text(encoding="utf-8")
