@@ -14,6 +14,7 @@ from types import FrameType
 from driver import cdi
 from driver.cluster.events import EventRecorder
 from driver.cluster.kube import connect
+from driver.cluster.throttle import ClientSettings
 from driver.errors import DriverError
 from driver.gpu.backend import GpuBackend
 from kubeletplugin.logs import configure_logging
@@ -58,7 +59,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("cannot start the GPU backend: %s", exc)
         return 1
     try:
-        api = connect(kubeconfig=settings.kubeconfig, url=settings.kube_api_url)
+        api = connect(
+            kubeconfig=settings.kubeconfig,
+            url=settings.kube_api_url,
+            settings=ClientSettings(
+                qps=settings.kube_api_qps,
+                burst=settings.kube_api_burst,
+                user_agent=COMPONENT,
+            ),
+        )
     except DriverError as exc:
         logger.error("cannot configure the Kubernetes client: %s", exc)
         backend.close()

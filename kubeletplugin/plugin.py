@@ -23,6 +23,7 @@ from driver.gpu.backend import GpuBackend
 from kubeletplugin.dra_service import add_dra_services
 from kubeletplugin.health import HealthChecker
 from kubeletplugin.http import HttpEndpoint
+from kubeletplugin.journal import CheckpointJournal
 from kubeletplugin.metrics import PluginMetrics
 from kubeletplugin.publisher import SlicePublisher
 from kubeletplugin.recovery import Recovery, RecoveryReport
@@ -77,7 +78,7 @@ class KubeletPlugin:
         self.registration_socket = registration_socket_path(
             config.plugin_registry_dir, config.driver_name
         )
-        self.store = CheckpointStore(config.state_dir / CHECKPOINT_FILE_NAME)
+        self.store = CheckpointJournal(CheckpointStore(config.state_dir / CHECKPOINT_FILE_NAME))
         self.publisher = SlicePublisher(
             api=api,
             backend=backend,

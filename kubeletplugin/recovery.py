@@ -30,13 +30,13 @@ from typing import Final
 from api.checkpoint import Checkpoint, PreparedClaim, PrepareState
 from api.checkpoint import PreparedDevice as CheckpointDevice
 from driver import cdi
-from driver.checkpoint import CheckpointStore
 from driver.cluster.port import RESOURCE_CLAIMS, ClusterApi, name_of, namespace_of, uid_of
 from driver.errors import ApiNotFoundError, CheckpointError, ClusterError, DriverError
 from driver.gpu.backend import MigInstance
 from driver.ids import ClaimUid
 from kubeletplugin.claims import ClaimRejectedError, check_claim, plan_claim
 from kubeletplugin.inventory import NodeInventory
+from kubeletplugin.journal import CheckpointJournal
 from kubeletplugin.metrics import PluginMetrics
 from kubeletplugin.model import ClaimRef
 from kubeletplugin.slices import SliceOperations, describe, owner_of, records
@@ -74,7 +74,7 @@ class Recovery:
         self,
         *,
         node_name: str,
-        store: CheckpointStore,
+        store: CheckpointJournal,
         slices: SliceOperations,
         api: ClusterApi,
         cdi_root: Path,

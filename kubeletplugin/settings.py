@@ -29,6 +29,8 @@ DEFAULT_STATE_DIR: Final = "/var/lib/instaslice"
 DEFAULT_METRICS_ADDRESS: Final = ":9400"
 DEFAULT_HEALTHZ_ADDRESS: Final = ":9401"
 DEFAULT_INVENTORY_POLL_SECONDS: Final = 30.0
+DEFAULT_KUBE_API_QPS: Final = 50.0
+DEFAULT_KUBE_API_BURST: Final = 100
 EMULATED_STATE_FILE_NAME: Final = "emulated-gpus.json"
 
 
@@ -53,6 +55,9 @@ class Settings:
     healthz_address: str
     """``host:port`` for ``/healthz``; empty string disables the endpoint."""
     inventory_poll_seconds: float
+    kube_api_qps: float
+    """Client-side request rate limit to the API server (0: unlimited), with ``kube_api_burst``."""
+    kube_api_burst: int
     log_level: str
     log_format: str
 
@@ -167,6 +172,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=str(DEFAULT_INVENTORY_POLL_SECONDS),
     )
     _add(
+        parser,
+        "--kube-api-qps",
+        help_text="client-side API request rate limit; 0 disables it",
+        default=str(DEFAULT_KUBE_API_QPS),
+    )
+    _add(
+        parser,
+        "--kube-api-burst",
+        help_text="API requests allowed at once before --kube-api-qps applies",
+        default=str(DEFAULT_KUBE_API_BURST),
+    )
+    _add(
         parser, "--log-level", help_text="log level", choices=LOG_LEVELS, default="INFO", upper=True
     )
     _add(parser, "--log-format", help_text="log format", choices=LOG_FORMATS, default="text")
@@ -232,6 +249,16 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
         parser.error(
             f"--inventory-poll-seconds must be a positive number, got {args.inventory_poll_seconds!r}"
         )
+    try:
+        qps = float(args.kube_api_qps)
+        burst = int(args.kube_api_burst)
+    except ValueError:
+        qps, burst = -1.0, 0
+    if qps < 0 or burst < 1:
+        parser.error(
+            f"--kube-api-qps must be >= 0 and --kube-api-burst >= 1, "
+            f"got {args.kube_api_qps!r} / {args.kube_api_burst!r}"
+        )
     state_dir = Path(args.state_dir)
     emulated_state = (
         Path(args.emulated_state_file)
@@ -254,6 +281,8 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
         metrics_address=str(args.metrics_address),
         healthz_address=str(args.healthz_address),
         inventory_poll_seconds=poll,
+        kube_api_qps=qps,
+        kube_api_burst=burst,
         log_level=log_level,
         log_format=str(args.log_format),
     )

@@ -33,13 +33,13 @@ from typing import Final
 from api.checkpoint import Checkpoint, PreparedClaim, PrepareState, ShimBinding
 from api.checkpoint import PreparedDevice as CheckpointDevice
 from driver import cdi
-from driver.checkpoint import CheckpointStore
 from driver.cluster.port import RESOURCE_CLAIMS, ClusterApi, JsonObject
 from driver.errors import ApiNotFoundError, BackendError, DriverError
 from driver.gpu.backend import GpuBackend, MigInstance
 from driver.ids import ClaimUid
 from kubeletplugin.claims import ClaimRejectedError, PlannedDevice, plan_claim
 from kubeletplugin.inventory import NodeInventory
+from kubeletplugin.journal import CheckpointJournal
 from kubeletplugin.metrics import PluginMetrics
 from kubeletplugin.model import ClaimRef, PreparedDevice, PrepareResult
 from kubeletplugin.slices import SliceOperations
@@ -100,7 +100,7 @@ class DeviceState:
         node_name: str,
         backend: GpuBackend,
         api: ClusterApi,
-        store: CheckpointStore,
+        store: CheckpointJournal,
         cdi_root: Path,
         inventory: Callable[[], NodeInventory],
         emulated: bool,

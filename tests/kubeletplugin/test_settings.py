@@ -34,6 +34,7 @@ def test_every_flag_has_its_env_var_and_the_command_line_wins() -> None:
         "INSTASLICE_LOG_FORMAT": "json",
         "INSTASLICE_KUBE_API_URL": "http://127.0.0.1:8080",
         "INSTASLICE_INVENTORY_POLL_SECONDS": "5",
+        "INSTASLICE_KUBE_API_QPS": "0",
     }
     settings = parse_settings(["--node-name", "from-flag"], environ=environ)
     assert settings.node_name == "from-flag"
@@ -44,6 +45,8 @@ def test_every_flag_has_its_env_var_and_the_command_line_wins() -> None:
     assert settings.log_format == "json"
     assert settings.kube_api_url == "http://127.0.0.1:8080"
     assert settings.inventory_poll_seconds == 5.0
+    assert settings.kube_api_qps == 0.0
+    assert settings.kube_api_burst == 100
     flags = [a for a in build_parser()._actions if a.option_strings and a.dest != "help"]
     assert all(env_var(a.dest) in (a.help or "") for a in flags)
 
@@ -63,6 +66,7 @@ def test_node_name_falls_back_to_node_name_env() -> None:
         (["--node-name", "n", "--inventory-poll-seconds", "0"], {}, "positive"),
         (["--node-name", "n", "--log-level", "loud"], {}, "invalid choice"),
         (["--node-name", "n"], {"INSTASLICE_LOG_FORMAT": "xml"}, "INSTASLICE_LOG_FORMAT"),
+        (["--node-name", "n", "--kube-api-burst", "0"], {}, "--kube-api-burst >= 1"),
     ],
     ids=[
         "no-node",
@@ -73,6 +77,7 @@ def test_node_name_falls_back_to_node_name_env() -> None:
         "zero-poll",
         "bad-level",
         "bad-format-env",
+        "zero-burst",
     ],
 )
 def test_bad_values_exit_2_with_a_message(
