@@ -72,24 +72,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("cannot configure the Kubernetes client: %s", exc)
         backend.close()
         return 1
-    plugin = KubeletPlugin(
-        config=PluginConfig(
-            node_name=settings.node_name,
-            plugin_registry_dir=settings.plugin_registry_dir,
-            plugin_dir=settings.plugin_dir,
-            cdi_root=settings.cdi_root,
-            state_dir=settings.state_dir,
-            emulated=settings.gpu_backend == "emulated",
-            healthz_address=settings.healthz_address,
-            metrics_address=settings.metrics_address,
-            inventory_poll_seconds=settings.inventory_poll_seconds,
-        ),
-        backend=backend,
-        api=api,
-        boot_id=read_boot_id(),
-        events=EventRecorder(api=api, component=COMPONENT, host=settings.node_name),
-        majors=None if settings.gpu_backend == "emulated" else cdi.read_device_majors(),
-    )
+    try:
+        plugin = KubeletPlugin(
+            config=PluginConfig(
+                node_name=settings.node_name,
+                plugin_registry_dir=settings.plugin_registry_dir,
+                plugin_dir=settings.plugin_dir,
+                cdi_root=settings.cdi_root,
+                state_dir=settings.state_dir,
+                emulated=settings.gpu_backend == "emulated",
+                healthz_address=settings.healthz_address,
+                metrics_address=settings.metrics_address,
+                inventory_poll_seconds=settings.inventory_poll_seconds,
+            ),
+            backend=backend,
+            api=api,
+            boot_id=read_boot_id(),
+            events=EventRecorder(api=api, component=COMPONENT, host=settings.node_name),
+            majors=None if settings.gpu_backend == "emulated" else cdi.read_device_majors(),
+        )
+    except DriverError as exc:
+        logger.error("cannot set up the kubelet plugin: %s", exc)
+        backend.close()
+        api.close()
+        return 1
     try:
         plugin.start()
         logger.info("kubelet plugin running on node %s", settings.node_name)

@@ -173,7 +173,12 @@ class DeviceState:
                 self._release(ref.uid)
                 previous = None
             return self._prepare_planned(
-                ref, planned, previous=previous, visible_devices_env=visible_devices_env, shim=shim
+                ref,
+                planned,
+                previous=previous,
+                visible_devices_env=visible_devices_env,
+                shim=shim,
+                log_ids={**_ids(ref), **_pod_ids(claim)},
             )
 
     def unprepare_claim(self, ref: ClaimRef) -> None:
@@ -237,6 +242,7 @@ class DeviceState:
         previous: PreparedClaim | None,
         visible_devices_env: bool,
         shim: ShimBinding | None,
+        log_ids: dict[str, str],
     ) -> PreparedClaim:
         intended = tuple(_intended(p, pool=self._node) for p in planned)
         started = PreparedClaim(
@@ -284,7 +290,7 @@ class DeviceState:
             "prepared claim %s: %s",
             ref,
             ", ".join(d.device for d in devices),
-            extra=_ids(ref),
+            extra=log_ids,
         )
         return completed
 
@@ -409,3 +415,18 @@ def _start(checkpoint: Checkpoint, started: PreparedClaim, *, ref: ClaimRef) -> 
 
 def _ids(ref: ClaimRef) -> dict[str, str]:
     return {"claim_uid": ref.uid, "claim": f"{ref.namespace}/{ref.name}"}
+
+
+def _pod_ids(claim: JsonObject) -> dict[str, str]:
+    """The pods the claim is reserved for (``status.reservedFor``), for the logs."""
+    pods = [
+        consumer
+        for consumer in (claim.get("status") or {}).get("reservedFor") or []
+        if consumer.get("resource") == "pods"
+    ]
+    if not pods:
+        return {}
+    return {
+        "pod": ",".join(str(p.get("name", "")) for p in pods),
+        "pod_uid": ",".join(str(p.get("uid", "")) for p in pods),
+    }

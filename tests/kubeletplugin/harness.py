@@ -302,5 +302,23 @@ class NodeHarness:
             uid=claim["metadata"]["uid"], namespace=namespace, name=claim["metadata"]["name"]
         )
 
+    def reallocate(self, claim: ClaimHandle, devices: Sequence[str]) -> None:
+        """Clear the claim's allocation and write a new one (same UID), as after a release."""
+        obj = self.api.get(RESOURCE_CLAIMS, name=claim.name, namespace=claim.namespace)
+        allocation = obj["status"]["allocation"]
+        obj["status"] = {}
+        obj = self.api.update_status(RESOURCE_CLAIMS, obj)
+        allocation["devices"]["results"] = [
+            {"request": "gpu", "driver": DRIVER_NAME, "pool": self.node, "device": d}
+            for d in devices
+        ]
+        obj["status"] = {"allocation": allocation}
+        self.api.update_status(RESOURCE_CLAIMS, obj)
+
+    def reserve_for_pod(self, claim: ClaimHandle, *, pod: str, uid: str) -> None:
+        obj = self.api.get(RESOURCE_CLAIMS, name=claim.name, namespace=claim.namespace)
+        obj["status"]["reservedFor"] = [{"resource": "pods", "name": pod, "uid": uid}]
+        self.api.update_status(RESOURCE_CLAIMS, obj)
+
     def delete_claim(self, claim: ClaimHandle) -> None:
         self.api.delete(RESOURCE_CLAIMS, name=claim.name, namespace=claim.namespace)

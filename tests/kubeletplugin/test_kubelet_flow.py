@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import urllib.request
 
@@ -98,6 +99,30 @@ def test_repeat_prepare_gives_the_same_answer_and_no_second_slice(node: NodeHarn
     assert kubelet.prepare([claim]) == first
     assert kubelet.prepare([claim, claim]) == first
     assert node.instances() == instances
+
+
+def test_new_allocation_under_the_same_uid_replaces_the_old_slice(node: NodeHarness) -> None:
+    node.start_plugin()
+    kubelet = node.kubelet()
+    claim = node.claim(["gpu-0-1g-5gb-2"])
+    kubelet.prepare([claim])
+    node.reallocate(claim, ["gpu-1-2g-10gb-0"])
+    assert kubelet.prepare([claim]) == {claim.uid: expected(claim, node, "gpu-1-2g-10gb-0")}
+    assert node.instances() == [(1, "2g.10gb", 0, 1)]
+
+
+def test_prepare_logs_carry_claim_and_pod_ids(
+    node: NodeHarness, caplog: pytest.LogCaptureFixture
+) -> None:
+    node.start_plugin()
+    claim = node.claim(["gpu-0-1g-5gb-5"])
+    node.reserve_for_pod(claim, pod="trainer-0", uid="1c0ffee0-pod")
+    with caplog.at_level(logging.INFO, logger="kubeletplugin.state"):
+        assert node.kubelet().prepare([claim])[claim.uid].error == ""
+    (record,) = [r for r in caplog.records if r.getMessage().startswith("prepared claim")]
+    assert record.__dict__["claim_uid"] == claim.uid
+    assert record.__dict__["pod"] == "trainer-0"
+    assert record.__dict__["pod_uid"] == "1c0ffee0-pod"
 
 
 def test_unprepare_twice_and_unknown_claims_are_fine(node: NodeHarness) -> None:
