@@ -267,7 +267,7 @@ class LocalApiServer:
         self._gc.start()
         self._thread = threading.Thread(
             target=self._http.serve_forever,
-            kwargs={"poll_interval": 0.05},
+            kwargs={"poll_interval": 0.01},
             name=f"localcluster-apiserver-{self._port}",
             daemon=True,
         )

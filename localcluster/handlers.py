@@ -99,6 +99,8 @@ class ApiHandler:
             return self._legacy_binding(request, target)
         method = request.method
         if method == "GET":
+            if target.subresource == "binding":
+                raise errors.method_not_allowed(method)
             if target.name is None or target.watch_path:
                 return self._list_or_watch(request, target)
             obj = self._get(target)

@@ -171,6 +171,14 @@ def _pod_create(pod: JsonObj) -> list[FieldError]:
             if field == "containers" and not container.get("image"):
                 errors.append(FieldError("Required", f"{path}.image"))
     gates = _gate_names(spec)
+    if gates and spec.get("nodeName"):
+        errors.append(
+            FieldError(
+                "Forbidden",
+                "spec.nodeName",
+                "cannot be set until all schedulingGates have been cleared",
+            )
+        )
     for i, gate in enumerate(gates):
         if gate in gates[:i]:
             errors.append(FieldError("Duplicate", f"spec.schedulingGates[{i}]", value=gate))
@@ -435,6 +443,55 @@ def _slice_update(old: JsonObj, new: JsonObj) -> list[FieldError]:
     return errors
 
 
+# --- events -------------------------------------------------------------------------------------
+
+
+def _core_event(event: JsonObj) -> list[FieldError]:
+    """core/v1 Event: old-style (no ``eventTime``) or new-style, as ``legacyValidateEvent``."""
+    return _event_rules(
+        event,
+        subject=event.get("involvedObject") or {},
+        subject_field="involvedObject.namespace",
+        controller_field="reportingComponent",
+    )
+
+
+def _new_event(event: JsonObj) -> list[FieldError]:
+    """events.k8s.io/v1 Event: always new-style, so eventTime and type are required too."""
+    errors = _event_rules(
+        event,
+        subject=event.get("regarding") or {},
+        subject_field="regarding.namespace",
+        controller_field="reportingController",
+    )
+    if not event.get("eventTime"):
+        errors.append(FieldError("Required", "eventTime"))
+    if event.get("type") not in ("Normal", "Warning"):
+        errors.append(FieldError("Invalid", "type", "has invalid value", event.get("type", "")))
+    return errors
+
+
+def _event_rules(
+    event: JsonObj, *, subject: JsonObj, subject_field: str, controller_field: str
+) -> list[FieldError]:
+    errors: list[FieldError] = []
+    namespace = str((event.get("metadata") or {}).get("namespace") or "")
+    subject_ns = str(subject.get("namespace") or "")
+    mismatch = FieldError("Invalid", subject_field, "does not match event.namespace", subject_ns)
+    if not event.get("eventTime"):
+        if (subject_ns and subject_ns != namespace) or (
+            not subject_ns and namespace not in ("", "default")
+        ):
+            errors.append(mismatch)
+        return errors
+    if not subject_ns and namespace not in ("default", "kube-system"):
+        errors.append(mismatch)
+    for name in (controller_field, "reportingInstance", "action", "reason"):
+        if not event.get(name):
+            errors.append(FieldError("Required", name))
+    return errors
+
+
 # --- admission configuration --------------------------------------------------------------------
 
 
@@ -477,6 +534,8 @@ _KIND_CREATE = {
     ("resource.k8s.io", "resourceclaimtemplates"): _template_create,
     ("resource.k8s.io", "resourceslices"): _slice_create,
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): _webhook_configuration,
+    ("", "events"): _core_event,
+    ("events.k8s.io", "events"): _new_event,
 }
 _KIND_UPDATE = {
     ("", "pods"): _pod_update,

@@ -248,3 +248,65 @@ def test_limit_is_accepted_and_everything_returned(core: Any) -> None:
 
     assert len(listed.items) == 3
     assert not listed.metadata._continue
+
+
+def _core_event(namespace: str, involved_namespace: str | None) -> dict[str, Any]:
+    involved = {"kind": "Pod", "name": "p", "apiVersion": "v1"}
+    if involved_namespace is not None:
+        involved["namespace"] = involved_namespace
+    return {
+        "metadata": {"generateName": "p."},
+        "involvedObject": involved,
+        "reason": "Placed",
+        "message": "placed",
+        "type": "Normal",
+        "source": {"component": "test"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("namespace", "involved_namespace", "accepted"),
+    [(NS, NS, True), ("other", NS, False), (NS, None, True), ("other", None, False)],
+    ids=[
+        "same-namespace",
+        "other-namespace",
+        "cluster-object-in-default",
+        "cluster-object-elsewhere",
+    ],
+)
+def test_core_event_namespace_must_match_its_object(
+    core: Any, namespace: str, involved_namespace: str | None, accepted: bool
+) -> None:
+    core.create_namespace({"metadata": {"name": "other"}})
+
+    try:
+        core.create_namespaced_event(namespace, _core_event(namespace, involved_namespace))
+        status = 201
+    except ApiException as exc:
+        status = exc.status
+
+    assert status == (201 if accepted else 422)
+
+
+def test_new_style_event_needs_its_required_fields(kube_client: Any) -> None:
+    events: Any = client.EventsV1Api(kube_client)
+    complete = {
+        "metadata": {"name": "e1"},
+        "eventTime": "2026-01-01T00:00:00.000000Z",
+        "regarding": {"kind": "Pod", "name": "p", "namespace": NS, "apiVersion": "v1"},
+        "reason": "Placed",
+        "note": "placed",
+        "type": "Normal",
+        "action": "Allocate",
+        "reportingController": "instaslice.dev/controller",
+        "reportingInstance": "controller-0",
+    }
+    events.create_namespaced_event(NS, complete)
+    incomplete = {k: v for k, v in complete.items() if k not in ("action", "reportingInstance")}
+    incomplete["metadata"] = {"name": "e2"}
+
+    with pytest.raises(ApiException) as caught:
+        events.create_namespaced_event(NS, incomplete)
+
+    assert caught.value.status == 422
+    assert "action: Required value" in status_of(caught.value)["message"]

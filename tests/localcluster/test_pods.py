@@ -137,6 +137,13 @@ def test_pod_without_containers_is_invalid(core: Any) -> None:
     assert "spec.containers: Required value" in _invalid(caught)
 
 
+def test_gated_pod_cannot_be_created_with_a_node_name(core: Any) -> None:
+    with pytest.raises(ApiException) as caught:
+        core.create_namespaced_pod(NS, pod("p", gates=[GATE], nodeName="node-1"))
+
+    assert "spec.nodeName: Forbidden" in _invalid(caught)
+
+
 def test_binding_sets_node_name_and_scheduled_condition(core: Any) -> None:
     core.create_namespaced_pod(NS, pod("p"))
 

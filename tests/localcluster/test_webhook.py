@@ -134,7 +134,7 @@ def hook(tls: Tls) -> Iterator[Hook]:
     context.load_cert_chain(tls.cert_file, tls.key_file)
     server.socket = context.wrap_socket(server.socket, server_side=True)
     state.port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01})
     thread.start()
     try:
         yield state
