@@ -74,8 +74,7 @@ class UnixGrpcServer:
         ensure_directory(self.path.parent)
         remove_stale_socket(self.path)
         server = grpc.server(
-            ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix=self._name),
-            options=[("grpc.so_reuseport", 0)],
+            ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix=self._name)
         )
         self._register(server)
         try:

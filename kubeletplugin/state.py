@@ -160,6 +160,14 @@ class DeviceState:
         with self._claim_lock(ref.uid):
             claim = self._get_claim(ref)
             planned = plan_claim(claim, ref=ref, node_name=self._node, inventory=self._inventory())
+            if not planned:
+                # Only other drivers' devices: nothing for us to create or record.
+                return PreparedClaim(
+                    uid=ref.uid,
+                    namespace=ref.namespace,
+                    name=ref.name,
+                    state=PrepareState.PREPARE_COMPLETED,
+                )
             previous = self._store.load().claim(ref.uid)
             if previous is not None and previous.state is PrepareState.PREPARE_COMPLETED:
                 if _same_devices(previous, planned):

@@ -245,6 +245,7 @@ class NodeHarness:
         allocation_config: list[JsonObject] | None = None,
         spec_config: list[JsonObject] | None = None,
         allocate: bool = True,
+        driver: str = DRIVER_NAME,
     ) -> ClaimHandle:
         """A claim allocated (as the controller does) to ``devices``: device names, or
         (request, device) pairs; requests are declared with their counts."""
@@ -281,7 +282,7 @@ class NodeHarness:
                 "results": [
                     {
                         "request": request,
-                        "driver": DRIVER_NAME,
+                        "driver": driver,
                         "pool": pool or node or self.node,
                         "device": device,
                     }

@@ -156,6 +156,24 @@ def test_recovery_destroys_orphans_but_not_slices_of_live_claims(node: NodeHarne
     assert node.kubelet().prepare([live])[live.uid].error == ""
 
 
+def test_unprepare_cut_short_after_destroying_the_slice_is_finished_by_recovery(
+    node: NodeHarness,
+) -> None:
+    plugin = node.start_plugin()
+    claim = node.claim(["gpu-1-3g-20gb-0"])
+    node.kubelet().prepare([claim])
+    node.stop_plugin(plugin)
+    backend = node.backend()  # the crashed unprepare had destroyed the GPU instance only
+    (instance,) = backend.instances()
+    backend.destroy_slice(gpu_index=instance.gpu_index, gi_id=instance.gi_id)
+    backend.close()
+
+    node.start_plugin()
+    assert node.last_report.released == [claim.uid]
+    assert node.cdi_files() == []
+    assert node.kubelet().unprepare([claim]) == {claim.uid: ""}
+
+
 def test_claim_deleted_while_the_plugin_was_down_is_released(node: NodeHarness) -> None:
     plugin = node.start_plugin()
     gone = node.claim(["gpu-0-1g-5gb-0"])

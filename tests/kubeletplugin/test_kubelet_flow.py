@@ -125,6 +125,14 @@ def test_prepare_logs_carry_claim_and_pod_ids(
     assert record.__dict__["pod_uid"] == "1c0ffee0-pod"
 
 
+def test_claim_with_only_other_drivers_devices_prepares_to_nothing(node: NodeHarness) -> None:
+    node.start_plugin()
+    claim = node.claim(["nic-0"], driver="net.example.com", pool="fabric")
+    assert node.kubelet().prepare([claim]) == {claim.uid: Answer(devices=(), error="")}
+    assert node.instances() == []
+    assert node.cdi_files() == []
+
+
 def test_unprepare_twice_and_unknown_claims_are_fine(node: NodeHarness) -> None:
     node.start_plugin()
     kubelet = node.kubelet()
