@@ -47,6 +47,10 @@ class _HttpServer(ThreadingHTTPServer):
         self.closing = False
         super().__init__(address, _Handler)
 
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        threading.current_thread().name = f"localcluster-conn-{client_address[1]}"
+        super().process_request_thread(request, client_address)
+
     def track(self, conn: socket.socket) -> None:
         with self._conn_lock:
             self._connections.add(conn)

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml
+
 from localcluster import discovery, errors, patch, resources
 from localcluster.admission import Attributes, MutatingAdmission
 from localcluster.binding import bind_pod
@@ -26,6 +28,7 @@ JsonObj = dict[str, Any]
 log = logging.getLogger(__name__)
 
 _PATCH_RETRIES = 10
+_DEFAULT_WATCH_TIMEOUT_S = 1800.0  # kube-apiserver's --min-request-timeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +170,7 @@ class ApiHandler:
             except ValueError as exc:
                 raise errors.bad_request(f"invalid resource version: {raw_rv!r}") from exc
         try:
-            timeout = float(query.get("timeoutSeconds") or 1800)
+            timeout = float(query.get("timeoutSeconds") or 0) or _DEFAULT_WATCH_TIMEOUT_S
         except ValueError as exc:
             raise errors.bad_request("invalid timeoutSeconds") from exc
         try:
@@ -186,10 +189,7 @@ class ApiHandler:
     # --- writes ---------------------------------------------------------------------------------
 
     def _body(self, request: ApiRequest, target: Target) -> JsonObj:
-        try:
-            obj = json.loads(request.body or b"null")
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise errors.bad_request(f"couldn't get version/kind; json parse error: {exc}") from exc
+        obj = _decode(request)
         if not isinstance(obj, dict):
             raise errors.bad_request("the body of the request must be a JSON object")
         resource = target.resource
@@ -400,6 +400,22 @@ class ApiHandler:
                 "code": 201,
             },
         )
+
+
+def _decode(request: ApiRequest) -> Any:
+    """A create/update body: JSON, or YAML as kube also accepts; anything else is 415."""
+    content_type = request.content_type.split(";")[0].strip().lower()
+    if content_type in ("application/yaml", "application/x-yaml"):
+        try:
+            return yaml.safe_load(request.body or b"null")
+        except yaml.YAMLError as exc:
+            raise errors.bad_request(f"yaml parse error: {exc}") from exc
+    if content_type not in ("", "application/json", "*/*"):
+        raise errors.unsupported_media_type(content_type)
+    try:
+        return json.loads(request.body or b"null")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise errors.bad_request(f"couldn't get version/kind; json parse error: {exc}") from exc
 
 
 def _flag(value: str | None) -> bool:

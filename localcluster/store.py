@@ -45,6 +45,15 @@ def meta(obj: JsonObj) -> JsonObj:
     return value if isinstance(value, dict) else {}
 
 
+def _deletion_complete(resource: ResourceType, obj: JsonObj) -> bool:
+    """kube's ShouldDeleteDuringUpdate: marked for deletion, no finalizers, no grace period left
+    (a bound pod in its grace period waits for its kubelet's delete instead)."""
+    metadata = meta(obj)
+    if "deletionTimestamp" not in metadata or metadata.get("finalizers"):
+        return False
+    return resource is not NAMESPACES and not metadata.get("deletionGracePeriodSeconds")
+
+
 class Store:
     """The API server's state; every public method is thread-safe."""
 
@@ -199,7 +208,7 @@ class Store:
             new["metadata"]["resourceVersion"] = meta(old).get("resourceVersion")
             if new == old:
                 return old  # kube skips writes that change nothing: same resourceVersion, no event
-            if "deletionTimestamp" in meta(new) and not meta(new).get("finalizers"):
+            if _deletion_complete(resource, new):
                 return self._remove(resource, namespace, name, new)
             self._commit(resource, "MODIFIED", new, old)
         return new
@@ -238,8 +247,16 @@ class Store:
                 )
             finalizers = list(old_meta.get("finalizers") or [])
             if "deletionTimestamp" in old_meta:
-                if resource is PODS and grace_seconds == 0 and not finalizers:
-                    return self._remove(resource, namespace, name, old)
+                if (
+                    resource is PODS
+                    and grace_seconds == 0
+                    and old_meta.get("deletionGracePeriodSeconds")
+                ):
+                    if not finalizers:
+                        return self._remove(resource, namespace, name, old)
+                    now = {**old, "metadata": {**old_meta, "deletionGracePeriodSeconds": 0}}
+                    self._commit(resource, "MODIFIED", now, old)
+                    return now
                 return old
             extra = {"Orphan": ORPHAN_FINALIZER, "Foreground": FOREGROUND_FINALIZER}
             if propagation in extra and extra[propagation] not in finalizers:
@@ -275,8 +292,7 @@ class Store:
             if new is old or new == old:
                 return old
             new = {**new, "metadata": dict(meta(new))}  # never touch the stored metadata dict
-            deleting = "deletionTimestamp" in meta(new) and resource is not NAMESPACES
-            if deleting and not meta(new).get("finalizers"):
+            if _deletion_complete(resource, new):
                 return self._remove(resource, namespace, name, new)
             self._commit(resource, "MODIFIED", new, old)
         return new
