@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import socket
+import sys
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -50,6 +51,14 @@ class _HttpServer(ThreadingHTTPServer):
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         threading.current_thread().name = f"localcluster-conn-{client_address[1]}"
         super().process_request_thread(request, client_address)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away is routine; anything else is logged, never printed."""
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError):
+            log.debug("connection from %s ended: %s", client_address, error)
+        else:
+            log.exception("request from %s failed", client_address)
 
     def track(self, conn: socket.socket) -> None:
         with self._conn_lock:
