@@ -161,14 +161,18 @@ def data_checksum(data: Mapping[str, Any]) -> str:
 
 
 def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
-    """The bytes of a checkpoint file (indented JSON for people; the checksum ignores layout)."""
+    """The bytes of a checkpoint file: compact JSON (``jq .`` shows it indented).
+
+    Compact on purpose: with ``indent`` Python's JSON encoder falls back to its slow pure-Python
+    path, and the plugin saves the checkpoint on every prepare; the checksum ignores layout.
+    """
     data = checkpoint.model_dump(mode="json")
     envelope = {
         "version": CHECKPOINT_VERSION,
         "checksum": _checksum(_canonical(data)),
         "data": data,
     }
-    return json.dumps(envelope, indent=2, sort_keys=True).encode() + b"\n"
+    return json.dumps(envelope, sort_keys=True, separators=(",", ":")).encode() + b"\n"
 
 
 def decode_checkpoint(raw: bytes) -> Checkpoint:
