@@ -15,10 +15,11 @@ from typing import Any
 
 import yaml
 
-from localcluster import discovery, errors, patch, resources
+from localcluster import discovery, errors, patch
 from localcluster.admission import Attributes, MutatingAdmission
 from localcluster.binding import bind_pod
 from localcluster.resources import BINDINGS, PODS, ResourceType
+from localcluster.routing import Target, parse_target
 from localcluster.selectors import ObjectFilter, parse_field_selector, parse_label_selector
 from localcluster.store import Store, meta
 from localcluster.watch_stream import WatchOptions, expired_stream, watch_stream
@@ -48,17 +49,6 @@ class ApiResponse:
     text: str | None = None
     stream: Iterator[bytes] | None = None
     headers: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """What a resource URL names."""
-
-    resource: ResourceType
-    namespace: str | None
-    name: str | None
-    subresource: str
-    watch_path: bool
 
 
 class ApiHandler:
@@ -97,7 +87,7 @@ class ApiHandler:
             if request.method != "GET":
                 raise errors.method_not_allowed(request.method)
             return ApiResponse(200, document)
-        target = _parse_target(parts)
+        target = parse_target(parts)
         if target.resource is BINDINGS:
             return self._legacy_binding(request, target)
         method = request.method
@@ -439,32 +429,3 @@ def _apply_patch(content_type: str, old: JsonObj, document: Any) -> JsonObj:
     if not isinstance(result, dict):
         raise errors.ApiError(422, "Invalid", "the patch turned the object into a non-object")
     return result
-
-
-def _parse_target(parts: list[str]) -> Target:
-    if len(parts) >= 2 and parts[0] == "api":
-        group, version, rest = "", parts[1], parts[2:]
-    elif len(parts) >= 3 and parts[0] == "apis":
-        group, version, rest = parts[1], parts[2], parts[3:]
-    else:
-        raise errors.resource_not_found()
-    watch_path = bool(rest) and rest[0] == "watch"
-    if watch_path:
-        rest = rest[1:]
-    namespace: str | None = None
-    if len(rest) >= 3 and rest[0] == "namespaces":
-        candidate = resources.lookup(group, version, rest[2])
-        if candidate is not None and candidate.namespaced:
-            namespace, rest = rest[1], rest[2:]
-    if not rest or len(rest) > 3:
-        raise errors.resource_not_found()
-    resource = resources.lookup(group, version, rest[0])
-    if resource is None:
-        raise errors.resource_not_found()
-    if namespace is not None and not resource.namespaced:
-        raise errors.resource_not_found()
-    name = rest[1] if len(rest) > 1 else None
-    subresource = rest[2] if len(rest) > 2 else ""
-    if subresource and subresource not in resource.subresources:
-        raise errors.resource_not_found()
-    return Target(resource, namespace, name, subresource, watch_path)

@@ -1,0 +1,221 @@
+"""The ``resource.k8s.io/v1`` rules of kube-apiserver that matter to a DRA driver.
+
+A claim's (and a template's) spec is immutable; a claim's ``status.allocation`` can be set once and
+cleared, never replaced, ``reservedFor`` needs an allocation and each result must name a request;
+a ResourceSlice holds either ``devices`` or ``sharedCounters``, at most 128 devices (64 when any
+device consumes counters or has taints), and its driver and node are immutable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from localcluster.errors import FieldError
+from localcluster.names import name_errors
+
+JsonObj = dict[str, Any]
+
+IMMUTABLE = "field is immutable"
+MAX_SLICE_DEVICES = 128
+MAX_SLICE_DEVICES_WITH_COUNTERS = 64
+
+
+def _claim_spec(spec: Any, path: str) -> list[FieldError]:
+    errors: list[FieldError] = []
+    devices = spec.get("devices") if isinstance(spec, dict) else None
+    requests = (devices or {}).get("requests") or []
+    names: list[str] = []
+    for i, request in enumerate(requests):
+        rpath = f"{path}.devices.requests[{i}]"
+        name = str(request.get("name") or "") if isinstance(request, dict) else ""
+        if not name:
+            errors.append(FieldError("Required", f"{rpath}.name"))
+        elif name in names:
+            errors.append(FieldError("Duplicate", f"{rpath}.name", value=name))
+        names.append(name)
+        if not isinstance(request, dict):
+            continue
+        exactly, first = request.get("exactly"), request.get("firstAvailable")
+        if (exactly is None) == (first is None):
+            errors.append(
+                FieldError(
+                    "Required", rpath, "exactly one of `exactly` or `firstAvailable` is required"
+                )
+            )
+        elif isinstance(exactly, dict):
+            if not exactly.get("deviceClassName"):
+                errors.append(FieldError("Required", f"{rpath}.exactly.deviceClassName"))
+            mode = exactly.get("allocationMode", "ExactCount")
+            if mode not in ("ExactCount", "All"):
+                errors.append(
+                    FieldError(
+                        "NotSupported",
+                        f"{rpath}.exactly.allocationMode",
+                        'supported values: "All", "ExactCount"',
+                        mode,
+                    )
+                )
+    if len(requests) > 32:
+        errors.append(
+            FieldError(
+                "TooMany", f"{path}.devices.requests", "must have at most 32 items", len(requests)
+            )
+        )
+    return errors
+
+
+def claim_create(claim: JsonObj) -> list[FieldError]:
+    return _claim_spec(claim.get("spec") or {}, "spec")
+
+
+def spec_immutable(old: JsonObj, new: JsonObj) -> list[FieldError]:
+    if old.get("spec") != new.get("spec"):
+        return [FieldError("Invalid", "spec", IMMUTABLE, new.get("spec"))]
+    return []
+
+
+def claim_status_update(old: JsonObj, new: JsonObj) -> list[FieldError]:
+    errors: list[FieldError] = []
+    old_alloc = (old.get("status") or {}).get("allocation")
+    status = new.get("status") or {}
+    alloc = status.get("allocation")
+    if old_alloc is not None and alloc is not None and old_alloc != alloc:
+        errors.append(FieldError("Invalid", "status.allocation", IMMUTABLE, alloc))
+    reserved = status.get("reservedFor") or []
+    if reserved and alloc is None:
+        errors.append(
+            FieldError(
+                "Forbidden",
+                "status.reservedFor",
+                "may not be specified when `allocated` is not set",
+            )
+        )
+    uids = [r.get("uid") for r in reserved if isinstance(r, dict)]
+    for i, uid in enumerate(uids):
+        if uid in uids[:i]:
+            errors.append(FieldError("Duplicate", f"status.reservedFor[{i}]", value=uid))
+    if len(reserved) > 256:
+        errors.append(
+            FieldError(
+                "TooMany", "status.reservedFor", "must have at most 256 items", len(reserved)
+            )
+        )
+    if isinstance(alloc, dict) and alloc != old_alloc:
+        requests = ((new.get("spec") or {}).get("devices") or {}).get("requests") or []
+        names = {r.get("name") for r in requests if isinstance(r, dict)}
+        results = (alloc.get("devices") or {}).get("results") or []
+        for i, result in enumerate(results):
+            request = str((result or {}).get("request") or "").split("/", 1)[0]
+            if request not in names:
+                errors.append(
+                    FieldError(
+                        "Invalid",
+                        f"status.allocation.devices.results[{i}].request",
+                        "must be the name of a request in the "
+                        "claim or the name of a request and a subrequest "
+                        "separated by '/'",
+                        request,
+                    )
+                )
+    return errors
+
+
+def template_create(template: JsonObj) -> list[FieldError]:
+    return _claim_spec(((template.get("spec") or {}).get("spec")) or {}, "spec.spec")
+
+
+def slice_create(slice_: JsonObj) -> list[FieldError]:
+    spec = slice_.get("spec") or {}
+    errors: list[FieldError] = []
+    if not spec.get("driver"):
+        errors.append(FieldError("Required", "spec.driver"))
+    pool = spec.get("pool") or {}
+    if not pool.get("name"):
+        errors.append(FieldError("Required", "spec.pool.name"))
+    if int(pool.get("resourceSliceCount") or 0) <= 0:
+        errors.append(
+            FieldError(
+                "Invalid",
+                "spec.pool.resourceSliceCount",
+                "must be greater than zero",
+                pool.get("resourceSliceCount"),
+            )
+        )
+    selectors = [
+        k for k in ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection") if spec.get(k)
+    ]
+    if len(selectors) != 1:
+        errors.append(
+            FieldError(
+                "Invalid",
+                "spec",
+                "exactly one of `nodeName`, "
+                "`nodeSelector`, `allNodes`, `perDeviceNodeSelection` is "
+                "required",
+                selectors,
+            )
+        )
+    devices = spec.get("devices") or []
+    counters = spec.get("sharedCounters") or []
+    if devices and counters:
+        errors.append(
+            FieldError("Invalid", "spec", "only one of `devices` and `sharedCounters` can be set")
+        )
+    if len(counters) > 8:
+        errors.append(
+            FieldError("TooMany", "spec.sharedCounters", "must have at most 8 items", len(counters))
+        )
+    counted = any(
+        isinstance(d, dict) and (d.get("consumesCounters") or d.get("taints")) for d in devices
+    )
+    limit = MAX_SLICE_DEVICES_WITH_COUNTERS if counted else MAX_SLICE_DEVICES
+    if len(devices) > limit:
+        errors.append(
+            FieldError("TooMany", "spec.devices", f"must have at most {limit} items", len(devices))
+        )
+    names: set[str] = set()
+    for i, device in enumerate(devices):
+        name = str((device or {}).get("name") or "")
+        if not name:
+            errors.append(FieldError("Required", f"spec.devices[{i}].name"))
+        elif name in names:
+            errors.append(FieldError("Duplicate", f"spec.devices[{i}].name", value=name))
+        else:
+            errors += name_errors(f"spec.devices[{i}].name", name, label=True)
+        names.add(name)
+        attributes = (device or {}).get("attributes") or {}
+        capacity = (device or {}).get("capacity") or {}
+        if len(attributes) + len(capacity) > 32:
+            errors.append(
+                FieldError(
+                    "TooMany",
+                    f"spec.devices[{i}]",
+                    "attributes and capacity must have at most 32 entries combined",
+                    len(attributes) + len(capacity),
+                )
+            )
+        for key, attribute in attributes.items():
+            if not isinstance(attribute, dict) or len(attribute) != 1:
+                errors.append(
+                    FieldError(
+                        "Invalid",
+                        f"spec.devices[{i}].attributes[{key}]",
+                        "exactly one value must be specified",
+                    )
+                )
+        if len((device or {}).get("consumesCounters") or []) > 2:
+            errors.append(
+                FieldError(
+                    "TooMany", f"spec.devices[{i}].consumesCounters", "must have at most 2 items"
+                )
+            )
+    return errors
+
+
+def slice_update(old: JsonObj, new: JsonObj) -> list[FieldError]:
+    errors: list[FieldError] = []
+    old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
+    for field in ("driver", "nodeName"):
+        if old_spec.get(field) != new_spec.get(field):
+            errors.append(FieldError("Invalid", f"spec.{field}", IMMUTABLE, new_spec.get(field)))
+    return errors
