@@ -209,7 +209,9 @@ def _post(url: str, verify_name: str, client: JsonObj, review: JsonObj, timeout:
         conn = http.client.HTTPConnection(parts.hostname, parts.port or 443, timeout=timeout)
         conn.sock = tls
         try:
-            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            # kube-apiserver tells the webhook its deadline the same way.
+            query = "&".join(q for q in (parts.query, f"timeout={int(timeout)}s") if q)
+            path = f"{parts.path or '/'}?{query}"
             body = json.dumps(review).encode()
             headers = {"Content-Type": "application/json", "Accept": "application/json"}
             conn.request("POST", path, body=body, headers=headers)

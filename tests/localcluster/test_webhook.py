@@ -103,6 +103,7 @@ class Hook:
 
     port: int
     reviews: list[dict[str, Any]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
     reply: Reply = allow
 
 
@@ -120,6 +121,7 @@ def hook(tls: Tls) -> Iterator[Hook]:
         def do_POST(self) -> None:
             review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             state.reviews.append(review)
+            state.paths.append(self.path)
             body = json.dumps(state.reply(review)).encode()
             with contextlib.suppress(OSError):  # the API server may have given up (timeout test)
                 self.send_response(200)
@@ -225,6 +227,7 @@ def test_webhook_patch_is_applied_on_create(core: Any, hook: Hook, tls: Tls) -> 
     assert request["namespace"] == NS
     assert request["object"]["metadata"]["name"] == "p"
     assert request["oldObject"] is None
+    assert hook.paths == ["/mutate?timeout=5s"]
 
 
 def test_webhook_sees_generate_name_before_the_name_exists(core: Any, hook: Hook, tls: Tls) -> None:
