@@ -310,3 +310,14 @@ def test_new_style_event_needs_its_required_fields(kube_client: Any) -> None:
 
     assert caught.value.status == 422
     assert "action: Required value" in status_of(caught.value)["message"]
+
+
+def test_delete_collection_by_label(core: Any) -> None:
+    for name, tier in (("a", "x"), ("b", "x"), ("c", "y")):
+        body = pod(name)
+        body["metadata"]["labels"] = {"tier": tier}
+        core.create_namespaced_pod(NS, body)
+
+    core.delete_collection_namespaced_pod(NS, label_selector="tier=x")
+
+    assert [p.metadata.name for p in core.list_namespaced_pod(NS).items] == ["c"]

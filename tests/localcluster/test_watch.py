@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -156,3 +158,44 @@ def test_watch_timeout_ends_stream(core: Any) -> None:
     events = list(watch_events(core.list_namespaced_pod, NS, timeout_seconds=1))
 
     assert events == []
+
+
+def test_send_initial_events_ends_with_an_annotated_bookmark(core: Any) -> None:
+    core.create_namespaced_pod(NS, pod("a"))
+
+    stream = watch_events(
+        core.list_namespaced_pod,
+        NS,
+        send_initial_events=True,
+        resource_version_match="NotOlderThan",
+        allow_watch_bookmarks=True,
+        timeout_seconds=5,
+    )
+    first, second = next(stream), next(stream)
+    stream.close()  # type: ignore[attr-defined]
+
+    assert (first["type"], first["raw_object"]["metadata"]["name"]) == ("ADDED", "a")
+    assert second["type"] == "BOOKMARK"
+    annotations = second["raw_object"]["metadata"]["annotations"]
+    assert annotations == {"k8s.io/initial-events-end": "true"}
+
+
+def test_legacy_watch_path_for_one_object(apiserver: LocalApiServer) -> None:
+    start = apiserver.store.resource_version
+    apiserver.store.create(CONFIG_MAPS, NS, {"metadata": {"name": "wanted"}})
+    apiserver.store.create(CONFIG_MAPS, NS, {"metadata": {"name": "other"}})
+    conn = http.client.HTTPConnection("127.0.0.1", apiserver.port, timeout=10)
+    try:
+        conn.request(
+            "GET",
+            f"/api/v1/watch/namespaces/{NS}/configmaps/wanted?resourceVersion={start}"
+            "&timeoutSeconds=1",
+        )
+        response = conn.getresponse()
+        lines = response.read().splitlines()
+    finally:
+        conn.close()
+
+    events = [json.loads(line) for line in lines]
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "wanted")]
+    assert response.getheader("Transfer-Encoding") == "chunked"
