@@ -4,6 +4,21 @@
 (HTTP/1.1 keep-alive, one thread per connection, chunked watch streams). ``start`` returns as soon
 as the socket listens; ``stop`` closes every watch, connection and thread; ``restart`` drops every
 watch and connection but keeps data and port, like an API server restart seen from a client.
+
+Why our own and not ``kmock`` (PyPI): kmock is asyncio/aiohttp-based (we run threads), and its
+Kubernetes emulator keeps objects as plain merged dicts — no resourceVersion (lists answer
+``'...'``), no 409 on stale writes, no selectors, watches that ignore resourceVersion (no
+BOOKMARK, no 410), no strategic merge, no validation, GC or admission — so extending it would
+have meant writing all of this anyway, on top of a DSL made for scripted responses.
+
+Known differences from kube-apiserver (deliberate, cheap to change if a test needs it):
+``limit``/``continue`` are ignored (the whole list is returned, which the API allows); DELETE
+answers with the object for every kind (kube answers a ``Status`` for some); core and
+``events.k8s.io`` Events are stored apart; strategic merge ignores ``$setElementOrder``; pods
+may change affinity freely while gated (kube only allows narrowing); webhook ``matchConditions``
+and ``reinvocationPolicy`` are not evaluated and only CREATE/UPDATE are sent; ``dryRun`` and
+server-side apply are refused (400/415); bound pods are deleted at once unless
+``graceful_pod_deletion`` is set (then they wait for a kubelet's ``gracePeriodSeconds=0``).
 """
 
 from __future__ import annotations
