@@ -1,0 +1,208 @@
+"""The resourceclaim controller against the local API server: claims from templates, reservations
+released when pods finish or go, allocation cleared only for protected claims (DESIGN facts 1, 3,
+6)."""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from driver.cluster.port import PODS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS
+from driver.errors import ApiNotFoundError
+from localcluster.cluster.claimcontroller import generate_name_base
+from localcluster.cluster.runner import LocalCluster
+from tests.localcluster_cluster.conftest import NS, allocation, claim, pod, template
+
+GATE = "instaslice.dev/placement"
+
+
+def _get(cluster: LocalCluster, resource: Any, name: str) -> dict[str, Any] | None:
+    assert cluster.api is not None
+    try:
+        return cluster.api.get(resource, name=name, namespace=NS)
+    except ApiNotFoundError:
+        return None
+
+
+def _reserve(
+    cluster: LocalCluster, name: str, pod_obj: dict[str, Any], node: str = "node-a"
+) -> None:
+    assert cluster.api is not None
+    current = cluster.api.get(RESOURCE_CLAIMS, name=name, namespace=NS)
+    updated = copy.deepcopy(current)
+    updated["status"] = {
+        "allocation": allocation(node),
+        "reservedFor": [
+            {
+                "resource": "pods",
+                "name": pod_obj["metadata"]["name"],
+                "uid": pod_obj["metadata"]["uid"],
+            }
+        ],
+    }
+    cluster.api.update_status(RESOURCE_CLAIMS, updated)
+
+
+def _finish(cluster: LocalCluster, name: str, phase: str = "Succeeded") -> None:
+    assert cluster.api is not None
+    current = cluster.api.get(PODS, name=name, namespace=NS)
+    cluster.api.update_status(PODS, {**current, "status": {**current["status"], "phase": phase}})
+
+
+def test_claim_from_template_is_named_owned_recorded_and_goes_with_the_pod(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    cluster = make_cluster()
+    api = cluster.api
+    assert api is not None
+    api.create(RESOURCE_CLAIM_TEMPLATES, template())
+    created = api.create(
+        PODS,
+        pod("p", claims=[{"name": "gpu", "resourceClaimTemplateName": "tpl"}], gates=[GATE]),
+    )
+
+    def recorded() -> str | None:
+        got = _get(cluster, PODS, "p") or {}
+        statuses = got.get("status", {}).get("resourceClaimStatuses") or []
+        return statuses[0]["resourceClaimName"] if statuses else None
+
+    name = cluster.wait_for(recorded)
+    assert re.fullmatch(r"p-gpu-[bcdfghjklmnpqrstvwxz2456789]{5}", name)
+    generated = _get(cluster, RESOURCE_CLAIMS, name)
+    assert generated is not None
+    assert generated["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": created["metadata"]["uid"],
+         "controller": True, "blockOwnerDeletion": True}
+    ]  # fmt: skip
+    assert generated["metadata"]["annotations"] == {"resource.kubernetes.io/pod-claim-name": "gpu"}
+    assert generated["metadata"]["labels"] == {"from": "template"}
+    assert generated["spec"] == template()["spec"]["spec"]
+    assert len(api.list_objects(RESOURCE_CLAIMS, namespace=NS).items) == 1
+
+    api.delete(PODS, name="p", namespace=NS)
+    cluster.wait_for(lambda: _get(cluster, RESOURCE_CLAIMS, name) is None)
+
+
+@pytest.mark.parametrize(
+    ("pod_name", "claim_name", "expected"),
+    [
+        ("p", "gpu", "p-gpu-"),
+        ("a" * 60, "b" * 20, "a" * 42 + "-" + "b" * 14 + "-"),
+    ],
+    ids=["short", "shortened-in-proportion"],
+)
+def test_generate_name_base(pod_name: str, claim_name: str, expected: str) -> None:
+    assert generate_name_base(pod_name, claim_name) == expected
+
+
+@pytest.mark.parametrize(
+    ("protected", "allocation_kept"),
+    [(True, False), (False, True)],
+    ids=["with-finalizer-deallocated", "without-finalizer-stays-allocated"],
+)
+def test_finished_pod_is_unreserved(
+    make_cluster: Callable[..., LocalCluster], protected: bool, allocation_kept: bool
+) -> None:
+    cluster = make_cluster()
+    api = cluster.api
+    assert api is not None
+    api.create(RESOURCE_CLAIMS, claim("shared", finalizer=protected))
+    user = api.create(
+        PODS, pod("user", claims=[{"name": "gpu", "resourceClaimName": "shared"}], gates=[GATE])
+    )
+    _reserve(cluster, "shared", user)
+    _finish(cluster, "user")
+
+    def released() -> dict[str, Any] | None:
+        got = _get(cluster, RESOURCE_CLAIMS, "shared")
+        if got is None or got.get("status", {}).get("reservedFor"):
+            return None
+        if protected and "finalizers" in got["metadata"]:
+            return None
+        return got
+
+    got = cluster.wait_for(released)
+    assert ("allocation" in got.get("status", {})) is allocation_kept
+    assert not got["metadata"].get("finalizers")
+
+
+def test_shadow_claim_of_a_finished_classic_pod_is_left_alone(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """DESIGN fact 6: the pod does not name the claim, so nothing revisits it."""
+    cluster = make_cluster()
+    api = cluster.api
+    assert api is not None
+    classic = api.create(PODS, pod("classic", gates=[GATE]))
+    shadow = claim("shadow", finalizer=True)
+    shadow["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Pod", "name": "classic",
+         "uid": classic["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+    ]  # fmt: skip
+    api.create(RESOURCE_CLAIMS, shadow)
+    _reserve(cluster, "shadow", classic)
+    _finish(cluster, "classic")
+    # a marker pod going the same way proves the controller has acted on later events
+    api.create(RESOURCE_CLAIMS, claim("marker", finalizer=True))
+    marker = api.create(
+        PODS, pod("marker", claims=[{"name": "gpu", "resourceClaimName": "marker"}], gates=[GATE])
+    )
+    _reserve(cluster, "marker", marker)
+    _finish(cluster, "marker")
+    cluster.wait_for(
+        lambda: (
+            not (_get(cluster, RESOURCE_CLAIMS, "marker") or {}).get("status", {}).get("allocation")
+        )
+    )
+    got = _get(cluster, RESOURCE_CLAIMS, "shadow")
+    assert got is not None
+    assert got["status"]["reservedFor"][0]["uid"] == classic["metadata"]["uid"]
+    assert "allocation" in got["status"]
+
+
+def test_generated_claim_of_a_finished_pod_is_deleted(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    cluster = make_cluster()
+    api = cluster.api
+    assert api is not None
+    api.create(RESOURCE_CLAIM_TEMPLATES, template())
+    created = api.create(
+        PODS, pod("job", claims=[{"name": "gpu", "resourceClaimTemplateName": "tpl"}], gates=[GATE])
+    )
+    name = cluster.wait_for(
+        lambda: ((_get(cluster, PODS, "job") or {}).get("status", {}).get("resourceClaimStatuses")
+                 or [{}])[0].get("resourceClaimName")
+    )  # fmt: skip
+    generated = _get(cluster, RESOURCE_CLAIMS, name)
+    assert generated is not None
+    protected = copy.deepcopy(generated)
+    protected["metadata"]["finalizers"] = ["resource.kubernetes.io/delete-protection"]
+    api.update(RESOURCE_CLAIMS, protected)
+    _reserve(cluster, name, created)
+    _finish(cluster, "job")
+    cluster.wait_for(lambda: _get(cluster, RESOURCE_CLAIMS, name) is None)
+    assert _get(cluster, PODS, "job") is not None
+
+
+def test_claim_being_deleted_loses_its_finalizer_once_unreserved(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    cluster = make_cluster()
+    api = cluster.api
+    assert api is not None
+    api.create(RESOURCE_CLAIMS, claim("standalone", finalizer=True))
+    user = api.create(
+        PODS, pod("user", claims=[{"name": "gpu", "resourceClaimName": "standalone"}], gates=[GATE])
+    )
+    _reserve(cluster, "standalone", user)
+    api.delete(RESOURCE_CLAIMS, name="standalone", namespace=NS)
+    stuck = _get(cluster, RESOURCE_CLAIMS, "standalone")
+    assert stuck is not None
+    assert "deletionTimestamp" in stuck["metadata"]
+    api.delete(PODS, name="user", namespace=NS)
+    cluster.wait_for(lambda: _get(cluster, RESOURCE_CLAIMS, "standalone") is None)
