@@ -1,21 +1,165 @@
-"""The ``instaslice`` command: operator tools (``status``, ``demo``)."""
+"""The ``instaslice`` command: operator tools.
+
+``instaslice status``  each GPU's MIG slice map (who holds which placement), for any cluster
+                       reachable through a kubeconfig or a plain API server URL.
+``instaslice demo``    the whole system on this machine: a local API server, emulated kubelets,
+                       the real controller and kubelet plugins, the samples applied and removed.
+"""
+
+from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TextIO
+
+from controller.statusrender import Style, render_view
+from controller.statusview import ClusterView
+from driver.errors import DriverError
+
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
+
+
+def add_connection_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("cluster connection")
+    group.add_argument(
+        "--kubeconfig",
+        help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)",
+    )
+    group.add_argument("--context", help="kubeconfig context (default: the current one)")
+    group.add_argument(
+        "--kube-api-url",
+        help="plain API server URL without auth (e.g. the demo's local API server)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="instaslice", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("status", help="show each GPU's MIG slice map (not available yet)")
-    sub.add_parser("demo", help="run the local demo cluster (not available yet)")
+    parser = argparse.ArgumentParser(
+        prog="instaslice",
+        description="InstaSlice operator tools: MIG slices created on demand for Kubernetes pods.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    status = sub.add_parser(
+        "status",
+        help="show each GPU's MIG slice map",
+        description="Each GPU's MIG slice map from the published ResourceSlices and the "
+        "allocated ResourceClaims of mig.instaslice.dev: which placements are taken, by which "
+        "claim and pod, and which placement starts are still free per profile.",
+    )
+    add_connection_flags(status)
+    status.add_argument(
+        "--node", action="append", default=[], help="only this node (may be repeated)"
+    )
+    status.add_argument(
+        "--checkpoint",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="kubelet-plugin checkpoint to read MIG UUIDs from (on a node: "
+        "/var/lib/instaslice/checkpoint.json; may be repeated)",
+    )
+    status.add_argument(
+        "--watch",
+        nargs="?",
+        const=2.0,
+        type=float,
+        metavar="SECONDS",
+        help="redraw every SECONDS (default 2) until Ctrl-C",
+    )
+    status.add_argument("--short-uuids", action="store_true", help="shorten UUIDs to fit")
+    status.add_argument("--no-color", action="store_true", help="plain text (also: NO_COLOR=1)")
+
+    demo = sub.add_parser(
+        "demo",
+        help="run the whole system on this machine with emulated GPUs",
+        description="Starts a local API server with emulated nodes, the real instaslice-controller "
+        "and one real instaslice-kubelet-plugin per node, applies samples/, shows pods and slice "
+        "maps as they change, deletes the samples and shows the slices gone.",
+    )
+    from localcluster.demo import add_demo_arguments  # noqa: PLC0415 - only the demo needs it
+
+    add_demo_arguments(demo)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def use_color(*, no_color: bool, stream: TextIO) -> bool:
+    if no_color or os.environ.get("NO_COLOR"):
+        return False
+    return stream.isatty()
+
+
+def render_status(view: ClusterView, *, nodes: Sequence[str], style: Style) -> str:
+    if nodes:
+        wanted = set(nodes)
+        view = ClusterView(
+            gpus=tuple(g for g in view.gpus if g.node in wanted),
+            strays=tuple(s for s in view.strays if s.pool in wanted),
+        )
+    return render_view(view, style=style)
+
+
+def run_status(
+    args: argparse.Namespace,
+    *,
+    out: TextIO,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    from controller.statussource import (  # noqa: PLC0415
+        mig_uuids_from_checkpoints,
+        read_view,
+    )
+    from driver.cluster.kube import connect  # noqa: PLC0415 - imports kubernetes only when used
+    from driver.cluster.throttle import ClientSettings  # noqa: PLC0415
+
+    style = Style(color=use_color(no_color=args.no_color, stream=out), short_uuids=args.short_uuids)
+    try:
+        api = connect(
+            kubeconfig=args.kubeconfig,
+            context=args.context,
+            url=args.kube_api_url,
+            settings=ClientSettings(user_agent="instaslice-cli"),
+        )
+    except DriverError as exc:
+        print(f"instaslice status: {exc}", file=sys.stderr)
+        return 1
+    with api:
+        while True:
+            try:
+                view = read_view(api, mig_uuids=mig_uuids_from_checkpoints(args.checkpoint))
+            except DriverError as exc:
+                print(f"instaslice status: cannot read the cluster: {exc}", file=sys.stderr)
+                return 1
+            text = render_status(view, nodes=args.node, style=style)
+            if args.watch is None:
+                out.write(text)
+                out.flush()
+                return 0
+            out.write((CLEAR_SCREEN if style.color else "\n") + text)
+            out.flush()
+            sleep(args.watch)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    print(f"instaslice {args.command}: not implemented yet", file=sys.stderr)
-    return 2
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        if args.command == "status":
+            return run_status(args, out=sys.stdout)
+        from localcluster.demo import run_demo  # noqa: PLC0415 - only the demo needs it
+
+        return run_demo(args, out=sys.stdout)
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":
