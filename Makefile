@@ -3,6 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PACKAGES := api driver controller kubeletplugin localcluster protos
 PYTEST_ARGS ?=
+DEMO_ARGS ?=
 
 .PHONY: help install protos protos-check lint fmt typecheck test test-unit bench demo check-nvml clean
 
@@ -35,6 +36,9 @@ test: ## the whole test suite (unit, contract, integration, end-to-end on the lo
 
 bench: ## run the benchmarks; figures go to stdout and bench/results/*.json
 	$(PY) -m bench
+
+demo: ## the whole system on this machine: real controller + kubelet plugins, emulated GPUs, samples/ applied and removed (DEMO_ARGS="--nodes 3 --gpus 2xH100-80GB --fast")
+	$(PY) -m controller.cli demo $(DEMO_ARGS)
 
 check-nvml: ## read-only NVML discovery on a real GPU host (never changes MIG state)
 	$(PY) -m pytest -m gpu tests/contract -p no:cacheprovider $(PYTEST_ARGS)
