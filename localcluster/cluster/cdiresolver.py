@@ -62,6 +62,7 @@ class CdiResolver:
 
     def environment(self, names: Iterable[str]) -> list[str]:
         """The ``KEY=VALUE`` entries injecting ``names`` appends, in order."""
+        names = list(names)
         devices = self._devices()
         entries: list[str] = []
         seen_specs: set[str] = set()

@@ -4,8 +4,10 @@ prepare → run → unprepare sequence, with retries, as the real kubelet drives
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -14,7 +16,7 @@ import pytest
 from driver.cluster.ops import add_claim_finalizer, remove_scheduling_gate, write_claim_allocation
 from driver.cluster.port import EVENTS, PODS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS
 from driver.errors import ApiNotFoundError
-from localcluster.cluster.kubelet import RUN_SECONDS_ANNOTATION
+from localcluster.cluster.kubelet import RUN_SECONDS_ANNOTATION, NodeSpec
 from localcluster.cluster.runner import LocalCluster
 from protos.podresources.v1 import api_pb2 as pr
 from protos.podresources.v1 import api_pb2_grpc as pr_grpc
@@ -221,3 +223,41 @@ def test_claim_not_reserved_for_the_pod_is_refused(
     assert "is not allowed to use resource claim direct" in event[0]["message"]
     assert plugin.calls == []
     assert _phase(cluster, "bound") == "Pending"
+
+
+def test_container_environment_comes_from_the_cdi_specs(
+    make_cluster: Callable[..., LocalCluster], short_root: Path
+) -> None:
+    cdi_dir = short_root / "cdi"
+    cdi_dir.mkdir()
+    cluster = make_cluster((NodeSpec("node-a", cdi_dirs=(cdi_dir,)),))
+    api = cluster.api
+    assert api is not None
+    fake = FakeDraPlugin(cluster.kubelet("node-a").root).start()
+    try:
+        cluster.wait_for(lambda: cluster.kubelet("node-a").plugins.get("mig.instaslice.dev"))
+        api.create(RESOURCE_CLAIM_TEMPLATES, template())
+        created = api.create(PODS, _gpu_pod("p"))
+        claim_name = _allocate_and_ungate(cluster, "p")
+        waiting = cluster.wait_for(
+            lambda: (
+                (s := (_get(cluster, PODS, "p") or {}).get("status", {}).get("containerStatuses"))
+                and s[0]["state"].get("waiting", {}).get("reason") == "CreateContainerError"
+                and s
+            )
+        )
+        assert "unresolvable CDI devices" in waiting[0]["state"]["waiting"]["message"]
+        claim_uid = api.get(RESOURCE_CLAIMS, name=claim_name, namespace=NS)["metadata"]["uid"]
+        spec = {
+            "cdiVersion": "0.6.0",
+            "kind": "instaslice.dev/mig",
+            "devices": [
+                {"name": claim_uid, "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=MIG-1"]}}
+            ],
+        }
+        (cdi_dir / f"instaslice.dev-mig_{claim_uid}.json").write_text(json.dumps(spec))
+        cluster.wait_for(lambda: _phase(cluster, "p") == "Running")
+        _, envs = cluster.kubelet("node-a").container_devices(created["metadata"]["uid"], "c")
+        assert envs == {"NVIDIA_VISIBLE_DEVICES": "MIG-1"}
+    finally:
+        fake.stop()
