@@ -1,0 +1,546 @@
+"""The cluster as the placement engine sees it: nodes, their GPUs, what is taken, and indexes.
+
+Inventory (what nodes publish) and occupancy (which slices are taken, by us or by anyone else) are
+kept apart: occupancy is recorded per (node, GPU index) even before the node's inventory is known, so
+the controller may feed allocated claims and ResourceSlices in any order. Every change to one GPU
+updates the indexes in place — nothing here ever scans the cluster for a decision.
+
+Index: for each *signature* (a multiset of profiles that must fit on one GPU, e.g. ``1g.5gb`` or
+``2 x 1g.5gb + 2g.10gb``) a rank set of the nodes with a GPU that can take it now. Ranks are positions
+in node-name order, so "the first node in name order that can take a 3g.20gb" is a successor query.
+With ``track_levels`` (for the fragmentation-aware policy) each signature also files every node under
+its best GPU's *level* — the free placements that fitting the signature there would destroy, then
+how full the GPU is — so "the node whose GPU loses least" is a successor query too. Signatures are
+indexed on first use; single-profile ones always, multi-profile ones up to a bound.
+"""
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from driver.errors import NotFoundError
+from driver.mig.model import GpuModel, Placement
+from driver.placement.rankset import RankSet
+from driver.placement.tables import GpuTable, Signature, table_for
+
+logger = logging.getLogger(__name__)
+
+MAX_MULTI_SIGNATURES = 64
+"""Multi-profile signatures indexed at most; later ones fall back to per-profile conditions."""
+
+_FREE_BITS = 6
+"""A level is ``loss << _FREE_BITS | free memory slices``: fewer destroyed placements first, then
+the fuller GPU."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    """One MIG GPU as its node publishes it.
+
+    ``published`` lists the (profile, start) devices the node publishes for this GPU; ``None`` means
+    every placement of every profile of ``model``. The engine only ever returns published devices.
+    """
+
+    index: int
+    model: GpuModel
+    uuid: str = ""
+    published: frozenset[tuple[str, int]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    name: str
+    gpus: tuple[GpuSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Occupant:
+    """One GPU instance that exists or is allocated, whoever made it.
+
+    ``profile`` is optional: instances of unknown profile still block their memory slices (and the
+    ``+me`` engine when ``media``), but count towards no profile's ``max_count``.
+    """
+
+    start: int
+    size: int
+    media: bool = False
+    profile: str | None = None
+    mask: int = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mask", Placement(start=self.start, size=self.size).mask)
+
+
+class GpuState:
+    """One GPU's current state, derived from its occupants."""
+
+    __slots__ = (
+        "caps",
+        "counts",
+        "index",
+        "levels",
+        "mask",
+        "media_taken",
+        "node",
+        "occupants",
+        "spec",
+        "table",
+        "used",
+    )
+
+    def __init__(self, node: "NodeState", spec: GpuSpec, occupants: list[Occupant]) -> None:
+        self.node = node
+        self.spec = spec
+        self.index = spec.index
+        self.table: GpuTable = table_for(spec.model, spec.published)
+        self.occupants = occupants
+        self.mask = 0
+        self.media_taken = False
+        self.counts: tuple[int, ...] = (0,) * len(self.table.profiles)
+        self.used = 0
+        self.caps: tuple[int, ...] = (0,) * len(self.table.profiles)
+        # levels[sig id]: this GPU's level for the signature (lower is better), -1 if it cannot fit.
+        self.levels: tuple[int, ...] = ()
+        self.derive()
+
+    def derive(self) -> None:
+        """Recompute mask, media and per-profile counts from the occupants."""
+        table = self.table
+        model_media = table.media_names
+        mask = 0
+        media = False
+        counts = [0] * len(table.profiles)
+        for occupant in self.occupants:
+            mask |= occupant.mask
+            if occupant.media or occupant.profile in model_media:
+                media = True
+            if occupant.profile is not None:
+                profile = table.profile_by_name.get(occupant.profile)
+                if profile is not None:
+                    counts[profile.index] += 1
+        self.mask = mask & table.full_mask
+        self.media_taken = media
+        self.counts = tuple(counts)
+        self.used = self.mask.bit_count()
+        self.caps = table.capacities(mask=self.mask, media_taken=media, counts=self.counts)
+
+    @property
+    def state_key(self) -> tuple[GpuTable, int, bool, tuple[int, ...]]:
+        """Everything placement rules can see of this GPU: equal keys, equal answers."""
+        return (self.table, self.mask, self.media_taken, self.counts)
+
+    def level(self, signature: Signature, *, graded: bool) -> int:
+        """-1 if ``signature`` cannot fit; else 0, or with ``graded`` its (loss, fullness) code."""
+        loss = self.table.loss(
+            signature, mask=self.mask, media_taken=self.media_taken, counts=self.counts
+        )
+        if loss < 0 or not graded:
+            return loss if loss < 0 else 0
+        return (loss << _FREE_BITS) | (self.table.slices - self.used)
+
+
+class NodeState:
+    __slots__ = ("best", "gpus", "name", "rank", "shape", "spec")
+
+    def __init__(self, spec: NodeSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.rank = -1
+        self.gpus: tuple[GpuState, ...] = ()
+        self.shape: tuple[GpuTable, ...] = ()
+        # sig id -> the best (lowest) level among this node's GPUs; absent if none can fit.
+        self.best: dict[int, int] = {}
+
+
+class SignatureIndex:
+    """Nodes that have a GPU able to take ``signature`` now, overall and by their best level."""
+
+    __slots__ = ("any", "id", "level_set", "signature", "tiers")
+
+    def __init__(self, signature: Signature, sig_id: int) -> None:
+        self.signature = signature
+        self.id = sig_id
+        self.any = RankSet()
+        self.tiers: dict[int, RankSet] = {}
+        self.level_set = RankSet()
+        """Levels whose tier is non-empty."""
+
+    def add(self, rank: int, level: int, *, graded: bool) -> None:
+        self.any.add(rank)
+        if graded:
+            tier = self.tiers.get(level)
+            if tier is None:
+                tier = self.tiers[level] = RankSet()
+            if not tier:
+                self.level_set.add(level)
+            tier.add(rank)
+
+    def discard(self, rank: int, level: int, *, graded: bool) -> None:
+        self.any.discard(rank)
+        if graded:
+            tier = self.tiers[level]
+            tier.discard(rank)
+            if not tier:
+                self.level_set.discard(level)
+
+    def clear(self) -> None:
+        self.any = RankSet()
+        self.tiers = {}
+        self.level_set = RankSet()
+
+
+class Inventory:
+    """Mutable cluster state with incremental indexes. Not thread-safe: serialise callers.
+
+    ``track_levels`` files nodes by level per signature (needed by ``bestfit``; ``firstfit`` only
+    needs to know which nodes can fit, which is cheaper to maintain).
+    """
+
+    def __init__(self, nodes: Iterable[NodeSpec] = (), *, track_levels: bool = False) -> None:
+        self.track_levels = track_levels
+        self._nodes: dict[str, NodeState] = {}
+        self._by_rank: list[NodeState | None] = []
+        self._ranks_dirty = False
+        self._occupants: dict[tuple[str, int], list[Occupant]] = {}
+        self._signatures: dict[Signature, SignatureIndex] = {}
+        self._sig_list: list[SignatureIndex] = []
+        self._multi = 0
+        self._sigs_by_table: dict[GpuTable, list[SignatureIndex]] = {}
+        self._free_instances: dict[str, int] = {}
+        self._published_gpus: dict[str, int] = {}
+        self._min_slices: dict[str, int] = {}
+        self._max_slices: dict[str, int] = {}
+        self._shapes: dict[tuple[GpuTable, ...], set[str]] = {}
+        self._level_cache: dict[tuple[GpuTable, int, bool, tuple[int, ...]], tuple[int, ...]] = {}
+        self._level_vectors: dict[tuple[int, ...], tuple[int, ...]] = {}
+        for spec in nodes:
+            self.set_node(spec)
+
+    # ----------------------------------------------------------------------------- inventory
+
+    def set_node(self, spec: NodeSpec) -> None:
+        """Add a node or replace what it publishes; its occupancy is kept."""
+        old = self._nodes.get(spec.name)
+        reuse_rank = -1
+        if old is not None:
+            reuse_rank = old.rank
+            self.remove_node(spec.name)
+        node = NodeState(spec)
+        gpus = []
+        for gpu_spec in sorted(spec.gpus, key=lambda g: g.index):
+            occupants = self._occupants.setdefault((spec.name, gpu_spec.index), [])
+            gpus.append(GpuState(node, gpu_spec, occupants))
+        node.gpus = tuple(gpus)
+        node.shape = tuple(g.table for g in gpus)
+        self._nodes[spec.name] = node
+        self._shapes.setdefault(node.shape, set()).add(spec.name)
+        for gpu in gpus:
+            for profile, cap in zip(gpu.table.profiles, gpu.caps, strict=True):
+                name = profile.name
+                self._published_gpus[name] = self._published_gpus.get(name, 0) + 1
+                self._free_instances[name] = self._free_instances.get(name, 0) + cap
+                size = profile.profile.memory_slices
+                self._min_slices[name] = min(self._min_slices.get(name, size), size)
+                self._max_slices[name] = max(self._max_slices.get(name, size), size)
+            gpu.levels = self._levels_for(gpu)
+            for sig in self._sigs_for(gpu.table):
+                level = gpu.levels[sig.id]
+                if level >= 0:
+                    best = node.best.get(sig.id, -1)
+                    if best < 0 or level < best:
+                        node.best[sig.id] = level
+        if self._ranks_dirty:
+            return
+        graded = self.track_levels
+        if reuse_rank >= 0:
+            node.rank = reuse_rank
+            self._by_rank[reuse_rank] = node
+        else:
+            last = self._last_live()
+            if last is not None and last.name > spec.name:
+                self._ranks_dirty = True
+                return
+            node.rank = len(self._by_rank)
+            self._by_rank.append(node)
+        for sig_id, level in node.best.items():
+            self._sig_list[sig_id].add(node.rank, level, graded=graded)
+
+    def remove_node(self, name: str) -> None:
+        """Forget a node's inventory (its occupancy is kept until released)."""
+        node = self._nodes.pop(name, None)
+        if node is None:
+            return
+        shape_nodes = self._shapes[node.shape]
+        shape_nodes.discard(name)
+        if not shape_nodes:
+            del self._shapes[node.shape]
+        for gpu in node.gpus:
+            for profile, cap in zip(gpu.table.profiles, gpu.caps, strict=True):
+                self._published_gpus[profile.name] -= 1
+                self._free_instances[profile.name] -= cap
+        if not self._ranks_dirty and node.rank >= 0:
+            for sig_id, level in node.best.items():
+                self._sig_list[sig_id].discard(node.rank, level, graded=self.track_levels)
+            self._by_rank[node.rank] = None
+        else:
+            self._ranks_dirty = True
+
+    def _last_live(self) -> NodeState | None:
+        while self._by_rank and self._by_rank[-1] is None:
+            self._by_rank.pop()
+        return self._by_rank[-1] if self._by_rank else None
+
+    def ensure_ranked(self) -> None:
+        """Re-rank nodes in name order and rebuild the rank sets after out-of-order additions.
+
+        Costs O(nodes x indexed signatures); it runs only when a node was added whose name does not
+        sort after every known node, and at most once per decision however many were added.
+        """
+        if not self._ranks_dirty:
+            return
+        ordered = sorted(self._nodes.values(), key=lambda n: n.name)
+        self._by_rank = list(ordered)
+        for sig in self._sig_list:
+            sig.clear()
+        for rank, node in enumerate(ordered):
+            node.rank = rank
+            for sig_id, level in node.best.items():
+                self._sig_list[sig_id].add(rank, level, graded=self.track_levels)
+        self._ranks_dirty = False
+        logger.debug("re-ranked %s nodes", len(ordered))
+
+    # ----------------------------------------------------------------------------- occupancy
+
+    def occupy(
+        self,
+        node: str,
+        gpu_index: int,
+        *,
+        start: int,
+        size: int,
+        media: bool = False,
+        profile: str | None = None,
+    ) -> None:
+        """Record that slices ``start … start+size-1`` of a GPU are taken (by anyone).
+
+        Never refuses: the API server is the truth, so overlapping records are kept (and all block
+        their slices) until each is released.
+        """
+        if start < 0 or size < 1:
+            raise ValueError(f"bad placement start={start} size={size}")
+        occupant = Occupant(start=start, size=size, media=media, profile=profile)
+        self._occupants.setdefault((node, gpu_index), []).append(occupant)
+        self._changed(node, gpu_index)
+
+    def release(
+        self,
+        node: str,
+        gpu_index: int,
+        *,
+        start: int,
+        size: int,
+        media: bool = False,
+        profile: str | None = None,
+    ) -> None:
+        """Undo one matching :meth:`occupy`; ``NotFoundError`` if there is none."""
+        occupants = self._occupants.get((node, gpu_index), [])
+        occupant = Occupant(start=start, size=size, media=media, profile=profile)
+        try:
+            occupants.remove(occupant)
+        except ValueError:
+            raise NotFoundError(
+                f"no occupied slice {occupant} on GPU {gpu_index} of node {node} to release"
+            ) from None
+        self._changed(node, gpu_index)
+
+    def occupants(self, node: str, gpu_index: int) -> tuple[Occupant, ...]:
+        return tuple(self._occupants.get((node, gpu_index), ()))
+
+    def _changed(self, node_name: str, gpu_index: int) -> None:
+        node = self._nodes.get(node_name)
+        if node is None:
+            return
+        for gpu in node.gpus:
+            if gpu.index == gpu_index:
+                self._refresh(node, gpu)
+                return
+
+    def _refresh(self, node: NodeState, gpu: GpuState) -> None:
+        old_caps, old_levels = gpu.caps, gpu.levels
+        gpu.derive()
+        if gpu.caps is not old_caps:
+            for profile, old, new in zip(gpu.table.profiles, old_caps, gpu.caps, strict=True):
+                self._free_instances[profile.name] += new - old
+        levels = self._levels_for(gpu)
+        if levels is old_levels:
+            return
+        gpu.levels = levels
+        graded = self.track_levels
+        update_sets = not self._ranks_dirty
+        for sig in self._sigs_for(gpu.table):
+            sig_id = sig.id
+            if levels[sig_id] == old_levels[sig_id]:
+                continue
+            best = -1
+            for other in node.gpus:
+                other_level = other.levels[sig_id]
+                if other_level >= 0 and (best < 0 or other_level < best):
+                    best = other_level
+            old_best = node.best.get(sig_id, -1)
+            if best == old_best:
+                continue
+            if best >= 0:
+                node.best[sig_id] = best
+            else:
+                del node.best[sig_id]
+            if update_sets:
+                if old_best >= 0:
+                    sig.discard(node.rank, old_best, graded=graded)
+                if best >= 0:
+                    sig.add(node.rank, best, graded=graded)
+
+    def _levels_for(self, gpu: GpuState) -> tuple[int, ...]:
+        """The GPU's level for every indexed signature (by sig id), shared by equal GPU states.
+
+        Equal level vectors are one object, so a change that moves no level costs one identity test.
+        """
+        key = gpu.state_key
+        levels = self._level_cache.get(key)
+        if levels is None:
+            computed = [-1] * len(self._sig_list)
+            for sig in self._sigs_for(gpu.table):
+                computed[sig.id] = gpu.level(sig.signature, graded=self.track_levels)
+            levels = self._intern(tuple(computed))
+            self._level_cache[key] = levels
+        return levels
+
+    def _intern(self, levels: tuple[int, ...]) -> tuple[int, ...]:
+        return self._level_vectors.setdefault(levels, levels)
+
+    # ----------------------------------------------------------------------------- signatures
+
+    def _sigs_for(self, table: GpuTable) -> list[SignatureIndex]:
+        sigs = self._sigs_by_table.get(table)
+        if sigs is None:
+            sigs = [s for s in self._sig_list if _relevant(table, s.signature)]
+            self._sigs_by_table[table] = sigs
+        return sigs
+
+    def index(self, signature: Signature) -> SignatureIndex | None:
+        """The index of ``signature``, built on first use; ``None`` past the multi-profile bound."""
+        sig = self._signatures.get(signature)
+        if sig is not None:
+            return sig
+        multi = len(signature) > 1 or signature[0][1] > 1
+        if multi and self._multi >= MAX_MULTI_SIGNATURES:
+            return None
+        self._multi += multi
+        sig = SignatureIndex(signature, len(self._sig_list))
+        self._signatures[signature] = sig
+        self._sig_list.append(sig)
+        for table, sigs in self._sigs_by_table.items():
+            if _relevant(table, signature):
+                sigs.append(sig)
+        graded = self.track_levels
+        # Cached level lists are one entry short now; extend each once, shared as before.
+        self._level_cache = {}
+        self._level_vectors = {}
+        for node in self._nodes.values():
+            best = -1
+            for gpu in node.gpus:
+                key = gpu.state_key
+                levels = self._level_cache.get(key)
+                if levels is None:
+                    level = (
+                        gpu.level(signature, graded=graded)
+                        if _relevant(gpu.table, signature)
+                        else -1
+                    )
+                    levels = self._intern((*gpu.levels, level))
+                    self._level_cache[key] = levels
+                gpu.levels = levels
+                level = levels[sig.id]
+                if level >= 0 and (best < 0 or level < best):
+                    best = level
+            if best >= 0:
+                node.best[sig.id] = best
+                if not self._ranks_dirty:
+                    sig.add(node.rank, best, graded=graded)
+        return sig
+
+    # ----------------------------------------------------------------------------- queries
+
+    def node(self, name: str) -> NodeState:
+        try:
+            return self._nodes[name]
+        except KeyError:
+            raise NotFoundError(f"node {name!r} is not in the placement inventory") from None
+
+    def node_at(self, rank: int) -> NodeState | None:
+        return self._by_rank[rank] if 0 <= rank < len(self._by_rank) else None
+
+    @property
+    def node_count(self) -> int:
+        return len(self._nodes)
+
+    def nodes(self) -> Iterator[NodeState]:
+        """Every node, in name order."""
+        self.ensure_ranked()
+        return (n for n in self._by_rank if n is not None)
+
+    def shapes(self) -> Iterator[tuple[tuple[GpuTable, ...], str]]:
+        """Each distinct node shape (its GPUs' tables) with the first node name of that shape."""
+        for shape, names in self._shapes.items():
+            yield shape, min(names)
+
+    def published_gpus(self, profile: str) -> int:
+        """How many GPUs publish at least one device of ``profile``."""
+        return self._published_gpus.get(profile, 0)
+
+    def free_instances(self, profile: str) -> int:
+        """Instances of ``profile`` that could still be created, counted per GPU for that profile
+        alone (a GPU with 3 free slices counts 3 for 1g.5gb and 1 for 2g.10gb)."""
+        return self._free_instances.get(profile, 0)
+
+    def profile_slices(self, profile: str) -> tuple[int, int]:
+        """Fewest and most memory slices ``profile`` takes on any GPU model ever published."""
+        return self._min_slices.get(profile, 0), self._max_slices.get(profile, 0)
+
+    def profile_names(self) -> tuple[str, ...]:
+        """Profiles published by at least one GPU, sorted."""
+        return tuple(sorted(name for name, n in self._published_gpus.items() if n > 0))
+
+    def index_snapshot(self) -> dict[Signature, dict[str, int]]:
+        """Per indexed signature, node name -> best level, read back from the rank sets.
+
+        For tests and debugging: equal snapshots mean equal indexes, whatever the history.
+        """
+        self.ensure_ranked()
+        snapshot: dict[Signature, dict[str, int]] = {}
+        for sig in self._sig_list:
+            members: dict[str, int] = {}
+            if self.track_levels:
+                for level in sig.level_set:
+                    for rank in sig.tiers[level]:
+                        node = self._by_rank[rank]
+                        assert node is not None
+                        members[node.name] = level
+            else:
+                for rank in sig.any:
+                    node = self._by_rank[rank]
+                    assert node is not None
+                    members[node.name] = 0
+            if set(members) != {n.name for n in map(self._by_rank.__getitem__, sig.any) if n}:
+                raise AssertionError(f"tiers and 'any' disagree for {sig.signature}")
+            snapshot[sig.signature] = members
+        return snapshot
+
+    def gpu(self, node: str, gpu_index: int) -> GpuState:
+        for gpu in self.node(node).gpus:
+            if gpu.index == gpu_index:
+                return gpu
+        raise NotFoundError(f"node {node!r} has no GPU {gpu_index} in the placement inventory")
+
+
+def _relevant(table: GpuTable, signature: Signature) -> bool:
+    return all(name in table.profile_by_name for name, _ in signature)

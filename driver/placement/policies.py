@@ -1,0 +1,198 @@
+"""Placement policies: which node to try next, and in which order to try devices and slices on it.
+
+``firstfit`` (the default) is InstaSlice's documented behaviour: nodes in name order, GPUs in index
+order, starts in the order NVML lists them, devices in the order the pod lists them; the first
+complete fit wins. It is deterministic.
+
+``bestfit`` keeps the most future placements open. Across the cluster it tries first the node whose
+best GPU would lose the least by taking the pod's largest request — loss being the currently free
+placements (of any profile) the new slice overlaps, weighted by their memory slices — and the
+fuller GPU on ties (best fit in bin-packing terms). On a node it places the larger requests first and
+orders each device's candidates the same way: a 1g goes into a GPU whose lower half is already split
+rather than into a clean one, and to slot 6 of an empty GPU rather than slot 0, where it would kill
+the 7g, 4g and 3g starts. Ties fall back to first-fit order, so it is deterministic too.
+
+Policies never decide feasibility — the search (``driver.placement.search``) does — so any order
+they produce is safe.
+"""
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from driver.errors import ConfigError
+from driver.placement.inventory import Inventory, NodeState, SignatureIndex
+from driver.placement.rankset import RankSet
+from driver.placement.search import Candidate, CandidateOrder, NodeSearch, Plan
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """A necessary condition on a node: it is in at least one of ``sets``' indexes."""
+
+    sets: tuple[SignatureIndex, ...]
+    lacking: str
+    """What no node has when the condition holds nowhere, e.g. ``no node has a free 3g.20gb placement``."""
+    slices: int
+    """Memory slices the condition's devices take (largest model), to pick the primary one."""
+
+
+def _next_in(sets: Sequence[RankSet], rank: int) -> int:
+    best = -1
+    for rank_set in sets:
+        found = rank_set.next_at_or_after(rank)
+        if found >= 0 and (best < 0 or found < best):
+            best = found
+    return best
+
+
+def leapfrog(unions: Sequence[Sequence[RankSet]]) -> Iterator[int]:
+    """Ranks present in every union of rank sets, in increasing order (leapfrog intersection)."""
+    if not unions:
+        return
+    count = len(unions)
+    rank = 0
+    agreed = 0
+    i = 0
+    while True:
+        found = _next_in(unions[i], rank)
+        if found < 0:
+            return
+        if found == rank:
+            agreed += 1
+        else:
+            rank = found
+            agreed = 1
+        if agreed == count:
+            yield rank
+            rank += 1
+            agreed = 0
+        i = (i + 1) % count
+
+
+class Policy(CandidateOrder, Protocol):
+    """A placement policy: node order across the cluster plus candidate order on a node."""
+
+    name: str
+    needs_levels: bool
+    """Whether ``nodes`` uses the inventory's per-level index (``Inventory(track_levels=True)``)."""
+
+    def nodes(
+        self, inventory: Inventory, plan: Plan, conditions: Sequence[Condition]
+    ) -> Iterator[NodeState]:
+        """Nodes worth trying, best first; each node at most once."""
+        ...
+
+
+def _condition_unions(conditions: Sequence[Condition]) -> list[list[RankSet]]:
+    return [[s.any for s in c.sets] for c in conditions]
+
+
+class FirstFit:
+    """Nodes by name, GPUs by index, starts in NVML order, devices as listed: first fit wins."""
+
+    name = "firstfit"
+    needs_levels = False
+
+    def nodes(
+        self, inventory: Inventory, plan: Plan, conditions: Sequence[Condition]
+    ) -> Iterator[NodeState]:
+        for rank in leapfrog(_condition_unions(conditions)):
+            node = inventory.node_at(rank)
+            if node is not None:
+                yield node
+
+    def device_order(self, plan: Plan, node: NodeState) -> Sequence[int]:
+        return range(len(plan.device_requests))
+
+    def candidates(
+        self, search: NodeSearch, request: int, positions: Sequence[int]
+    ) -> Iterable[Candidate]:
+        plan, gpus, masks, media = search.plan, search.gpus, search.masks, search.media
+        for position in positions:
+            table = gpus[position].table
+            mask, media_taken = masks[position], media[position]
+            for profile in plan.profiles_for(request, table):
+                for i in table.free_starts(profile.index, mask=mask, media_taken=media_taken):
+                    yield position, profile, i
+
+
+class BestFit:
+    """The GPU that loses the least (weighted free placements) first, the fuller on ties; big first."""
+
+    name = "bestfit"
+    needs_levels = True
+
+    def nodes(
+        self, inventory: Inventory, plan: Plan, conditions: Sequence[Condition]
+    ) -> Iterator[NodeState]:
+        if not conditions:
+            return
+        unions = _condition_unions(conditions)
+        if not inventory.track_levels:
+            yield from FirstFit().nodes(inventory, plan, conditions)
+            return
+        primary = max(conditions, key=lambda c: c.slices).sets
+        seen: set[int] = set()
+        level = 0
+        while True:
+            # The next level at which some node's best GPU can take the primary request.
+            level = _next_in([s.level_set for s in primary], level)
+            if level < 0:
+                return
+            tier = [s.tiers[level] for s in primary if level in s.tiers]
+            for rank in leapfrog([*unions, tier]):
+                if rank in seen:
+                    continue
+                seen.add(rank)
+                node = inventory.node_at(rank)
+                if node is not None:
+                    yield node
+            level += 1
+
+    def device_order(self, plan: Plan, node: NodeState) -> Sequence[int]:
+        def size(slot: int) -> int:
+            request = plan.device_requests[slot]
+            sizes = [
+                p.profile.memory_slices
+                for table in set(node.shape)
+                for p in plan.profiles_for(request, table)
+            ]
+            return min(sizes, default=0)
+
+        return sorted(range(len(plan.device_requests)), key=lambda s: -size(s))
+
+    def candidates(
+        self, search: NodeSearch, request: int, positions: Sequence[int]
+    ) -> Iterable[Candidate]:
+        plan, gpus, masks, media = search.plan, search.gpus, search.masks, search.media
+        scored: list[tuple[int, int, int, int, int, Candidate]] = []
+        for position in positions:
+            table = gpus[position].table
+            mask, media_taken = masks[position], media[position]
+            free = table.slices - mask.bit_count()
+            for profile in plan.profiles_for(request, table):
+                for i in table.free_starts(profile.index, mask=mask, media_taken=media_taken):
+                    destroyed = table.destroyed(profile.index, i, mask=mask)
+                    scored.append(
+                        (destroyed, free, position, profile.index, i, (position, profile, i))
+                    )
+        scored.sort(key=lambda entry: entry[:5])
+        return [entry[5] for entry in scored]
+
+
+POLICIES: dict[str, Callable[[], Policy]] = {
+    FirstFit.name: FirstFit,
+    BestFit.name: BestFit,
+}
+"""Policies selectable by name; register another with one line."""
+
+DEFAULT_POLICY = FirstFit.name
+
+
+def policy_named(name: str) -> Policy:
+    """A fresh policy called ``name``; ``ConfigError`` naming the choices if unknown."""
+    factory = POLICIES.get(name)
+    if factory is None:
+        raise ConfigError(f"unknown placement policy {name!r} (known: {', '.join(POLICIES)})")
+    return factory()
