@@ -16,8 +16,12 @@ from protos.deviceplugin.v1beta1 import api_pb2 as dp
 from protos.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from protos.dra.v1 import api_pb2 as dra
 from protos.dra.v1 import api_pb2_grpc as dra_grpc
+from protos.dra.v1beta1 import api_pb2 as dra_beta
+from protos.dra.v1beta1 import api_pb2_grpc as dra_beta_grpc
 from protos.pluginregistration import api_pb2 as reg
 from protos.pluginregistration import api_pb2_grpc as reg_grpc
+from protos.podresources.v1 import api_pb2 as pr
+from protos.podresources.v1 import api_pb2_grpc as pr_grpc
 
 
 def _server(path: Path, add: Any) -> grpc.Server:
@@ -48,15 +52,19 @@ class FakeDraPlugin(reg_grpc.RegistrationServicer, dra_grpc.DRAPluginServicer):
         self.dra_path = kubelet_root / "plugins" / driver / "dra.sock"
         self.calls: list[tuple[str, tuple[str, ...]]] = []
         self.statuses: list[tuple[bool, str]] = []
+        self.versions: list[str] = []
+        """DRA API version of each prepare call (v1 or v1beta1)."""
         self.fail_prepare: dict[str, int] = {}
         """claim name -> how many more prepare calls fail for it"""
         self._lock = threading.Lock()
         self._servers: list[grpc.Server] = []
 
     def start(self) -> FakeDraPlugin:
-        self._servers.append(
-            _server(self.dra_path, lambda s: dra_grpc.add_DRAPluginServicer_to_server(self, s))
-        )
+        def add_dra(server: grpc.Server) -> None:
+            dra_grpc.add_DRAPluginServicer_to_server(self, server)
+            dra_beta_grpc.add_DRAPluginServicer_to_server(_V1beta1(self), server)
+
+        self._servers.append(_server(self.dra_path, add_dra))
         self._servers.append(
             _server(self.reg_path, lambda s: reg_grpc.add_RegistrationServicer_to_server(self, s))
         )
@@ -84,12 +92,11 @@ class FakeDraPlugin(reg_grpc.RegistrationServicer, dra_grpc.DRAPluginServicer):
             self.statuses.append((request.plugin_registered, request.error))
         return reg.RegistrationStatusResponse()
 
-    def NodePrepareResources(
-        self, request: dra.NodePrepareResourcesRequest, context: Any
-    ) -> dra.NodePrepareResourcesResponse:
-        response = dra.NodePrepareResourcesResponse()
+    def NodePrepareResources(self, request: Any, context: Any, pb: Any = dra) -> Any:
+        response = pb.NodePrepareResourcesResponse()
         with self._lock:
             self.calls.append(("prepare", tuple(c.name for c in request.claims)))
+            self.versions.append(pb.__name__.split(".")[-2])
             for claim in request.claims:
                 if self.fail_prepare.get(claim.name, 0) > 0:
                     self.fail_prepare[claim.name] -= 1
@@ -103,15 +110,24 @@ class FakeDraPlugin(reg_grpc.RegistrationServicer, dra_grpc.DRAPluginServicer):
                 )
         return response
 
-    def NodeUnprepareResources(
-        self, request: dra.NodeUnprepareResourcesRequest, context: Any
-    ) -> dra.NodeUnprepareResourcesResponse:
-        response = dra.NodeUnprepareResourcesResponse()
+    def NodeUnprepareResources(self, request: Any, context: Any, pb: Any = dra) -> Any:
+        response = pb.NodeUnprepareResourcesResponse()
         with self._lock:
             self.calls.append(("unprepare", tuple(c.name for c in request.claims)))
             for claim in request.claims:
                 response.claims[claim.uid].error = ""
         return response
+
+
+class _V1beta1(dra_beta_grpc.DRAPluginServicer):
+    def __init__(self, plugin: FakeDraPlugin) -> None:
+        self._plugin = plugin
+
+    def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        return self._plugin.NodePrepareResources(request, context, pb=dra_beta)
+
+    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        return self._plugin.NodeUnprepareResources(request, context, pb=dra_beta)
 
 
 class FakeDevicePlugin(dp_grpc.DevicePluginServicer):
@@ -127,6 +143,9 @@ class FakeDevicePlugin(dp_grpc.DevicePluginServicer):
         preferred: bool = False,
         pre_start: bool = False,
     ) -> None:
+        self.pod_resources_socket = kubelet_root / "pod-resources" / "kubelet.sock"
+        self.seen_at_pre_start: list[list[tuple[str, str, tuple[str, ...]]]] = []
+        """What pod-resources said at each PreStartContainer: (pod, container, device ids)."""
         self.resource = resource
         self.directory = kubelet_root / "device-plugins"
         self.endpoint = endpoint
@@ -224,4 +243,18 @@ class FakeDevicePlugin(dp_grpc.DevicePluginServicer):
         self, request: dp.PreStartContainerRequest, context: Any
     ) -> dp.PreStartContainerResponse:
         self.pre_starts.append(tuple(request.devices_ids))
+        channel = grpc.insecure_channel(f"unix:{self.pod_resources_socket}")
+        try:
+            listed = pr_grpc.PodResourcesListerStub(channel).List(
+                pr.ListPodResourcesRequest(), timeout=5
+            )
+        finally:
+            channel.close()
+        self.seen_at_pre_start.append(
+            [
+                (p.name, c.name, tuple(i for d in c.devices for i in d.device_ids))
+                for p in listed.pod_resources
+                for c in p.containers
+            ]
+        )
         return dp.PreStartContainerResponse()

@@ -131,6 +131,8 @@ def test_allocate_per_container_and_pod_resources(
         assert plugin.preferred_requests == [(("d0", "d1", "d2"), 1), (("d0", "d1"), 1)]
         assert plugin.allocations == [("d2",), ("d1",)]
         assert plugin.pre_starts == [("d2",), ("d1",)]
+        # what the shim relies on: after Allocate, pod-resources names the pod holding the ids
+        assert plugin.seen_at_pre_start[0] == [("p", "c", ("d2",)), ("p", "d", ("d1",))]
     else:
         assert plugin.preferred_requests == []
         assert plugin.pre_starts == []
@@ -145,6 +147,17 @@ def test_allocate_per_container_and_pod_resources(
         for c in listed.containers
     }
     assert by_container == {"c": [(RESOURCE, first)], "d": [(RESOURCE, second)]}
+
+    channel = grpc.insecure_channel(f"unix:{kubelet.pod_resources_socket}")
+    try:
+        stub = pr_grpc.PodResourcesListerStub(channel)
+        got = stub.Get(pr.GetPodResourcesRequest(pod_name="p", pod_namespace=NS), timeout=5)
+        assert got.pod_resources == listed
+        with pytest.raises(grpc.RpcError) as missing:
+            stub.Get(pr.GetPodResourcesRequest(pod_name="nope", pod_namespace=NS), timeout=5)
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        channel.close()
 
     cluster.api.delete(PODS, name="p", namespace=NS)
     cluster.wait_for(lambda: _pod(cluster, "p") is None)

@@ -152,6 +152,62 @@ def test_prepare_run_unprepare(cluster: LocalCluster, plugin: FakeDraPlugin) -> 
     cluster.wait_for(lambda: _get(cluster, RESOURCE_CLAIMS, claim_name) is None)
 
 
+@pytest.mark.parametrize(
+    ("services", "version"),
+    [(("v1.DRAPlugin", "v1beta1.DRAPlugin"), "v1"), (("v1beta1.DRAPlugin",), "v1beta1")],
+    ids=["v1-preferred", "v1beta1-only"],
+)
+def test_all_claims_of_a_pod_go_in_one_call_per_driver(
+    cluster: LocalCluster, services: tuple[str, ...], version: str
+) -> None:
+    api = cluster.api
+    assert api is not None
+    fake = FakeDraPlugin(cluster.kubelet("node-a").root, services=services).start()
+    try:
+        cluster.wait_for(lambda: cluster.kubelet("node-a").plugins.get("mig.instaslice.dev"))
+        api.create(RESOURCE_CLAIM_TEMPLATES, template())
+        body = pod(
+            "two",
+            claims=[
+                {"name": "first", "resourceClaimTemplateName": "tpl"},
+                {"name": "second", "resourceClaimTemplateName": "tpl"},
+            ],
+            container_claims=["first", "second"],
+            gates=[GATE],
+        )
+        created = api.create(PODS, body)
+        statuses = cluster.wait_for(
+            lambda: (
+                len(
+                    s := (_get(cluster, PODS, "two") or {})
+                    .get("status", {})
+                    .get("resourceClaimStatuses")
+                    or []
+                )
+                == 2
+                and s
+            )
+        )
+        names = {s["name"]: s["resourceClaimName"] for s in statuses}
+        for name in names.values():
+            stored = add_claim_finalizer(
+                api, claim=api.get(RESOURCE_CLAIMS, name=name, namespace=NS)
+            )
+            alloc = allocation("node-a")
+            del alloc["allocationTimestamp"]
+            write_claim_allocation(
+                api, claim=stored, allocation=alloc, allocated_at=datetime.now(UTC)
+            )
+        remove_scheduling_gate(api, pod=api.get(PODS, name="two", namespace=NS), gate=GATE)
+        cluster.wait_for(lambda: _phase(cluster, "two") == "Running")
+        assert fake.calls == [("prepare", (names["first"], names["second"]))]
+        assert fake.versions == [version]
+        cdi_ids, _ = cluster.kubelet("node-a").container_devices(created["metadata"]["uid"], "c")
+        assert len(cdi_ids) == 2
+    finally:
+        fake.stop()
+
+
 def test_failed_prepare_is_retried_while_the_pod_waits(
     cluster: LocalCluster, plugin: FakeDraPlugin
 ) -> None:
