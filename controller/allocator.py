@@ -1,0 +1,361 @@
+"""The allocation loop: informer events in, pod keys on a work queue, worker threads placing pods.
+
+Handlers only update the shared state and enqueue keys:
+
+- pods: a pod carrying our gate is enqueued on every change (it is acted on only when ours is its
+  *only* gate — Kueue's and anyone else's are lifted first, so quota is decided before placement);
+  a classic pod that finished is enqueued to release its shadow claims;
+- claims: occupancy is updated; the pods using the claim (by name, by owner, by shadow label) are
+  enqueued; freed slices wake the pods waiting for capacity;
+- slices, DeviceClasses, nodes: the inventory / node filter changes; every waiting pod is woken.
+
+Retries are event driven: a pod that cannot be placed now waits for one of those events, never for
+a timer. Workers take keys and run ``sync.PodSync`` (N of them, so API writes of different pods go
+out concurrently; decisions are serialized by the state's lock).
+
+Leadership: ``start_leading`` (on its own thread, after caches synced) rebuilds the state from the
+informers' copies of the API, then lets workers act and enqueues every gated pod;
+``stop_leading`` stops them at once (and every write checks ``is_leader`` too).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from api.names import CLASSIC_RESOURCE_PREFIX, SCHEDULING_GATE
+from controller import classic
+from controller.conditions import ConditionReporter
+from controller.informers import BY_SHADOW_POD, BY_UID, ClusterInformers
+from controller.metrics import ControllerMetrics
+from controller.nodefilter import node_info
+from controller.state import AllocationState
+from controller.sync import Outcome, PodSync, SyncConfig
+from driver.cluster.clock import Clock, SystemClock
+from driver.cluster.events import EventRecorder
+from driver.cluster.indexes import BY_CLAIM
+from driver.cluster.port import (
+    ClusterApi,
+    JsonObject,
+    gate_names,
+    key_for,
+    name_of,
+    namespace_of,
+    object_key,
+    uid_of,
+)
+from driver.cluster.workqueue import RateLimit, WorkQueue
+from driver.errors import ClusterError
+
+logger = logging.getLogger(__name__)
+
+_TERMINAL = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatorConfig:
+    workers: int = 16
+    policy: str = "firstfit"
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    cache_sync_timeout: float = 60.0
+
+
+def _is_terminal(pod: JsonObject) -> bool:
+    return (pod.get("status") or {}).get("phase") in _TERMINAL
+
+
+def _has_classic(pod: JsonObject) -> bool:
+    spec = pod.get("spec") or {}
+    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        resources = container.get("resources") or {}
+        for amounts in (resources.get("limits") or {}, resources.get("requests") or {}):
+            if any(str(r).startswith(CLASSIC_RESOURCE_PREFIX) for r in amounts):
+                return True
+    return False
+
+
+class Allocator:
+    def __init__(
+        self,
+        *,
+        api: ClusterApi,
+        informers: ClusterInformers,
+        events: EventRecorder,
+        metrics: ControllerMetrics,
+        is_leader: Callable[[], bool],
+        config: AllocatorConfig | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.config = config or AllocatorConfig()
+        self._api = api
+        self._informers = informers
+        self._metrics = metrics
+        self._is_leader = is_leader
+        self._clock = clock or SystemClock()
+        self.state = AllocationState(policy=self.config.policy)
+        self.queue: WorkQueue[str] = WorkQueue(
+            name="pods", rate_limit=RateLimit(base_delay=0.01, max_delay=30.0, qps=0, burst=1)
+        )
+        self._reporter = ConditionReporter(api=api, events=events, clock=self._clock)
+        self._active = threading.Event()
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._first_seen: dict[str, float] = {}
+        self._waiting_capacity: set[str] = set()
+        self._waiting_change: set[str] = set()
+        self._workers: list[threading.Thread] = []
+        self._leading_thread: threading.Thread | None = None
+        self.sync = PodSync(
+            api=api,
+            informers=informers,
+            state=self.state,
+            reporter=self._reporter,
+            metrics=metrics,
+            clock=self._clock,
+            is_leader=self.is_acting,
+            latency=self._latency,
+            config=self.config.sync,
+        )
+        self._register()
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def is_acting(self) -> bool:
+        """Leader, state rebuilt, not stopped: allowed to write."""
+        return self._active.is_set() and self._is_leader()
+
+    def pending(self) -> int:
+        """Pods carrying our gate (metric)."""
+        return sum(1 for pod in self._informers.pods.list() if SCHEDULING_GATE in gate_names(pod))
+
+    def waiting(self) -> tuple[int, int]:
+        """(pods waiting for capacity, pods waiting for the inventory or their claims to change)."""
+        with self._lock:
+            return len(self._waiting_capacity), len(self._waiting_change)
+
+    def _latency(self, pod: JsonObject) -> float | None:
+        with self._lock:
+            seen = self._first_seen.pop(object_key(pod), None)
+        return None if seen is None else time.monotonic() - seen
+
+    # -- handlers ------------------------------------------------------------------------------
+
+    def _register(self) -> None:
+        informers = self._informers
+        informers.pods.add_handler(
+            on_add=self._pod_added,
+            on_update=lambda old, new: self._pod_updated(new),
+            on_delete=self._pod_deleted,
+        )
+        informers.claims.add_handler(
+            on_add=self._claim_changed,
+            on_update=lambda old, new: self._claim_changed(new),
+            on_delete=self._claim_deleted,
+        )
+        informers.slices.add_handler(
+            on_add=self._slice_changed,
+            on_update=lambda old, new: self._slice_changed(new),
+            on_delete=self._slice_deleted,
+        )
+        informers.classes.add_handler(
+            on_add=lambda obj: self._wake(everyone=True),
+            on_update=lambda old, new: self._wake(everyone=True),
+            on_delete=lambda obj: self._wake(everyone=True),
+        )
+        informers.nodes.add_handler(
+            on_add=self._node_changed,
+            on_update=self._node_updated,
+            on_delete=self._node_deleted,
+        )
+
+    def _pod_added(self, pod: JsonObject) -> None:
+        if SCHEDULING_GATE in gate_names(pod):
+            with self._lock:
+                self._first_seen.setdefault(object_key(pod), time.monotonic())
+        self._pod_updated(pod)
+
+    def _pod_updated(self, pod: JsonObject) -> None:
+        self.state.nodes.pod_changed(pod)
+        if SCHEDULING_GATE in gate_names(pod) or (_is_terminal(pod) and _has_classic(pod)):
+            self.queue.add(object_key(pod))
+
+    def _pod_deleted(self, pod: JsonObject) -> None:
+        self.state.nodes.pod_deleted(pod)
+        key = object_key(pod)
+        with self._lock:
+            self._first_seen.pop(key, None)
+            self._waiting_capacity.discard(key)
+            self._waiting_change.discard(key)
+        self._reporter.forget(uid_of(pod))
+
+    def _claim_changed(self, claim: JsonObject) -> None:
+        freed = self.state.claim_changed(claim)
+        self._enqueue_users(claim)
+        if freed:
+            self._wake(everyone=False)
+
+    def _claim_deleted(self, claim: JsonObject) -> None:
+        freed = self.state.claim_deleted(claim)
+        self._enqueue_users(claim)
+        if freed:
+            self._wake(everyone=False)
+
+    def _enqueue_users(self, claim: JsonObject) -> None:
+        pods = self._informers.pods
+        key = key_for(name=name_of(claim), namespace=namespace_of(claim))
+        users = list(pods.by_index(BY_CLAIM, key))
+        for owner in (claim.get("metadata") or {}).get("ownerReferences") or []:
+            if owner.get("kind") == "Pod":
+                users.extend(pods.by_index(BY_UID, str(owner.get("uid", ""))))
+        for pod in users:
+            if SCHEDULING_GATE in gate_names(pod):
+                self.queue.add(object_key(pod))
+
+    def _slice_changed(self, slice_obj: JsonObject) -> None:
+        self.state.slice_changed(slice_obj)
+        self._wake(everyone=True)
+
+    def _slice_deleted(self, slice_obj: JsonObject) -> None:
+        self.state.slice_deleted(slice_obj)
+        self._wake(everyone=True)
+
+    def _node_changed(self, node: JsonObject) -> None:
+        self.state.nodes.node_changed(node)
+        self._wake(everyone=True)
+
+    def _node_updated(self, old: JsonObject, new: JsonObject) -> None:
+        self.state.nodes.node_changed(new)
+        if node_info(old) != node_info(new):  # heartbeats change nothing that matters
+            self._wake(everyone=True)
+
+    def _node_deleted(self, node: JsonObject) -> None:
+        self.state.nodes.node_deleted(node)
+
+    def _wake(self, *, everyone: bool) -> None:
+        """Requeue waiting pods: those waiting for capacity, and with ``everyone`` all of them."""
+        with self._lock:
+            keys = set(self._waiting_capacity)
+            self._waiting_capacity.clear()
+            if everyone:
+                keys |= self._waiting_change
+                self._waiting_change.clear()
+        for key in sorted(keys):
+            self.queue.add(key)
+
+    # -- workers -------------------------------------------------------------------------------
+
+    def start_workers(self) -> None:
+        for i in range(self.config.workers):
+            thread = threading.Thread(target=self._work, name=f"allocator-{i}", daemon=True)
+            thread.start()
+            self._workers.append(thread)
+
+    def _work(self) -> None:
+        while True:
+            key = self.queue.get()
+            if key is None:
+                return
+            try:
+                self._process(key)
+            except Exception:
+                logger.exception("pod %s: unexpected error", key)
+                self.queue.add_rate_limited(key)
+            finally:
+                self.queue.done(key)
+
+    def _process(self, key: str) -> None:
+        if not self._active.is_set():
+            return  # start_leading enqueues every gated pod again
+        pod = self._informers.pods.get_by_key(key)
+        with self._lock:
+            self._waiting_capacity.discard(key)
+            self._waiting_change.discard(key)
+        if pod is None:
+            self.queue.forget(key)
+            return
+        if _is_terminal(pod):
+            self._release_shadow_claims(pod)
+            return
+        gates = gate_names(pod)
+        if SCHEDULING_GATE not in gates or (pod.get("metadata") or {}).get("deletionTimestamp"):
+            self.queue.forget(key)
+            return
+        if gates != [SCHEDULING_GATE]:
+            return  # someone else's gate first (Kueue): we are woken when it is lifted
+        result = self.sync.sync(pod)
+        outcome = result.outcome
+        if outcome in (Outcome.DONE, Outcome.WAIT):
+            self.queue.forget(key)
+        elif outcome is Outcome.WAIT_CAPACITY or outcome is Outcome.WAIT_CHANGE:
+            self.queue.forget(key)
+            with self._lock:
+                waiting = (
+                    self._waiting_capacity
+                    if outcome is Outcome.WAIT_CAPACITY
+                    else self._waiting_change
+                )
+                waiting.add(key)
+        elif outcome is Outcome.RETRY_AFTER:
+            self.queue.add_after(key, result.delay)
+        else:
+            self.queue.add_rate_limited(key)
+
+    def _release_shadow_claims(self, pod: JsonObject) -> None:
+        if not self.is_acting():
+            return
+        for claim in self._informers.claims.by_index(BY_SHADOW_POD, uid_of(pod)):
+            try:
+                if classic.release(self._api, claim):
+                    self._metrics.shadow_released()
+            except ClusterError as exc:
+                logger.info("cannot release shadow claim %s yet: %s", name_of(claim), exc)
+                self.queue.add_rate_limited(object_key(pod))
+                return
+        self.queue.forget(object_key(pod))
+
+    # -- leadership ----------------------------------------------------------------------------
+
+    def start_leading(self) -> None:
+        """Called when the lease is won; returns at once (the rebuild runs on its own thread)."""
+        thread = threading.Thread(target=self._lead, name="allocator-lead", daemon=True)
+        self._leading_thread = thread
+        thread.start()
+
+    def _lead(self) -> None:
+        if not self._informers.wait_for_sync(timeout=self.config.cache_sync_timeout):
+            logger.error(
+                "caches did not sync within %.0fs; not allocating", self.config.cache_sync_timeout
+            )
+            return
+        if self._stopped.is_set() or not self._is_leader():
+            return
+        informers = self._informers
+        self.state.rebuild(slices=informers.slices.list, claims=informers.claims.list)
+        self._active.set()
+        logger.info("allocating as leader")
+        for pod in informers.pods.list():
+            if SCHEDULING_GATE in gate_names(pod) or (_is_terminal(pod) and _has_classic(pod)):
+                self.queue.add(object_key(pod))
+
+    def stop_leading(self) -> None:
+        if self._active.is_set():
+            logger.info("stopped allocating (no longer leader)")
+        self._active.clear()
+
+    @property
+    def leading_ready(self) -> bool:
+        """State rebuilt and allocating."""
+        return self._active.is_set()
+
+    def stop(self, *, timeout: float = 10.0) -> None:
+        self._stopped.set()
+        self._active.clear()
+        self.queue.shutdown()
+        deadline = time.monotonic() + timeout
+        for thread in self._workers:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if self._leading_thread is not None:
+            self._leading_thread.join(max(0.0, deadline - time.monotonic()))

@@ -1,0 +1,141 @@
+"""Why a gated pod is not placed, said where a person looks: a pod condition and an event.
+
+A pod that cannot be placed stays gated with ``instaslice.dev/Placement=False`` and a reason:
+
+- ``NoCapacity`` — it would fit on the published inventory, just not now; retried when capacity
+  changes (a claim released or deleted, a slice published), never by polling;
+- ``Unsatisfiable`` — it could not be placed even on an empty cluster of the current inventory
+  (more slices on one GPU than any GPU holds, selectors matching no published device, claims
+  already allocated on different nodes); retried only when the inventory or the pod's claims change;
+- ``InvalidSelector`` — a CEL selector of its claim or DeviceClass does not compile or fails at
+  run time (as kube-scheduler, a runtime error is an error for the claim, not a "no match");
+- ``UnknownProfile`` — a classic ``nvidia.com/mig-<profile>`` request for a profile nobody publishes;
+- ``InvalidRequest`` — a request InstaSlice cannot serve (a bad opaque config, admin access,
+  consumable capacity, a claim mixing our devices with another driver's);
+- ``DeviceClassNotFound`` — a request names a DeviceClass that does not exist (yet).
+
+Each problem affects only its own pod. The condition and the event are written only when the
+reason or message changes, so a pod retried a hundred times costs one write, not a hundred.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+
+from api.names import PLACEMENT_CONDITION
+from driver.cluster import ops
+from driver.cluster.clock import Clock
+from driver.cluster.events import NORMAL, WARNING, EventRecorder
+from driver.cluster.port import ClusterApi, JsonObject, name_of, namespace_of, uid_of
+from driver.errors import ApiNotFoundError, ClusterError, DriverError
+
+logger = logging.getLogger(__name__)
+
+
+class Reason(enum.StrEnum):
+    PLACED = "Placed"
+    NO_CAPACITY = "NoCapacity"
+    UNSATISFIABLE = "Unsatisfiable"
+    INVALID_SELECTOR = "InvalidSelector"
+    UNKNOWN_PROFILE = "UnknownProfile"
+    INVALID_REQUEST = "InvalidRequest"
+    DEVICE_CLASS_NOT_FOUND = "DeviceClassNotFound"
+
+
+PERMANENT_REASONS = frozenset(
+    {
+        Reason.UNSATISFIABLE,
+        Reason.INVALID_SELECTOR,
+        Reason.UNKNOWN_PROFILE,
+        Reason.INVALID_REQUEST,
+    }
+)
+"""Reasons no release of capacity can cure: the pod waits for its claims or the inventory."""
+
+
+class PlacementProblem(DriverError):  # noqa: N818 - a report for the pod, not a crash
+    """Why a pod cannot be placed; ``reason`` says which kind (see the module docstring)."""
+
+    def __init__(self, reason: Reason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+    @property
+    def permanent(self) -> bool:
+        return self.reason in PERMANENT_REASONS
+
+
+class ConditionReporter:
+    """Writes the Placement condition and its event, once per change of reason or message."""
+
+    def __init__(self, *, api: ClusterApi, events: EventRecorder, clock: Clock) -> None:
+        self._api = api
+        self._events = events
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last: dict[str, tuple[str, str]] = {}
+
+    def problem(self, pod: JsonObject, problem: PlacementProblem) -> None:
+        """The pod stays gated: ``Placement=False`` with the problem's reason, and a warning event."""
+        self._report(pod, status="False", reason=problem.reason, message=problem.message)
+
+    def placed(self, pod: JsonObject, *, node: str) -> None:
+        """Clear an earlier ``False`` condition once the pod is placed (no write otherwise)."""
+        with self._lock:
+            had_problem = uid_of(pod) in self._last
+        if not had_problem and not _has_false_condition(pod):
+            return
+        self._report(
+            pod,
+            status="True",
+            reason=Reason.PLACED,
+            message=f"every MIG slice of the pod is allocated on node {node}",
+        )
+
+    def forget(self, pod_uid: str) -> None:
+        with self._lock:
+            self._last.pop(pod_uid, None)
+
+    def _report(self, pod: JsonObject, *, status: str, reason: Reason, message: str) -> None:
+        uid = uid_of(pod)
+        with self._lock:
+            if self._last.get(uid) == (reason, message) and status == "False":
+                return
+        try:
+            ops.set_pod_condition(
+                self._api,
+                pod=pod,
+                condition_type=PLACEMENT_CONDITION,
+                status=status,
+                reason=str(reason),
+                message=message,
+                now=self._clock.now(),
+            )
+        except ApiNotFoundError:
+            return
+        except ClusterError as exc:
+            logger.info(
+                "cannot set %s on pod %s/%s: %s",
+                PLACEMENT_CONDITION,
+                namespace_of(pod),
+                name_of(pod),
+                exc,
+            )
+            return
+        event_type = WARNING if status == "False" else NORMAL
+        self._events.record(pod, event_type=event_type, reason=str(reason), message=message)
+        with self._lock:
+            if status == "False":
+                self._last[uid] = (reason, message)
+            else:
+                self._last.pop(uid, None)
+
+
+def _has_false_condition(pod: JsonObject) -> bool:
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == PLACEMENT_CONDITION and condition.get("status") == "False":
+            return True
+    return False

@@ -1,0 +1,64 @@
+"""``admission.AdmissionContext`` answered from the controller's informer caches and inventory.
+
+Every replica serves the webhook from its own caches, so pod creation never waits for the leader
+(and works while a new one rebuilds its state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from api.names import DEVICE_CLASS_ANY, profile_device_class
+from controller.admission import device_classes_of_claim_spec
+from controller.informers import ClusterInformers
+from controller.podclaims import is_our_class
+from controller.state import AllocationState
+from driver.cluster.port import name_of
+from driver.mig.catalog import CATALOG
+
+_CATALOG_PROFILES = frozenset(p for model in CATALOG.values() for p in model.profile_names)
+
+
+class CacheAdmissionContext:
+    def __init__(self, *, informers: ClusterInformers, state: AllocationState) -> None:
+        self._informers = informers
+        self._state = state
+        self._max: tuple[tuple[int, int], dict[str, int]] = ((0, -1), {})
+
+    def claim_device_classes(self, *, namespace: str, name: str) -> Sequence[str] | None:
+        claim = self._informers.claims.get(name, namespace=namespace)
+        if claim is None:
+            return None
+        return device_classes_of_claim_spec(claim.get("spec") or {})
+
+    def template_device_classes(self, *, namespace: str, name: str) -> Sequence[str] | None:
+        template = self._informers.templates.get(name, namespace=namespace)
+        if template is None:
+            return None
+        return device_classes_of_claim_spec((template.get("spec") or {}).get("spec") or {})
+
+    def our_device_classes(self) -> frozenset[str]:
+        names = {DEVICE_CLASS_ANY}
+        names.update(profile_device_class(p) for p in self.known_profiles())
+        for device_class in self._informers.classes.list():
+            if is_our_class(name_of(device_class), device_class):
+                names.add(name_of(device_class))
+        return frozenset(names)
+
+    def known_profiles(self) -> frozenset[str]:
+        with self._state.lock:
+            self._state.refresh()
+            published = self._state.inventory.profile_names()
+        return _CATALOG_PROFILES | published
+
+    def max_slices_per_gpu(self, profile: str) -> int:
+        with self._state.lock:
+            self._state.refresh()
+            inventory = self._state.inventory
+            key = (id(inventory), inventory.version)
+            if self._max[0] != key:
+                self._max = (key, {})
+            cached = self._max[1]
+            if profile not in cached:
+                cached[profile] = inventory.max_per_gpu(profile)
+            return cached[profile]

@@ -1,0 +1,98 @@
+"""The controller's shared informers (one list + watch per kind) and the indexes it looks up by.
+
+Every replica runs them: the webhook answers from their caches, and a standby that becomes leader
+starts allocating from warm caches.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from api.names import SHADOW_CLAIM_LABEL
+from driver.cluster.indexes import BY_CLAIM, BY_POD_UID, claim_pod_uids, pod_claim_keys
+from driver.cluster.informer import Informer, ListWatch
+from driver.cluster.port import (
+    DEVICE_CLASSES,
+    NODES,
+    PODS,
+    RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+    ClusterApi,
+    JsonObject,
+    Resource,
+    uid_of,
+)
+
+BY_UID = "uid"
+"""Pods by their UID (owner references and shadow-claim labels name pods by UID)."""
+BY_SHADOW_POD = "shadow-pod"
+"""Shadow claims by the UID of the classic pod they stand for."""
+
+WATCH_TIMEOUT_S = 300
+
+
+def _uid(obj: JsonObject) -> Iterable[str]:
+    uid = uid_of(obj)
+    return (uid,) if uid else ()
+
+
+def _shadow_pod(claim: JsonObject) -> Iterable[str]:
+    value = ((claim.get("metadata") or {}).get("labels") or {}).get(SHADOW_CLAIM_LABEL)
+    return (str(value),) if value else ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterInformers:
+    pods: Informer
+    claims: Informer
+    templates: Informer
+    slices: Informer
+    classes: Informer
+    nodes: Informer
+
+    @classmethod
+    def create(cls, api: ClusterApi, *, name: str = "controller") -> ClusterInformers:
+        def informer(resource: Resource) -> Informer:
+            return Informer(
+                source=ListWatch(api, resource),
+                name=f"{name}-{resource.plural}",
+                watch_timeout_seconds=WATCH_TIMEOUT_S,
+            )
+
+        informers = cls(
+            pods=informer(PODS),
+            claims=informer(RESOURCE_CLAIMS),
+            templates=informer(RESOURCE_CLAIM_TEMPLATES),
+            slices=informer(RESOURCE_SLICES),
+            classes=informer(DEVICE_CLASSES),
+            nodes=informer(NODES),
+        )
+        informers.pods.add_index(BY_CLAIM, pod_claim_keys)
+        informers.pods.add_index(BY_UID, _uid)
+        informers.claims.add_index(BY_POD_UID, claim_pod_uids)
+        informers.claims.add_index(BY_SHADOW_POD, _shadow_pod)
+        return informers
+
+    def __iter__(self) -> Iterator[Informer]:
+        return iter((self.pods, self.claims, self.templates, self.slices, self.classes, self.nodes))
+
+    def start(self) -> None:
+        for informer in self:
+            informer.start()
+
+    def stop(self) -> None:
+        for informer in self:
+            informer.stop()
+
+    def has_synced(self) -> bool:
+        return all(informer.has_synced() for informer in self)
+
+    def wait_for_sync(self, *, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        return all(
+            informer.wait_for_sync(timeout=max(0.0, deadline - time.monotonic()))
+            for informer in self
+        )

@@ -1,0 +1,144 @@
+"""Prometheus metrics of the controller, on a registry of its own (no process-global state).
+
+Counters and histograms are fed by the allocator as things happen; the gauges that describe the
+current state (pods waiting behind our gate, free placements per profile, leadership) are read
+from the allocator when scraped, so they can never drift from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+NAMESPACE: Final = "instaslice_controller"
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY_BUCKETS: Final = (
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0,
+)  # fmt: skip
+_DECISION_BUCKETS: Final = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+)  # fmt: skip
+
+
+class _StateCollector(Collector):
+    def __init__(
+        self,
+        *,
+        pending: Callable[[], int],
+        free: Callable[[], Mapping[str, int]],
+        leader: Callable[[], bool],
+    ) -> None:
+        self._pending = pending
+        self._free = free
+        self._leader = leader
+
+    def collect(self) -> Iterator[Metric]:
+        pending = GaugeMetricFamily(
+            f"{NAMESPACE}_pending_pods",
+            "Pods held by the instaslice.dev/placement gate, not placed yet.",
+        )
+        pending.add_metric([], self._pending())
+        yield pending
+        free = GaugeMetricFamily(
+            f"{NAMESPACE}_free_placements",
+            "Instances of each MIG profile that could still be created (each GPU counted for "
+            "that profile alone).",
+            labels=["profile"],
+        )
+        for profile, count in sorted(self._free().items()):
+            free.add_metric([profile], count)
+        yield free
+        leader = GaugeMetricFamily(
+            f"{NAMESPACE}_leader", "1 while this replica is the allocating leader."
+        )
+        leader.add_metric([], 1.0 if self._leader() else 0.0)
+        yield leader
+
+
+class ControllerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self._latency = Histogram(
+            "allocation_latency_seconds",
+            "Time from a pod's creation (first seen by the controller) to its gate being lifted.",
+            namespace=NAMESPACE,
+            registry=self.registry,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self._decision = Histogram(
+            "decision_seconds",
+            "Time the placement decision for one pod took (under the allocator's lock).",
+            namespace=NAMESPACE,
+            registry=self.registry,
+            buckets=_DECISION_BUCKETS,
+        )
+        self._claims = Counter(
+            "claims_allocated",
+            "Claims whose allocation this controller wrote.",
+            ["kind"],
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+        self._ungated = Counter(
+            "pods_ungated",
+            "Pods whose instaslice.dev/placement gate this controller lifted.",
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+        self._conflicts = Counter(
+            "conflicts",
+            "Writes that lost a race (409) or allocations withdrawn after overlapping another.",
+            ["kind"],
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+        self._problems = Counter(
+            "placement_problems",
+            "Decisions that left a pod gated, by reason.",
+            ["reason"],
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+        self._released = Counter(
+            "shadow_claims_released",
+            "Shadow claims of finished classic pods whose allocation was cleared.",
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+
+    def bind_state(
+        self,
+        *,
+        pending: Callable[[], int],
+        free: Callable[[], Mapping[str, int]],
+        leader: Callable[[], bool],
+    ) -> None:
+        """Register the scrape-time gauges (once)."""
+        self.registry.register(_StateCollector(pending=pending, free=free, leader=leader))
+
+    def ungated(self, *, latency_seconds: float | None) -> None:
+        self._ungated.inc()
+        if latency_seconds is not None:
+            self._latency.observe(max(0.0, latency_seconds))
+
+    def decided(self, seconds: float) -> None:
+        self._decision.observe(seconds)
+
+    def claim_allocated(self, *, shadow: bool) -> None:
+        self._claims.labels(kind="shadow" if shadow else "dra").inc()
+
+    def conflict(self, kind: str) -> None:
+        self._conflicts.labels(kind=kind).inc()
+
+    def problem(self, reason: str) -> None:
+        self._problems.labels(reason=reason).inc()
+
+    def shadow_released(self) -> None:
+        self._released.inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,301 @@
+"""Would kube-scheduler accept this node for this pod? The cheap checks, so an ungated pod does not
+bounce between our allocation (which pins it to one node) and a scheduler that refuses the node.
+
+Checked, as kube-scheduler's plugins of the same names do:
+
+- NodeResourcesFit: the node's allocatable CPU, memory and pod count minus the requests of the
+  pods bound to it (and of pods we have already sent there but the scheduler has not bound yet);
+- NodeAffinity: ``spec.nodeSelector`` labels and required node affinity
+  (``nodeSelectorTerms``: ``matchExpressions`` with In/NotIn/Exists/DoesNotExist/Gt/Lt and
+  ``matchFields`` on ``metadata.name``);
+- TaintToleration / NodeUnschedulable: ``NoSchedule`` and ``NoExecute`` taints (and
+  ``spec.unschedulable``) must be tolerated.
+
+A node without a Node object never fits: nothing could bind a pod to it. Kept incrementally from
+the node and pod informers; thread-safe.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from controller.cel_library import Quantity
+from driver.cluster.port import JsonObject, name_of, uid_of
+
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+_BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    cpu_millis: int = 0
+    memory_bytes: int = 0
+    pods: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    name: str
+    labels: Mapping[str, str]
+    taints: tuple[Mapping[str, Any], ...]
+    allocatable: Usage
+
+
+def _quantity(value: Any, *, scale: int) -> int:
+    try:
+        return math.ceil(Quantity.parse(str(value)).value * scale)
+    except ValueError:
+        return 0
+
+
+def _container_usage(container: Mapping[str, Any]) -> tuple[int, int]:
+    resources = container.get("resources") or {}
+    requests = resources.get("requests") or {}
+    limits = resources.get("limits") or {}
+    cpu = requests.get("cpu", limits.get("cpu"))
+    memory = requests.get("memory", limits.get("memory"))
+    return (
+        _quantity(cpu, scale=1000) if cpu is not None else 0,
+        _quantity(memory, scale=1) if memory is not None else 0,
+    )
+
+
+def pod_usage(pod: JsonObject) -> Usage:
+    """What the pod requests of a node (containers summed; init containers at their maximum)."""
+    spec = pod.get("spec") or {}
+    cpu = memory = 0
+    for container in spec.get("containers") or []:
+        c, m = _container_usage(container)
+        cpu, memory = cpu + c, memory + m
+    init_cpu = init_memory = 0
+    for container in spec.get("initContainers") or []:
+        c, m = _container_usage(container)
+        if container.get("restartPolicy") == "Always":  # sidecar: runs with the containers
+            cpu, memory = cpu + c, memory + m
+        else:
+            init_cpu, init_memory = max(init_cpu, c), max(init_memory, m)
+    overhead = spec.get("overhead") or {}
+    return Usage(
+        cpu_millis=max(cpu, init_cpu) + _quantity(overhead.get("cpu", 0), scale=1000),
+        memory_bytes=max(memory, init_memory) + _quantity(overhead.get("memory", 0), scale=1),
+    )
+
+
+def node_info(node: JsonObject) -> NodeInfo:
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    spec = node.get("spec") or {}
+    taints = list(spec.get("taints") or [])
+    if spec.get("unschedulable"):
+        taints.append({"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule"})
+    return NodeInfo(
+        name=name_of(node),
+        labels=dict((node.get("metadata") or {}).get("labels") or {}),
+        taints=tuple(taints),
+        allocatable=Usage(
+            cpu_millis=_quantity(allocatable["cpu"], scale=1000) if "cpu" in allocatable else -1,
+            memory_bytes=_quantity(allocatable["memory"], scale=1)
+            if "memory" in allocatable
+            else -1,
+            pods=_quantity(allocatable["pods"], scale=1) if "pods" in allocatable else -1,
+        ),
+    )
+
+
+def _tolerates(tolerations: list[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
+    for toleration in tolerations:
+        effect = toleration.get("effect")
+        if effect and effect != taint.get("effect"):
+            continue
+        key = toleration.get("key")
+        operator = toleration.get("operator") or "Equal"
+        if not key and operator == "Exists":
+            return True
+        if key != taint.get("key"):
+            continue
+        if operator == "Exists" or toleration.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+def _requirement(requirement: Mapping[str, Any], value: str | None) -> bool:
+    operator = requirement.get("operator")
+    values = [str(v) for v in requirement.get("values") or []]
+    if operator == "In":
+        return value is not None and value in values
+    if operator == "NotIn":
+        return value is None or value not in values
+    if operator == "Exists":
+        return value is not None
+    if operator == "DoesNotExist":
+        return value is None
+    if operator in ("Gt", "Lt") and value is not None and values:
+        try:
+            left, right = int(value), int(values[0])
+        except ValueError:
+            return False
+        return left > right if operator == "Gt" else left < right
+    return False
+
+
+def _term_matches(term: Mapping[str, Any], node: NodeInfo) -> bool:
+    expressions = term.get("matchExpressions") or []
+    fields = term.get("matchFields") or []
+    if not expressions and not fields:
+        return False  # an empty term matches nothing
+    for requirement in expressions:
+        if not _requirement(requirement, node.labels.get(str(requirement.get("key")))):
+            return False
+    for requirement in fields:
+        value = node.name if requirement.get("key") == "metadata.name" else None
+        if not _requirement(requirement, value):
+            return False
+    return True
+
+
+def static_fit(pod: JsonObject, node: NodeInfo) -> str | None:
+    """Why ``node`` is not acceptable for ``pod`` apart from resources; ``None`` if it is."""
+    spec = pod.get("spec") or {}
+    for key, value in (spec.get("nodeSelector") or {}).items():
+        if node.labels.get(key) != value:
+            return f"node {node.name} does not match nodeSelector {key}={value}"
+    required = (
+        ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        )
+        or {}
+    ).get("nodeSelectorTerms")
+    if required and not any(_term_matches(term, node) for term in required):
+        return f"node {node.name} does not match the pod's required node affinity"
+    tolerations = list(spec.get("tolerations") or [])
+    for taint in node.taints:
+        if taint.get("effect") in _BLOCKING_EFFECTS and not _tolerates(tolerations, taint):
+            return f"node {node.name} has taint {taint.get('key')} the pod does not tolerate"
+    return None
+
+
+class NodeFilter:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._nodes: dict[str, NodeInfo] = {}
+        self._used: dict[str, list[int]] = {}
+        """node → [cpu millis, memory bytes, pods] requested by pods counted on it."""
+        self._counted: dict[str, tuple[str, Usage, bool]] = {}
+        """pod uid → (node, usage, bound) for every pod counted against a node."""
+
+    # -- informer side -------------------------------------------------------------------------
+
+    def node_changed(self, node: JsonObject) -> None:
+        info = node_info(node)
+        with self._lock:
+            self._nodes[info.name] = info
+
+    def node_deleted(self, node: JsonObject) -> None:
+        with self._lock:
+            self._nodes.pop(name_of(node), None)
+
+    def pod_changed(self, pod: JsonObject) -> None:
+        node = (pod.get("spec") or {}).get("nodeName")
+        phase = (pod.get("status") or {}).get("phase")
+        uid = uid_of(pod)
+        with self._lock:
+            if phase in ("Succeeded", "Failed"):
+                self._uncount(uid)
+            elif node:
+                counted = self._counted.get(uid)
+                if counted is None or counted[0] != node or not counted[2]:
+                    self._uncount(uid)
+                    self._count(uid, str(node), pod_usage(pod), bound=True)
+
+    def pod_deleted(self, pod: JsonObject) -> None:
+        with self._lock:
+            self._uncount(uid_of(pod))
+
+    # -- allocator side ------------------------------------------------------------------------
+
+    def assume(self, pod: JsonObject, node: str) -> None:
+        """We pinned the pod to ``node``: count it there until the scheduler binds it."""
+        uid = uid_of(pod)
+        with self._lock:
+            counted = self._counted.get(uid)
+            if counted is not None and counted[2]:
+                return
+            self._uncount(uid)
+            self._count(uid, node, pod_usage(pod), bound=False)
+
+    def forget(self, pod: JsonObject) -> None:
+        """Undo ``assume`` (the pod was not sent there after all)."""
+        uid = uid_of(pod)
+        with self._lock:
+            counted = self._counted.get(uid)
+            if counted is not None and not counted[2]:
+                self._uncount(uid)
+
+    def hostname(self, node: str) -> str:
+        """The node's ``kubernetes.io/hostname`` label (what a pod's nodeSelector can name)."""
+        with self._lock:
+            info = self._nodes.get(node)
+        return info.labels.get(HOSTNAME_LABEL, node) if info is not None else node
+
+    def for_pod(self, pod: JsonObject) -> Callable[[str], bool]:
+        """A verdict per node name for ``pod`` (memoized per node for one decision)."""
+        usage = pod_usage(pod)
+        verdicts: dict[str, bool] = {}
+
+        def fits(node: str) -> bool:
+            verdict = verdicts.get(node)
+            if verdict is None:
+                verdict = self.why_not(pod, node, usage=usage) is None
+                verdicts[node] = verdict
+            return verdict
+
+        return fits
+
+    def why_not(self, pod: JsonObject, node: str, *, usage: Usage | None = None) -> str | None:
+        """Why the pod cannot go to ``node``; ``None`` if it can."""
+        usage = usage or pod_usage(pod)
+        with self._lock:
+            info = self._nodes.get(node)
+            if info is None:
+                return f"node {node} has no Node object"
+            used = self._used.get(node, [0, 0, 0])
+            if uid_of(pod) in self._counted and self._counted[uid_of(pod)][0] == node:
+                used = [u - v for u, v in zip(used, self._as_list(usage), strict=True)]
+            allocatable = info.allocatable
+        problem = static_fit(pod, info)
+        if problem is not None:
+            return problem
+        for label, want, have, total in (
+            ("cpu", usage.cpu_millis, used[0], allocatable.cpu_millis),
+            ("memory", usage.memory_bytes, used[1], allocatable.memory_bytes),
+            ("pods", 1, used[2], allocatable.pods),
+        ):
+            if total >= 0 and want > 0 and have + want > total:
+                return f"node {node} has not enough {label} left"
+        return None
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _as_list(usage: Usage) -> list[int]:
+        return [usage.cpu_millis, usage.memory_bytes, usage.pods]
+
+    def _count(self, uid: str, node: str, usage: Usage, *, bound: bool) -> None:
+        self._counted[uid] = (node, usage, bound)
+        used = self._used.setdefault(node, [0, 0, 0])
+        for i, value in enumerate(self._as_list(usage)):
+            used[i] += value
+
+    def _uncount(self, uid: str) -> None:
+        counted = self._counted.pop(uid, None)
+        if counted is None:
+            return
+        node, usage, _ = counted
+        used = self._used.get(node)
+        if used is not None:
+            for i, value in enumerate(self._as_list(usage)):
+                used[i] -= value

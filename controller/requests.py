@@ -1,0 +1,453 @@
+"""A pod's claims → what the placement engine is asked, and the engine's answer → allocation results.
+
+Per request, the candidate devices are the published devices of ours for which every selector of
+its DeviceClass and then every selector of the request is true (``selectors``; CEL as kube-scheduler
+evaluates it). Candidates are cached per (class version, request selectors, inventory version), so a
+thousand pods from one template cost one evaluation. The engine is asked in profile terms: the
+profiles of the candidates, plus a predicate only when the selectors accept some but not all
+devices of a profile (a GPU index, a product name).
+
+``count``, ``allocationMode: All``, ``firstAvailable`` (each combination of alternatives, in order,
+the first that fits wins), ``matchAttribute``/``distinctAttribute`` (``parentUUID``/``gpuIndex`` are
+"same GPU"/"distinct GPUs" for the engine; other attributes are compared by value) and opaque
+configs (class configs ``FromClass`` then claim configs ``FromClaim``, as kube-scheduler copies
+them; ours are validated) are handled here. Problems raise ``PlacementProblem`` with a reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from api.config import parse_opaque_config
+from api.errors import ValidationFailed
+from api.names import ATTRIBUTE_GPU_INDEX, ATTRIBUTE_PARENT_UUID, DRIVER_NAME
+from controller.conditions import PlacementProblem, Reason
+from controller.inventory import SliceInventory
+from controller.occupancy import DeviceKey
+from controller.selectors import (
+    CompiledSelector,
+    SelectorError,
+    compile_selector,
+    matches_all,
+    split_qualified_name,
+)
+from driver.cluster.port import JsonObject, name_of, resource_version_of, uid_of
+from driver.placement import (
+    Constraint,
+    DeviceRef,
+    DeviceRequest,
+    DistinctAttribute,
+    MatchAttribute,
+    Placed,
+    PodRequest,
+)
+
+MAX_ALTERNATIVES = 64
+"""``firstAvailable`` combinations tried per pod at most (8 alternatives x 2 requests is 64)."""
+
+_GPU_ATTRIBUTES = frozenset(
+    {f"{DRIVER_NAME}/{ATTRIBUTE_PARENT_UUID}", f"{DRIVER_NAME}/{ATTRIBUTE_GPU_INDEX}"}
+)
+
+ClassLookup = Callable[[str], JsonObject | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    matched: frozenset[DeviceKey]
+    profiles: frozenset[str]
+    complete: bool
+    """Every published device of ``profiles`` matched: the engine needs no predicate."""
+    per_node: Mapping[str, int]
+
+
+class CandidateCache:
+    """Candidates per (class, request selectors), valid for one inventory version."""
+
+    def __init__(self, inventory: SliceInventory) -> None:
+        self._inventory = inventory
+        self._version = -1
+        self._cache: dict[Hashable, Candidates | PlacementProblem] = {}
+        self._profile_totals: dict[str, int] = {}
+
+    def candidates(self, device_class: JsonObject, selectors: Sequence[str]) -> Candidates:
+        inventory = self._inventory
+        if inventory.version != self._version:
+            self._cache.clear()
+            self._profile_totals = {}
+            for view in inventory.views():
+                profile = _profile_of(view.attributes)
+                self._profile_totals[profile] = self._profile_totals.get(profile, 0) + 1
+            self._version = inventory.version
+        key = (
+            name_of(device_class),
+            uid_of(device_class),
+            resource_version_of(device_class),
+            tuple(selectors),
+        )
+        found = self._cache.get(key)
+        if found is None:
+            try:
+                found = self._evaluate(device_class, selectors)
+            except PlacementProblem as problem:
+                found = problem
+            self._cache[key] = found
+        if isinstance(found, PlacementProblem):
+            raise PlacementProblem(found.reason, found.message)
+        return found
+
+    def _evaluate(self, device_class: JsonObject, selectors: Sequence[str]) -> Candidates:
+        class_exprs = [
+            s.get("cel", {}).get("expression", "")
+            for s in (device_class.get("spec") or {}).get("selectors") or []
+        ]
+        try:
+            compiled: list[CompiledSelector] = [
+                compile_selector(e) for e in [*class_exprs, *selectors]
+            ]
+        except SelectorError as exc:
+            where = "DeviceClass " + name_of(device_class) if exc.expression in class_exprs else ""
+            raise PlacementProblem(
+                Reason.INVALID_SELECTOR, f"{where + ': ' if where else ''}{exc}"
+            ) from exc
+        matched: set[DeviceKey] = set()
+        profiles: dict[str, int] = {}
+        per_node: dict[str, int] = {}
+        try:
+            for view in self._inventory.views():
+                if matches_all(compiled, view):
+                    matched.add((view.pool, view.name))
+                    profile = _profile_of(view.attributes)
+                    profiles[profile] = profiles.get(profile, 0) + 1
+                    per_node[view.pool] = per_node.get(view.pool, 0) + 1
+        except SelectorError as exc:
+            raise PlacementProblem(Reason.INVALID_SELECTOR, str(exc)) from exc
+        complete = all(self._profile_totals.get(p) == n for p, n in profiles.items())
+        return Candidates(
+            matched=frozenset(matched),
+            profiles=frozenset(profiles),
+            complete=complete,
+            per_node=per_node,
+        )
+
+
+def _profile_of(attributes: Mapping[str, Mapping[str, Any]]) -> str:
+    return str(attributes.get(DRIVER_NAME, {}).get("profile", ""))
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSlot:
+    """One request of one claim, with the alternative chosen for it, as one engine request."""
+
+    engine_name: str
+    claim_index: int
+    request: str
+    """The claim's request name."""
+    result_request: str
+    """What allocation results name: ``request`` or ``request/subrequest``."""
+    class_name: str
+    candidates: Candidates
+    count: int | None
+    """``None`` for ``allocationMode: All``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConstraintSpec:
+    claim_index: int
+    requests: tuple[str, ...]
+    """Engine names the constraint covers in this alternative."""
+    attribute: str
+    distinct: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Alternative:
+    slots: tuple[RequestSlot, ...]
+    constraints: tuple[ConstraintSpec, ...]
+
+    @property
+    def has_all(self) -> bool:
+        return any(slot.count is None for slot in self.slots)
+
+
+@dataclass(frozen=True, slots=True)
+class _Choice:
+    result_request: str
+    class_name: str
+    selectors: tuple[str, ...]
+    count: int | None
+
+
+def _choices(claim: JsonObject, request: JsonObject, where: str) -> list[_Choice]:
+    name = str(request.get("name", ""))
+    exactly = request.get("exactly")
+    subs = request.get("firstAvailable")
+    if isinstance(exactly, dict):
+        raw = [(name, exactly)]
+    elif isinstance(subs, list) and subs:
+        raw = [(f"{name}/{sub.get('name', '')}", sub) for sub in subs]
+    elif request.get("deviceClassName"):  # v1beta1-style flat request
+        raw = [(name, request)]
+    else:
+        raise PlacementProblem(
+            Reason.INVALID_REQUEST, f"{where}: neither exactly nor firstAvailable"
+        )
+    choices = []
+    for result_request, body in raw:
+        if body.get("adminAccess"):
+            raise PlacementProblem(
+                Reason.INVALID_REQUEST, f"{where}: adminAccess is not supported by InstaSlice"
+            )
+        if (body.get("capacity") or {}).get("requests"):
+            raise PlacementProblem(
+                Reason.INVALID_REQUEST,
+                f"{where}: consumable capacity requests are not supported by InstaSlice",
+            )
+        mode = body.get("allocationMode") or "ExactCount"
+        count = int(body.get("count") or 1)
+        if mode not in ("ExactCount", "All") or (mode == "ExactCount" and count < 1):
+            raise PlacementProblem(
+                Reason.INVALID_REQUEST, f"{where}: allocationMode {mode} with count {count}"
+            )
+        choices.append(
+            _Choice(
+                result_request=result_request,
+                class_name=str(body.get("deviceClassName", "")),
+                selectors=tuple(
+                    str((s.get("cel") or {}).get("expression", ""))
+                    for s in body.get("selectors") or []
+                ),
+                count=None if mode == "All" else count,
+            )
+        )
+    return choices
+
+
+def build_alternatives(
+    claims: Sequence[JsonObject], *, classes: ClassLookup, cache: CandidateCache
+) -> list[Alternative]:
+    """Every combination of request alternatives worth trying, in ``firstAvailable`` order."""
+    per_request: list[list[RequestSlot]] = []
+    for index, claim in enumerate(claims):
+        devices = (claim.get("spec") or {}).get("devices") or {}
+        validate_configs(claim)
+        for request in devices.get("requests") or []:
+            where = f"claim {name_of(claim)} request {request.get('name')!r}"
+            slots: list[RequestSlot] = []
+            first_problem: PlacementProblem | None = None
+            for choice in _choices(claim, request, where):
+                device_class = classes(choice.class_name)
+                if device_class is None:
+                    raise PlacementProblem(
+                        Reason.DEVICE_CLASS_NOT_FOUND,
+                        f"{where}: DeviceClass {choice.class_name!r} does not exist",
+                    )
+                found = cache.candidates(device_class, choice.selectors)
+                if not found.profiles:
+                    first_problem = first_problem or PlacementProblem(
+                        Reason.UNSATISFIABLE,
+                        f"{where}: no published device matches DeviceClass "
+                        f"{choice.class_name} and the request's selectors",
+                    )
+                    continue
+                slots.append(
+                    RequestSlot(
+                        engine_name=f"{index}:{choice.result_request}",
+                        claim_index=index,
+                        request=str(request.get("name", "")),
+                        result_request=choice.result_request,
+                        class_name=choice.class_name,
+                        candidates=found,
+                        count=choice.count,
+                    )
+                )
+            if not slots:
+                assert first_problem is not None
+                raise first_problem
+            per_request.append(slots)
+    alternatives = []
+    for combination in itertools.islice(itertools.product(*per_request), MAX_ALTERNATIVES):
+        alternatives.append(
+            Alternative(slots=tuple(combination), constraints=_constraints(claims, combination))
+        )
+    return alternatives
+
+
+def _constraints(
+    claims: Sequence[JsonObject], slots: Sequence[RequestSlot]
+) -> tuple[ConstraintSpec, ...]:
+    specs = []
+    for index, claim in enumerate(claims):
+        mine = [s for s in slots if s.claim_index == index]
+        for constraint in ((claim.get("spec") or {}).get("devices") or {}).get("constraints") or []:
+            named = constraint.get("requests") or []
+            covered = tuple(
+                s.engine_name
+                for s in mine
+                if not named or s.request in named or s.result_request in named
+            )
+            attribute = constraint.get("matchAttribute") or constraint.get("distinctAttribute")
+            if not attribute or len(covered) == 0:
+                continue
+            specs.append(
+                ConstraintSpec(
+                    claim_index=index,
+                    requests=covered,
+                    attribute=str(attribute),
+                    distinct="distinctAttribute" in constraint,
+                )
+            )
+    return tuple(specs)
+
+
+def validate_configs(claim: JsonObject) -> None:
+    """Our opaque configs in the claim must parse (the kubelet plugin applies them)."""
+    for entry in ((claim.get("spec") or {}).get("devices") or {}).get("config") or []:
+        opaque = entry.get("opaque") or {}
+        if opaque.get("driver") != DRIVER_NAME:
+            continue
+        try:
+            parse_opaque_config(opaque.get("parameters") or {})
+        except ValidationFailed as exc:
+            raise PlacementProblem(
+                Reason.INVALID_REQUEST, f"claim {name_of(claim)}: bad opaque config: {exc}"
+            ) from exc
+
+
+_AttributeValue = Callable[[DeviceRef], tuple[str, Hashable]]
+
+
+def _attribute_key(inventory: SliceInventory, attribute: str) -> _AttributeValue:
+    domain, name = split_qualified_name(attribute, default_domain=DRIVER_NAME)
+
+    def key(ref: DeviceRef) -> tuple[str, Hashable]:
+        device = inventory.device_name(ref.node, ref.gpu_index, ref.profile.name, ref.start)
+        view = inventory.view(ref.node, device or "")
+        value = view.attributes.get(domain, {}).get(name) if view is not None else None
+        return ("value", value) if value is not None else ("missing", ref)
+
+    return key
+
+
+def pod_request(
+    alternative: Alternative, *, inventory: SliceInventory, all_counts: Mapping[str, int]
+) -> PodRequest:
+    """The engine request of one alternative (``all_counts``: counts of ``All`` requests)."""
+    general: dict[str, list[_AttributeValue]] = {}
+    constraints: list[Constraint] = []
+    for spec in alternative.constraints:
+        key: _AttributeValue | None = None
+        if spec.attribute not in _GPU_ATTRIBUTES:
+            key = _attribute_key(inventory, spec.attribute)
+            for name in spec.requests:
+                general.setdefault(name, []).append(key)
+        kind = DistinctAttribute if spec.distinct else MatchAttribute
+        constraints.append(kind(requests=frozenset(spec.requests), key=key))
+    requests = []
+    for slot in alternative.slots:
+        count = slot.count if slot.count is not None else all_counts[slot.engine_name]
+        requests.append(
+            DeviceRequest(
+                name=slot.engine_name,
+                profiles=slot.candidates.profiles,
+                count=count,
+                predicate=_predicate(inventory, slot.candidates, general.get(slot.engine_name)),
+            )
+        )
+    return PodRequest(requests=tuple(requests), constraints=tuple(constraints))
+
+
+def _predicate(
+    inventory: SliceInventory,
+    candidates: Candidates,
+    keys: list[_AttributeValue] | None,
+) -> Callable[[DeviceRef], bool] | None:
+    if candidates.complete and not keys:
+        return None
+    matched = candidates.matched
+
+    def accept(ref: DeviceRef) -> bool:
+        if not candidates.complete:
+            device = inventory.device_name(ref.node, ref.gpu_index, ref.profile.name, ref.start)
+            if (ref.node, device) not in matched:
+                return False
+        # a device lacking a constrained attribute cannot satisfy the constraint
+        return not keys or all(key(ref)[0] == "value" for key in keys)
+
+    return accept
+
+
+def node_selector(node: str) -> JsonObject:
+    """An allocation's ``nodeSelector``: the node by ``metadata.name``, as kube-scheduler writes."""
+    return {
+        "nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+        ]
+    }
+
+
+def allocations(
+    placed: Placed,
+    alternative: Alternative,
+    claims: Sequence[JsonObject],
+    *,
+    inventory: SliceInventory,
+    classes: ClassLookup,
+) -> list[JsonObject]:
+    """``status.allocation`` (without the timestamp) of each claim, in ``claims`` order."""
+    by_engine = {slot.engine_name: slot for slot in alternative.slots}
+    results: list[list[JsonObject]] = [[] for _ in claims]
+    for assignment in placed.assignments:
+        slot = by_engine[assignment.request]
+        device = inventory.device_name(
+            assignment.node, assignment.gpu_index, assignment.profile, assignment.start
+        )
+        if device is None:
+            raise PlacementProblem(
+                Reason.NO_CAPACITY,
+                f"{assignment.profile} at {assignment.start} on GPU {assignment.gpu_index} of "
+                f"{assignment.node} is no longer published",
+            )
+        results[slot.claim_index].append(
+            {
+                "request": slot.result_request,
+                "driver": DRIVER_NAME,
+                "pool": assignment.node,
+                "device": device,
+            }
+        )
+    out = []
+    for index, claim in enumerate(claims):
+        mine = [s for s in alternative.slots if s.claim_index == index]
+        config: list[JsonObject] = []
+        for slot in mine:
+            device_class = classes(slot.class_name) or {}
+            for entry in (device_class.get("spec") or {}).get("config") or []:
+                if entry.get("opaque"):
+                    config.append(
+                        {
+                            "source": "FromClass",
+                            "requests": [slot.result_request],
+                            "opaque": entry["opaque"],
+                        }
+                    )
+        selected = {s.request for s in mine} | {s.result_request for s in mine}
+        for entry in ((claim.get("spec") or {}).get("devices") or {}).get("config") or []:
+            named = entry.get("requests") or []
+            if entry.get("opaque") and (not named or selected.intersection(named)):
+                config.append(
+                    {
+                        "source": "FromClaim",
+                        **({"requests": list(named)} if named else {}),
+                        "opaque": entry["opaque"],
+                    }
+                )
+        allocation: JsonObject = {
+            "devices": {"results": results[index], **({"config": config} if config else {})},
+            "nodeSelector": node_selector(placed.node),
+        }
+        out.append(allocation)
+    return out

@@ -1,0 +1,314 @@
+"""Command-line flags of ``instaslice-controller``; every flag can also come from the environment.
+
+The Deployment sets most of these through env vars (``INSTASLICE_<FLAG>``, e.g.
+``INSTASLICE_LEADER_ELECT=true``); a flag given on the command line wins over its env var. Bad
+values end the process with a one-line CLI error and exit status 2, before anything is started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from api.names import SYSTEM_NAMESPACE
+from controller.certs import CertMode
+from driver.placement import DEFAULT_POLICY, POLICIES
+
+ENV_PREFIX: Final = "INSTASLICE_"
+LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS: Final = ("text", "json")
+CERT_MODES: Final = tuple(mode.value for mode in CertMode)
+
+DEFAULT_WEBHOOK_PORT: Final = 9443
+DEFAULT_WEBHOOK_CERT_DIR: Final = "/var/run/instaslice/webhook-certs"
+DEFAULT_WEBHOOK_SERVICE: Final = "instaslice-webhook"
+DEFAULT_WEBHOOK_CONFIG_NAME: Final = "instaslice-pod-gate"
+DEFAULT_METRICS_ADDRESS: Final = ":8080"
+DEFAULT_HEALTHZ_ADDRESS: Final = ":8081"
+DEFAULT_WORKERS: Final = 16
+DEFAULT_KUBE_API_QPS: Final = 500.0
+"""Three writes per pod (finalizer, allocation, gate) at well over 100 pods/s."""
+DEFAULT_KUBE_API_BURST: Final = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The validated configuration of one controller process."""
+
+    kubeconfig: str | None
+    kube_api_url: str | None
+    namespace: str
+    policy: str
+    webhook_port: int
+    """0 disables the webhook server (tests, or a deployment that runs it elsewhere)."""
+    webhook_cert_dir: Path
+    cert_mode: CertMode
+    webhook_service: str
+    webhook_config_name: str
+    leader_elect: bool
+    lease_duration: int
+    renew_deadline: float
+    retry_period: float
+    identity: str
+    workers: int
+    kube_api_qps: float
+    kube_api_burst: int
+    metrics_address: str
+    """``host:port`` for ``/metrics``; empty string disables the endpoint."""
+    healthz_address: str
+    """``host:port`` for ``/healthz`` and ``/readyz``; empty string disables the endpoint."""
+    log_level: str
+    log_format: str
+
+
+def env_var(dest: str) -> str:
+    """The env var that sets the flag stored in ``dest`` (``webhook_port`` → ``INSTASLICE_WEBHOOK_PORT``)."""
+    return ENV_PREFIX + dest.upper()
+
+
+def _add(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    *,
+    help_text: str,
+    default: str | None,
+    choices: Sequence[str] | None = None,
+    upper: bool = False,
+) -> None:
+    dest = flag.removeprefix("--").replace("-", "_")
+    parser.add_argument(
+        flag,
+        dest=dest,
+        default=default,
+        choices=choices,
+        type=str.upper if upper else str,
+        help=f"{help_text} (env {env_var(dest)}; default {default!r})",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every flag; defaults here are the built-in ones (env vars applied on parse)."""
+    parser = argparse.ArgumentParser(
+        prog="instaslice-controller",
+        description="InstaSlice controller: the single allocator of MIG slices (DRA claims and "
+        "classic nvidia.com/mig-* requests), the pod-gating webhook, leader election and metrics.",
+    )
+    _add(parser, "--kubeconfig", help_text="kubeconfig file (default: in-cluster)", default=None)
+    _add(
+        parser,
+        "--kube-api-url",
+        help_text="plain API server URL without auth (local API server); overrides --kubeconfig",
+        default=None,
+    )
+    _add(
+        parser,
+        "--namespace",
+        help_text="namespace of the lease and the webhook certificate Secret",
+        default=SYSTEM_NAMESPACE,
+    )
+    _add(
+        parser,
+        "--policy",
+        help_text="placement policy",
+        default=DEFAULT_POLICY,
+        choices=tuple(POLICIES),
+    )
+    _add(
+        parser,
+        "--webhook-port",
+        help_text="HTTPS port of the pod webhook; 0 disables it",
+        default=str(DEFAULT_WEBHOOK_PORT),
+    )
+    _add(
+        parser,
+        "--webhook-cert-dir",
+        help_text="directory of tls.crt/tls.key for the webhook",
+        default=DEFAULT_WEBHOOK_CERT_DIR,
+    )
+    _add(
+        parser,
+        "--cert-mode",
+        help_text="who provides the webhook certificate",
+        default=CertMode.SELF.value,
+        choices=CERT_MODES,
+    )
+    _add(
+        parser,
+        "--webhook-service",
+        help_text="Service name kube-apiserver calls the webhook through",
+        default=DEFAULT_WEBHOOK_SERVICE,
+    )
+    _add(
+        parser,
+        "--webhook-config-name",
+        help_text="MutatingWebhookConfiguration whose caBundle is kept current (cert mode self)",
+        default=DEFAULT_WEBHOOK_CONFIG_NAME,
+    )
+    parser.add_argument(
+        "--leader-elect",
+        dest="leader_elect",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"elect one allocating replica through a Lease (env {env_var('leader_elect')}; "
+        "default true)",
+    )
+    _add(parser, "--lease-duration", help_text="lease duration, seconds", default="15")
+    _add(parser, "--renew-deadline", help_text="renew deadline, seconds", default="10")
+    _add(parser, "--retry-period", help_text="retry period, seconds", default="2")
+    _add(
+        parser,
+        "--identity",
+        help_text="leader-election identity (default: hostname and process id)",
+        default=None,
+    )
+    _add(
+        parser,
+        "--workers",
+        help_text="worker threads writing allocations concurrently",
+        default=str(DEFAULT_WORKERS),
+    )
+    _add(
+        parser,
+        "--kube-api-qps",
+        help_text="client-side API request rate limit; 0 disables it",
+        default=str(DEFAULT_KUBE_API_QPS),
+    )
+    _add(
+        parser,
+        "--kube-api-burst",
+        help_text="API requests allowed at once before --kube-api-qps applies",
+        default=str(DEFAULT_KUBE_API_BURST),
+    )
+    _add(
+        parser,
+        "--metrics-address",
+        help_text="host:port of /metrics; empty disables it",
+        default=DEFAULT_METRICS_ADDRESS,
+    )
+    _add(
+        parser,
+        "--healthz-address",
+        help_text="host:port of /healthz and /readyz; empty disables it",
+        default=DEFAULT_HEALTHZ_ADDRESS,
+    )
+    _add(
+        parser, "--log-level", help_text="log level", default="INFO", choices=LOG_LEVELS, upper=True
+    )
+    _add(parser, "--log-format", help_text="log format", default="text", choices=LOG_FORMATS)
+    return parser
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` → (host, port); ``:8080`` listens on every interface. ``ValueError`` if bad."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"address {address!r} must look like host:port (e.g. :8080)")
+    host = host.strip("[]") or "0.0.0.0"  # noqa: S104 - scraped and probed from outside the pod
+    return host, int(port_text)
+
+
+def _parse_bool(text: str) -> bool | None:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    return None
+
+
+def parse_settings(
+    argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Flags from ``argv`` over env vars over built-in defaults; exits with status 2 if invalid."""
+    env = os.environ if environ is None else environ
+    parser = build_parser()
+    from_env: dict[str, object] = {}
+    for action in parser._actions:  # argparse has no public accessor for its actions
+        if not action.option_strings or action.dest == "help":
+            continue
+        value = env.get(env_var(action.dest))
+        if value is None:
+            continue
+        if action.dest == "leader_elect":
+            flag = _parse_bool(value)
+            if flag is None:
+                parser.error(f"{env_var('leader_elect')}: {value!r} is not true or false")
+            from_env["leader_elect"] = flag
+        else:
+            from_env[action.dest] = value
+    parser.set_defaults(**from_env)
+    args = parser.parse_args(argv)
+    return _validate(parser, args)
+
+
+def _number(parser: argparse.ArgumentParser, flag: str, text: str, *, kind: type) -> float:
+    try:
+        return float(kind(text))
+    except ValueError:
+        parser.error(f"{flag}: {text!r} is not a number")
+
+
+def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
+    # argparse checks `choices` only for values given on the command line, not for env defaults.
+    for dest, choices in (
+        ("policy", tuple(POLICIES)),
+        ("cert_mode", CERT_MODES),
+        ("log_format", LOG_FORMATS),
+        ("log_level", LOG_LEVELS),
+    ):
+        if getattr(args, dest) not in choices:
+            parser.error(f"{env_var(dest)}: {getattr(args, dest)!r} is not one of {choices}")
+    port = int(_number(parser, "--webhook-port", args.webhook_port, kind=int))
+    if not 0 <= port <= 65535:
+        parser.error(f"--webhook-port must be 0..65535, got {port}")
+    lease = int(_number(parser, "--lease-duration", args.lease_duration, kind=int))
+    renew = _number(parser, "--renew-deadline", args.renew_deadline, kind=float)
+    retry = _number(parser, "--retry-period", args.retry_period, kind=float)
+    if not 0 < retry < renew < lease:
+        parser.error(
+            "need 0 < --retry-period < --renew-deadline < --lease-duration, got "
+            f"{retry}, {renew}, {lease}"
+        )
+    workers = int(_number(parser, "--workers", args.workers, kind=int))
+    if workers < 1:
+        parser.error(f"--workers must be at least 1, got {workers}")
+    qps = _number(parser, "--kube-api-qps", args.kube_api_qps, kind=float)
+    burst = int(_number(parser, "--kube-api-burst", args.kube_api_burst, kind=int))
+    if qps < 0 or burst < 1:
+        parser.error(f"--kube-api-qps must be >= 0 and --kube-api-burst >= 1, got {qps}/{burst}")
+    for dest in ("metrics_address", "healthz_address"):
+        value = getattr(args, dest)
+        if value:
+            try:
+                split_address(value)
+            except ValueError as exc:
+                parser.error(f"--{dest.replace('_', '-')}: {exc}")
+    identity = args.identity or f"{socket.gethostname()}_{os.getpid()}"
+    return Settings(
+        kubeconfig=args.kubeconfig,
+        kube_api_url=args.kube_api_url,
+        namespace=args.namespace,
+        policy=args.policy,
+        webhook_port=port,
+        webhook_cert_dir=Path(args.webhook_cert_dir),
+        cert_mode=CertMode(args.cert_mode),
+        webhook_service=args.webhook_service,
+        webhook_config_name=args.webhook_config_name,
+        leader_elect=True if args.leader_elect is None else bool(args.leader_elect),
+        lease_duration=lease,
+        renew_deadline=renew,
+        retry_period=retry,
+        identity=identity,
+        workers=workers,
+        kube_api_qps=qps,
+        kube_api_burst=burst,
+        metrics_address=args.metrics_address,
+        healthz_address=args.healthz_address,
+        log_level=args.log_level,
+        log_format=args.log_format,
+    )

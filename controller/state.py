@@ -1,0 +1,127 @@
+"""The allocator's shared, lock-guarded state: inventory, occupancy and the placement engine.
+
+Informer handlers feed it (slices, claims), worker threads decide on it. Every decision —
+refresh the inventory, evaluate candidates, run the engine, reserve the result — happens under one
+lock and takes microseconds to milliseconds; the API writes that follow happen outside it, so the
+writes of different pods go out concurrently.
+
+It also tracks how far the claim informer has read the API's history (the resourceVersion of the
+last claim event), so a worker can wait until the informer has seen its own write — and with it
+every allocation committed before — before checking that write for overlaps.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from controller.inventory import SliceInventory
+from controller.nodefilter import NodeFilter
+from controller.occupancy import ClaimOccupancy, parse_rv
+from controller.requests import CandidateCache
+from driver.cluster.port import JsonObject
+from driver.placement import Engine
+
+logger = logging.getLogger(__name__)
+
+
+class AllocationState:
+    def __init__(self, *, policy: str) -> None:
+        self.lock = threading.RLock()
+        self.engine = Engine(policy=policy)
+        self.inventory = SliceInventory(self.engine)
+        self.occupancy = ClaimOccupancy(engine=self.engine, inventory=self.inventory)
+        self.candidates = CandidateCache(self.inventory)
+        self.nodes = NodeFilter()
+        self._seen = threading.Condition()
+        self._claims_rv = 0
+        self.generation = 0
+        """Bumped by every ``rebuild``: a worker's check spans no rebuild."""
+
+    # -- informer side -------------------------------------------------------------------------
+
+    def slice_changed(self, slice_obj: JsonObject) -> None:
+        with self.lock:
+            self.inventory.slice_changed(slice_obj)
+
+    def slice_deleted(self, slice_obj: JsonObject) -> None:
+        with self.lock:
+            self.inventory.slice_deleted(slice_obj)
+
+    def claim_changed(self, claim: JsonObject) -> bool:
+        """True if slices were freed."""
+        with self.lock:
+            freed = self.occupancy.observe(claim)
+        self._advance(parse_rv(claim))
+        return freed
+
+    def claim_deleted(self, claim: JsonObject) -> bool:
+        with self.lock:
+            freed = self.occupancy.forget(claim)
+        self._advance(parse_rv(claim))
+        return freed
+
+    def _advance(self, rv: int) -> None:
+        with self._seen:
+            if rv > self._claims_rv:
+                self._claims_rv = rv
+                self._seen.notify_all()
+
+    def wait_claims_seen(self, rv: int, *, timeout: float) -> bool:
+        """Block until the claim informer has delivered an event at or after ``rv``."""
+        deadline = time.monotonic() + timeout
+        with self._seen:
+            while self._claims_rv < rv:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._seen.wait(left)
+            return True
+
+    # -- worker side ---------------------------------------------------------------------------
+
+    def refresh(self) -> set[str]:
+        """Apply pending slice changes (call with ``lock`` held); nodes whose devices changed."""
+        changed = self.inventory.refresh()
+        for node in changed:
+            self.occupancy.node_refreshed(node)
+        return changed
+
+    def rebuild(
+        self,
+        *,
+        slices: Callable[[], Iterable[JsonObject]],
+        claims: Callable[[], Iterable[JsonObject]],
+    ) -> None:
+        """Start over from the informers' copies of the API: what a new leader does first.
+
+        ``slices`` and ``claims`` are read with the lock held, so an event the informer delivers
+        meanwhile is either in what they return or applied to the new state after the swap.
+        """
+        with self.lock:
+            engine = Engine(policy=self.engine.policy)
+            inventory = SliceInventory(engine)
+            for slice_obj in slices():
+                inventory.slice_changed(slice_obj)
+            occupancy = ClaimOccupancy(engine=engine, inventory=inventory)
+            inventory.refresh()
+            highest = 0
+            for claim in claims():
+                occupancy.observe(claim)
+                highest = max(highest, parse_rv(claim))
+            self.engine, self.inventory, self.occupancy = engine, inventory, occupancy
+            self.candidates = CandidateCache(inventory)
+            self.generation += 1
+        self._advance(highest)
+        logger.info(
+            "occupancy rebuilt: %d node(s), %d allocated claim(s) of ours",
+            len(inventory.nodes()),
+            len(occupancy),
+        )
+
+    def free_per_profile(self) -> dict[str, int]:
+        with self.lock:
+            self.refresh()
+            return {p: self.engine.free_instances(p) for p in self.inventory.profile_names()}
