@@ -102,6 +102,7 @@ class Scheduler:
         self._lock = threading.Lock()
         self._pending: set[str] = set()
         self._assumed: dict[str, tuple[str, JsonObject]] = {}  # pod uid -> (node, pod)
+        self._requests_by_uid: dict[str, dict[str, Fraction]] = {}  # a pod's requests never change
 
     def start(self) -> None:
         ensure_index(self._pods, BY_CLAIM, pod_claim_keys)
@@ -147,6 +148,7 @@ class Scheduler:
     def _on_pod_delete(self, pod: JsonObject) -> None:
         with self._lock:
             self._assumed.pop(uid_of(pod), None)
+            self._requests_by_uid.pop(uid_of(pod), None)
             self._pending.discard(object_key(pod))
         if node_name(pod):
             self._retry_pending()
@@ -309,7 +311,7 @@ class Scheduler:
             ]
         scoring: dict[str, Fraction] = dict(_non_zero(wanted))
         for other in pods:
-            requests = pod_requests(other)
+            requests = self._requests(other)
             for resource, value in requests.items():
                 used[resource] = used.get(resource, Fraction(0)) + value
             for resource, value in _non_zero(requests).items():
@@ -325,6 +327,16 @@ class Scheduler:
                 return f"Insufficient {resource}", Fraction(0)
         fractions = [scoring[r] / allocatable[r] for r in ("cpu", "memory") if allocatable.get(r)]
         return None, sum(fractions, Fraction(0)) / max(1, len(fractions))
+
+    def _requests(self, pod: JsonObject) -> dict[str, Fraction]:
+        uid = uid_of(pod)
+        with self._lock:
+            cached = self._requests_by_uid.get(uid)
+        if cached is None:
+            cached = pod_requests(pod)
+            with self._lock:
+                self._requests_by_uid[uid] = cached
+        return cached
 
     # --- PreBind / Unreserve --------------------------------------------------------------------
 
