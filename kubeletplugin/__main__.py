@@ -17,6 +17,7 @@ from driver.cluster.kube import connect
 from driver.cluster.throttle import ClientSettings
 from driver.errors import DriverError
 from driver.gpu.backend import GpuBackend
+from kubeletplugin.deviceplugin import Shim, ShimConfig
 from kubeletplugin.logs import configure_logging
 from kubeletplugin.plugin import KubeletPlugin, PluginConfig
 from kubeletplugin.recovery import read_boot_id
@@ -96,8 +97,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         backend.close()
         api.close()
         return 1
+    shim = Shim(
+        config=ShimConfig(
+            node_name=settings.node_name,
+            device_plugin_dir=settings.device_plugin_dir,
+            pod_resources_socket=settings.pod_resources_socket,
+        ),
+        state=plugin.state,
+        checkpoint=plugin.store,
+        api=api,
+        inventory=lambda: plugin.publisher.inventory,
+    )
     try:
         plugin.start()
+        shim.start()
         logger.info("kubelet plugin running on node %s", settings.node_name)
         stop.wait()
         return 0
@@ -105,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("kubelet plugin failed: %s", exc)
         return 1
     finally:
+        shim.stop()
         plugin.stop()
         backend.close()
         api.close()

@@ -6,7 +6,8 @@ watcher thread — which at once, and then every ``watch_seconds``, serves one d
 per profile of the inventory, keeps each resource's advertised devices current, re-serves sockets
 the kubelet removed, and registers every resource whose registration the current ``kubelet.sock``
 has not seen — and the reconcile thread. ``stop`` ends both threads and the sockets; slices,
-checkpoint and claims stay as they are (a restarted plugin carries on from them).
+checkpoint and claims stay as they are (a restarted plugin carries on from them). The device-plugin
+directory belongs to the kubelet: it is never created here, and nothing is served until it exists.
 """
 
 import logging
@@ -38,7 +39,6 @@ from kubeletplugin.deviceplugin.server import (
 )
 from kubeletplugin.deviceplugin.watcher import KubeletWatcher, SocketIdentity, socket_identity
 from kubeletplugin.inventory import NodeInventory
-from kubeletplugin.sockets import ensure_directory
 
 logger = logging.getLogger(__name__)
 
@@ -114,11 +114,11 @@ class Shim:
         self._refused: dict[str, SocketIdentity | None] = {}
         self._servers_lock = threading.Lock()
         self._started = False
+        self._missing_dir = False
 
     # -- life cycle -------------------------------------------------------------------------
 
     def start(self) -> None:
-        ensure_directory(self.config.device_plugin_dir)
         try:
             self.reconciler.run_pass()
         except Exception:
@@ -178,6 +178,17 @@ class Shim:
         """Serve the inventory's resources, re-serve removed sockets, register what the current
         ``kubelet.sock`` has not seen. Called by the watcher; callable directly (tests)."""
         with self._servers_lock:
+            if not self.config.device_plugin_dir.is_dir():
+                # The kubelet creates it (and the DaemonSet mounts it); never create it ourselves.
+                if not self._missing_dir:
+                    logger.warning(
+                        "device-plugin directory %s does not exist; classic resources are "
+                        "served once it does",
+                        self.config.device_plugin_dir,
+                    )
+                self._missing_dir = True
+                return
+            self._missing_dir = False
             counts = advertised_counts(self._inventory())
             specs = {
                 s.profile: s for s in resource_specs(counts, prefix=self.config.resource_prefix)
