@@ -331,7 +331,7 @@ class InstaSliceStack:
 
     def wait_for(
         self,
-        predicate: Callable[[], T],
+        predicate: Callable[[], T | None],
         *,
         timeout: float = 30.0,
         interval: float = 0.05,
