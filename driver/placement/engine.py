@@ -250,13 +250,15 @@ class Engine:
                 else "the device"
             )
             rules = " under the pod's constraints" if plan.pod.constraints else ""
-            parts.append(
-                f"{_plural(stats.failed, 'node')} with free slices had no room for {together}{rules}"
+            selectors = (
+                " that the request's selectors accept "
+                f"({_plural(stats.predicate_rejections, 'free device')} rejected)"
+                if stats.predicate_rejections
+                else ""
             )
-        if stats.predicate_rejections:
             parts.append(
-                f"the request's selectors rejected "
-                f"{_plural(stats.predicate_rejections, 'free device')}"
+                f"{_plural(stats.failed, 'node')} with free slices had no room for "
+                f"{together}{rules}{selectors}"
             )
         if stats.gave_up:
             parts.append(

@@ -1,0 +1,50 @@
+"""``python -m bench [--quick] [NAME …]``: run benchmarks, print their tables, write their JSON.
+
+Each benchmark is a module with ``run(*, quick: bool) -> dict`` (the figures, JSON-serialisable) and
+``summary(result: dict) -> str`` (a short table for people). Adding one is one line in
+``BENCHMARKS``. Figures go to ``bench/results/<name>.json``; ``--quick`` runs a tiny size for smoke
+tests (its figures mean nothing).
+"""
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+
+BENCHMARKS: dict[str, str] = {
+    "placement": "bench.placement",
+    "prepare": "bench.prepare",
+}
+"""Benchmark name -> module path. Register a new benchmark here."""
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument(
+        "names", nargs="*", help=f"benchmarks to run (default: all of {list(BENCHMARKS)})"
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, for smoke tests")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON results")
+    args = parser.parse_args(argv)
+    names = args.names or list(BENCHMARKS)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        parser.error(f"unknown benchmark(s) {unknown}; known: {list(BENCHMARKS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        module = importlib.import_module(BENCHMARKS[name])
+        started = time.perf_counter()
+        result = module.run(quick=args.quick)
+        path = args.out / f"{name}.json"
+        path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        print(f"== {name} ({time.perf_counter() - started:.1f} s) -> {path}")
+        print(module.summary(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
