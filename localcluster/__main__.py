@@ -4,6 +4,7 @@ the kubeconfig that points kubectl and our daemons at it."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
 import tempfile
@@ -12,6 +13,7 @@ from pathlib import Path
 from types import FrameType
 
 from localcluster.apiserver import LocalApiServer
+from localcluster.audit import JsonLinesAuditFile
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--watch-history", type=int, default=10_000)
     parser.add_argument("--require-namespaces", action="store_true")
     parser.add_argument("--graceful-pod-deletion", action="store_true")
+    parser.add_argument(
+        "--audit-log", type=Path, help="append every request (RBAC attributes) here as JSON lines"
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO)
@@ -33,14 +38,16 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    audit = JsonLinesAuditFile(args.audit_log) if args.audit_log else None
     server = LocalApiServer(
         host=args.host,
         port=args.port,
         watch_history=args.watch_history,
         require_namespaces=args.require_namespaces,
         graceful_pod_deletion=args.graceful_pod_deletion,
+        audit=audit,
     )
-    with server:
+    with audit or contextlib.nullcontext(), server:
         path = (
             args.kubeconfig
             or Path(tempfile.gettempdir()) / f"localcluster-{server.port}.kubeconfig"

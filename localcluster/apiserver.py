@@ -38,6 +38,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from localcluster import errors
 from localcluster.admission import MutatingAdmission, ServiceResolver
+from localcluster.audit import AuditSink, record_request
 from localcluster.gc import GarbageCollector
 from localcluster.handlers import ApiHandler, ApiRequest, ApiResponse
 from localcluster.store import Store
@@ -52,6 +53,7 @@ _STREAM_END_GRACE_S = 1.0  # how long stop/restart let watch streams end cleanly
 class _HttpServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    audit: AuditSink | None = None
 
     def __init__(self, address: tuple[str, int], api: ApiHandler, max_body: int) -> None:
         self.api = api
@@ -200,6 +202,17 @@ class _Handler(BaseHTTPRequestHandler):
             accept=self.headers.get("Accept") or "",
         )
         response = self.server.api.handle(request)
+        if self.server.audit is not None:
+            agent = self.headers.get("User-Agent") or ""
+            self.server.audit(
+                record_request(
+                    method=request.method,
+                    path=request.path,
+                    query=request.query,
+                    user_agent=agent,
+                    code=response.code,
+                )
+            )
         if response.stream is not None:
             self._stream(response)
         else:
@@ -258,7 +271,10 @@ class LocalApiServer:
         graceful_pod_deletion: bool = False,
         bookmark_interval: float = 1.0,
         max_body_bytes: int = MAX_BODY_BYTES,
+        audit: AuditSink | None = None,
     ) -> None:
+        """``audit``: called with every answered request (see ``localcluster.audit``)."""
+        self._audit = audit
         self.store = Store(
             watch_history=watch_history,
             require_namespaces=require_namespaces,
@@ -292,6 +308,7 @@ class LocalApiServer:
         self._closing = False
         self._http = _HttpServer((self._host, self._port), self._api, self._max_body)
         self._port = self._http.server_address[1]
+        self._http.audit = self._audit
         self._gc.start()
         self._thread = threading.Thread(
             target=self._http.serve_forever,
