@@ -317,7 +317,7 @@ class Allocator:
                     )
                     entry = updated.claims[claim.uid]
                 entries.append(entry)
-        except DriverError as exc:
+        except Exception as exc:
             self._undo(done, resource)
             raise AllocateError(
                 f"cannot prepare the slices of {chosen} for {resource}: {exc}"

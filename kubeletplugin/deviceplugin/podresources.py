@@ -100,8 +100,9 @@ def holdings_from_response(
 class PodResourcesSource(Protocol):
     """Where the shim learns the kubelet's holdings (the client below, or a test's fake)."""
 
-    def list_holdings(self, resources: Sequence[str]) -> Holdings:
-        """Raises ``PodResourcesError`` when the kubelet cannot be asked."""
+    def list_holdings(self, resources: Sequence[str] | None) -> Holdings:
+        """Holdings of ``resources`` (all when None); raises ``PodResourcesError`` when the
+        kubelet cannot be asked."""
         ...
 
     def close(self) -> None: ...
@@ -119,7 +120,7 @@ class PodResourcesClient:
         )
         self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
 
-    def list_holdings(self, resources: Sequence[str]) -> Holdings:
+    def list_holdings(self, resources: Sequence[str] | None) -> Holdings:
         if not self._socket.exists():
             raise PodResourcesError(f"the kubelet's pod-resources socket {self._socket} is missing")
         try:

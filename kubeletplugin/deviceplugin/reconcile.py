@@ -108,6 +108,10 @@ class Reconciler:
 
     def run_pass(self) -> ReconcileReport:
         report = ReconcileReport()
+        # Asked before taking the lock: the kubelet may be waiting on an Allocate that waits
+        # for the lock. Ids bound meanwhile merely look unheld for one pass (not yet released:
+        # their claims are valid, and release re-reads a claim before destroying anything).
+        holdings = self._holdings()
         with self._lock:
             try:
                 claims = list_shadow_claims(
@@ -118,7 +122,6 @@ class Reconciler:
                 logger.warning("shim reconcile skipped: %s", report.skipped)
                 return report
             self._adopt(claims, report)
-            holdings = self._holdings()
             pods = PodCache(self._api)
             held = self._holders(claims, holdings, pods, report)
             self._move(claims, held, pods, report)
@@ -159,13 +162,8 @@ class Reconciler:
     def _holdings(self) -> Holdings | None:
         if self._pod_resources is None:
             return None
-        resources = sorted(
-            {e.shim.resource_name for e in bindings.shim_entries(self._checkpoint.load()) if e.shim}
-        )
-        if not resources:
-            return Holdings()
         try:
-            return self._pod_resources.list_holdings(resources)
+            return self._pod_resources.list_holdings(None)
         except PodResourcesError as exc:
             logger.warning(
                 "shim reconcile without the kubelet's pod list (nothing released): %s", exc

@@ -176,6 +176,12 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             except AllocateError as exc:
                 logger.warning("Allocate of %s refused: %s", self._spec.resource_name, exc)
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            except DriverError as exc:
+                logger.warning("Allocate of %s failed: %s", self._spec.resource_name, exc)
+                context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            except Exception as exc:
+                logger.exception("Allocate of %s failed unexpectedly", self._spec.resource_name)
+                context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}")
             responses.append(
                 api_pb2.ContainerAllocateResponse(
                     envs=dict(answer.envs),
