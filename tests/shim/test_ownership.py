@@ -104,8 +104,7 @@ def test_deleting_a_pod_destroys_its_slice_and_leaves_the_other_pods_alone(
     assert len(node.instances()) == 2
 
     node.kubelet.remove_pod(a.pod)
-    report = shim.reconcile_now()
-    assert len(report.released) == 1
+    shim.reconcile_now()
     kept = device_of(node, got_b)
     assert kept == "gpu-0-1g-5gb-0"
     assert node.instances() == [(0, "1g.5gb", 0)]  # B's slice, made from A's reservation, stays
@@ -133,7 +132,7 @@ def test_a_finished_pod_is_released_when_the_controller_deallocates_its_claim(
     assert node.instances() == [(0, "1g.5gb", 2)]
 
     clear_claim_allocation(node.api, claim=node.claim(reserved, reserved.claims[0]))
-    assert len(shim.reconcile_now().released) == 1
+    shim.reconcile_now()
     assert node.instances() == []
     assert node.checkpoint().claims == {}
 
@@ -177,8 +176,7 @@ def test_ids_no_container_ever_held_are_freed_after_the_grace_period(node: ShimN
     reserved = node.reserve([("main", "1g.5gb", [["gpu-0-1g-5gb-3"]])])
     spec = next(s for s in shim.resources if s.resource_name == R_1G)
     shim.allocator.allocate(spec, ["1g-5gb-9"])  # answered, but the kubelet never recorded it
-    report = shim.reconcile_now()
-    assert len(report.unbound) + len(report.waiting) == 1
+    shim.reconcile_now()  # the first pass notes the ids unheld; with no grace, they go
     shim.reconcile_now()
     entry = next(iter(node.checkpoint().claims.values()))
     assert entry.shim is not None
