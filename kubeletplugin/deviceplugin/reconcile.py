@@ -375,9 +375,9 @@ def _constant(binding: ShimBinding) -> Callable[[ShimBinding | None], ShimBindin
 
 
 class ReconcileLoop:
-    """Runs passes on a thread: when triggered (after ``Allocate``, before a container starts),
-    every ``retry_seconds`` while a bound claim waits for its holder, else every
-    ``resync_seconds``."""
+    """Runs passes on a thread: at once when triggered (after ``Allocate``, before a container
+    starts); while a pass leaves work undone (a holder not seen yet, a failed write) again after
+    ``retry_seconds``, doubling up to ``resync_seconds``; otherwise every ``resync_seconds``."""
 
     def __init__(
         self, reconciler: Reconciler, *, resync_seconds: float, retry_seconds: float = 0.25
@@ -406,8 +406,10 @@ class ReconcileLoop:
 
     def _run(self) -> None:
         timeout = self._resync
+        unfinished = 0
         while not self._stopping.is_set():
-            self._wake.wait(timeout)
+            if self._wake.wait(timeout):
+                unfinished = 0
             self._wake.clear()
             if self._stopping.is_set():
                 return
@@ -415,6 +417,10 @@ class ReconcileLoop:
                 report = self._reconciler.run_pass()
             except Exception:
                 logger.exception("shim reconcile pass failed")
+                report = ReconcileReport(skipped="failed")
+            if report.waiting or report.failed or report.skipped:
+                timeout = min(self._resync, self._retry * 2**unfinished)
+                unfinished = min(unfinished + 1, 16)
+            else:
                 timeout = self._resync
-                continue
-            timeout = self._retry if report.waiting or report.failed else self._resync
+                unfinished = 0
