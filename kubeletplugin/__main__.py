@@ -97,20 +97,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         backend.close()
         api.close()
         return 1
-    shim = Shim(
-        config=ShimConfig(
-            node_name=settings.node_name,
-            device_plugin_dir=settings.device_plugin_dir,
-            pod_resources_socket=settings.pod_resources_socket,
-        ),
-        state=plugin.state,
-        checkpoint=plugin.store,
-        api=api,
-        inventory=lambda: plugin.publisher.inventory,
+    shim = (
+        Shim(
+            config=ShimConfig(
+                node_name=settings.node_name,
+                device_plugin_dir=settings.device_plugin_dir,
+                pod_resources_socket=settings.pod_resources_socket,
+                resource_prefix=settings.classic_resource_prefix,
+            ),
+            state=plugin.state,
+            checkpoint=plugin.store,
+            api=api,
+            inventory=lambda: plugin.publisher.inventory,
+        )
+        if settings.classic_shim
+        else None
     )
     try:
         plugin.start()
-        shim.start()
+        if shim is not None:
+            shim.start()
         logger.info("kubelet plugin running on node %s", settings.node_name)
         stop.wait()
         return 0
@@ -118,7 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("kubelet plugin failed: %s", exc)
         return 1
     finally:
-        shim.stop()
+        if shim is not None:
+            shim.stop()
         plugin.stop()
         backend.close()
         api.close()

@@ -8,6 +8,7 @@ status 2, before anything is started.
 
 import argparse
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,9 @@ DEFAULT_INVENTORY_POLL_SECONDS: Final = 30.0
 DEFAULT_KUBE_API_QPS: Final = 50.0
 DEFAULT_KUBE_API_BURST: Final = 100
 EMULATED_STATE_FILE_NAME: Final = "emulated-gpus.json"
+CLASSIC_SHIM_MODES: Final = ("on", "off")
+DEFAULT_CLASSIC_RESOURCE_PREFIX: Final = "nvidia.com/mig-"
+_RESOURCE_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*)?$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +62,9 @@ class Settings:
     kube_api_qps: float
     """Client-side request rate limit to the API server (0: unlimited), with ``kube_api_burst``."""
     kube_api_burst: int
+    classic_shim: bool
+    """Serve classic ``<prefix><profile>`` extended resources through the device-plugin API."""
+    classic_resource_prefix: str
     log_level: str
     log_format: str
 
@@ -184,6 +191,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=str(DEFAULT_KUBE_API_BURST),
     )
     _add(
+        parser,
+        "--classic-shim",
+        help_text="serve classic nvidia.com/mig-<profile> requests through the device-plugin API "
+        "(off when the cluster uses DeviceClass extendedResourceName instead)",
+        choices=CLASSIC_SHIM_MODES,
+        default="on",
+    )
+    _add(
+        parser,
+        "--classic-resource-prefix",
+        help_text="extended-resource name prefix of the classic shim; '+' in profiles becomes '-'",
+        default=DEFAULT_CLASSIC_RESOURCE_PREFIX,
+    )
+    _add(
         parser, "--log-level", help_text="log level", choices=LOG_LEVELS, default="INFO", upper=True
     )
     _add(parser, "--log-format", help_text="log format", choices=LOG_FORMATS, default="text")
@@ -224,6 +245,7 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
     for dest, choices in (
         ("gpu_backend", GPU_BACKENDS),
         ("log_format", LOG_FORMATS),
+        ("classic_shim", CLASSIC_SHIM_MODES),
     ):
         if getattr(args, dest) not in choices:
             parser.error(f"{env_var(dest)}: {getattr(args, dest)!r} is not one of {choices}")
@@ -232,6 +254,11 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
         parser.error(f"log level {args.log_level!r} is not one of {LOG_LEVELS}")
     if not args.node_name:
         parser.error(f"--node-name is required (or env {env_var('node_name')} / NODE_NAME)")
+    if not _RESOURCE_PREFIX.match(args.classic_resource_prefix):
+        parser.error(
+            f"--classic-resource-prefix {args.classic_resource_prefix!r} is not '<domain>/<name-prefix>' "
+            "(e.g. nvidia.com/mig-)"
+        )
     if args.gpu_backend == "emulated" and not args.emulated_gpus:
         parser.error("--gpu-backend emulated needs --emulated-gpus, e.g. 2xA100-40GB")
     for dest in ("metrics_address", "healthz_address"):
@@ -283,6 +310,8 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
         inventory_poll_seconds=poll,
         kube_api_qps=qps,
         kube_api_burst=burst,
+        classic_shim=args.classic_shim == "on",
+        classic_resource_prefix=str(args.classic_resource_prefix),
         log_level=log_level,
         log_format=str(args.log_format),
     )

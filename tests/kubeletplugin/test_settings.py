@@ -96,3 +96,37 @@ def test_bad_values_exit_2_with_a_message(
 )
 def test_split_address(address: str, expected: tuple[str, int]) -> None:
     assert split_address(address) == expected
+
+
+def test_classic_shim_is_on_with_the_nvidia_prefix_by_default() -> None:
+    settings = parse_settings(["--node-name", "n1"], environ={})
+    assert settings.classic_shim is True
+    assert settings.classic_resource_prefix == "nvidia.com/mig-"
+
+
+def test_classic_shim_can_be_turned_off_and_prefixed_from_env() -> None:
+    environ = {
+        "INSTASLICE_CLASSIC_SHIM": "off",
+        "INSTASLICE_CLASSIC_RESOURCE_PREFIX": "example.com/slice-",
+    }
+    settings = parse_settings(["--node-name", "n1"], environ=environ)
+    assert settings.classic_shim is False
+    assert settings.classic_resource_prefix == "example.com/slice-"
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--classic-shim", "maybe"], "invalid choice"),
+        (["--classic-resource-prefix", "mig-"], "is not '<domain>/<name-prefix>'"),
+        (["--classic-resource-prefix", "Nvidia.com/mig-"], "is not '<domain>/<name-prefix>'"),
+    ],
+    ids=["bad-mode", "no-domain", "uppercase-domain"],
+)
+def test_bad_classic_shim_settings_are_cli_errors(
+    argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_settings(["--node-name", "n1", *argv], environ={})
+    assert exc.value.code == 2
+    assert fragment in capsys.readouterr().err
