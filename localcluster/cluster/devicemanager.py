@@ -87,6 +87,9 @@ class DeviceManager:
         self.directory = directory
         self._on_change = on_change
         self._lock = threading.RLock()
+        # The kubelet admits pods one at a time (HandlePodAdditions), so two pods never race for
+        # the same preferred device ids; admissions here are serialized the same way.
+        self._admission_lock = threading.Lock()
         self._endpoints: dict[str, _Endpoint] = {}
         self._known_resources: set[str] = set()
         # pod uid -> container -> allocations
@@ -237,13 +240,14 @@ class DeviceManager:
         uid = uid_of(pod)
         spec = pod.get("spec") or {}
         containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
-        try:
-            for container in containers:
-                for resource, amount in sorted(container_limits(container).items()):
-                    self._allocate_one(uid, str(container.get("name")), resource, int(amount))
-        except AdmissionError:
-            self.release(uid)
-            raise
+        with self._admission_lock:
+            try:
+                for container in containers:
+                    for resource, amount in sorted(container_limits(container).items()):
+                        self._allocate_one(uid, str(container.get("name")), resource, int(amount))
+            except AdmissionError:
+                self.release(uid)
+                raise
 
     def _allocate_one(self, pod_uid: str, container: str, resource: str, needed: int) -> None:
         with self._lock:
