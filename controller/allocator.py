@@ -59,6 +59,8 @@ _TERMINAL = frozenset({"Succeeded", "Failed"})
 class AllocatorConfig:
     workers: int = 16
     policy: str = "firstfit"
+    name: str = "allocator"
+    """Prefix of the worker threads' names (several controllers in one process: tests)."""
     sync: SyncConfig = field(default_factory=SyncConfig)
     cache_sync_timeout: float = 60.0
 
@@ -249,7 +251,9 @@ class Allocator:
 
     def start_workers(self) -> None:
         for i in range(self.config.workers):
-            thread = threading.Thread(target=self._work, name=f"allocator-{i}", daemon=True)
+            thread = threading.Thread(
+                target=self._work, name=f"{self.config.name}-{i}", daemon=True
+            )
             thread.start()
             self._workers.append(thread)
 
@@ -320,7 +324,7 @@ class Allocator:
 
     def start_leading(self) -> None:
         """Called when the lease is won; returns at once (the rebuild runs on its own thread)."""
-        thread = threading.Thread(target=self._lead, name="allocator-lead", daemon=True)
+        thread = threading.Thread(target=self._lead, name=f"{self.config.name}-lead", daemon=True)
         self._leading_thread = thread
         thread.start()
 

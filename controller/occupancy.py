@@ -22,6 +22,7 @@ Not thread-safe: the allocator holds its lock around every call.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -69,6 +70,10 @@ class ClaimRecord:
     observed_rv: int = -1
     """resourceVersion at which this allocation was first seen (or written by us)."""
     gpus: set[tuple[str, int]] = field(default_factory=set)
+    first_seen: float = field(default_factory=time.monotonic)
+    """Monotonic time this allocation was first known here."""
+    verified: bool = False
+    """Our own write of it passed the post-write overlap check."""
 
 
 def parse_rv(obj: JsonObject) -> int:
@@ -136,8 +141,19 @@ class ClaimOccupancy:
 
     # -- allocator side ------------------------------------------------------------------------
 
+    def known_allocated(self, uid: str) -> bool:
+        """Whether the informer has shown an allocation of this claim (ours or anyone's)."""
+        record = self._records.get(uid)
+        return record is not None and not record.assumed
+
     def assume(self, *, uid: str, key: str, devices: Iterable[DeviceKey]) -> ClaimRecord:
-        """Reserve the devices of an allocation we are about to write."""
+        """Reserve the devices of an allocation we are about to write.
+
+        Callers check ``known_allocated`` first: an allocation the informer has shown is never
+        replaced by an assumption (the claim was allocated by someone else meanwhile).
+        """
+        if self.known_allocated(uid):
+            raise ValueError(f"claim {key} is allocated already")
         self._drop(uid)
         record = ClaimRecord(uid=uid, key=key, devices=tuple(devices), assumed=True)
         self._add(record)

@@ -38,13 +38,14 @@ from controller.conditions import ConditionReporter, PlacementProblem, Reason
 from controller.informers import ClusterInformers
 from controller.metrics import ControllerMetrics
 from controller.nodefilter import HOSTNAME_LABEL
-from controller.occupancy import parse_rv
+from controller.occupancy import allocated_devices, parse_rv
 from controller.podclaims import NotReady, PodClaims, dra_claims, sort_claims
 from controller.requests import Alternative, allocations, build_alternatives, pod_request
 from controller.state import AllocationState
 from driver.cluster import ops
 from driver.cluster.clock import Clock
 from driver.cluster.port import (
+    PODS,
     ClusterApi,
     JsonObject,
     gate_names,
@@ -80,8 +81,12 @@ class Result:
 
 @dataclass(frozen=True, slots=True)
 class SyncConfig:
-    verify_timeout: float = 10.0
-    """How long to wait for the claim informer to see our write before checking it."""
+    verify_timeout: float = 5.0
+    """How long to wait for the claim informer to see our write before checking it; past it
+    the writer no longer withdraws (it retries instead)."""
+    adopt_grace: float = 6.0
+    """How long an allocation we did not write is left to its writer's check before we ungate
+    for it ourselves (longer than ``verify_timeout``)."""
     overlap_grace: float = 5.0
     """How long an overlap between allocations we did not write may last before the gated
     pod's claim is withdrawn (their writers may have died before checking)."""
@@ -103,7 +108,10 @@ class _Decision:
 @dataclass(slots=True)
 class _Written:
     rvs: dict[str, int] = field(default_factory=dict)
+    claims: list[JsonObject] = field(default_factory=list)
+    """The claims as our allocation writes returned them."""
     relists: int = 0
+    started: float = 0.0
 
 
 class PodSync:
@@ -220,6 +228,14 @@ class PodSync:
                 Reason.UNSATISFIABLE,
                 "the pod's claims are already allocated on different nodes and are in use",
             )
+        now = time.monotonic()
+        with self._state.lock:
+            records = [self._state.occupancy.record(uid_of(c)) for c in mine]
+        youngest = min((now - r.first_seen for r in records if r is not None), default=0.0)
+        if youngest < self.config.adopt_grace:
+            return Result(Outcome.RETRY_AFTER, self.config.adopt_grace - youngest)
+        if not self._still_gated(pod):
+            return Result(Outcome.DONE)
         logger.info(
             "pod %s/%s: claims allocated on different nodes; withdrawing %d",
             namespace_of(pod),
@@ -237,6 +253,9 @@ class PodSync:
         with state.lock:
             started = time.perf_counter()
             state.refresh()
+            for claim in to_allocate:
+                if state.occupancy.known_allocated(uid_of(claim)):
+                    raise ConflictError(f"claim {name_of(claim)} was allocated meanwhile")
             fits = state.nodes.for_pod(pod)
 
             def node_ok(node: str) -> bool:
@@ -301,7 +320,7 @@ class PodSync:
 
     def _write(self, pod: JsonObject, claims: PodClaims, decision: _Decision) -> _Written:
         state = self._state
-        written = _Written(relists=self._informers.claims.relists)
+        written = _Written(relists=self._informers.claims.relists, started=time.monotonic())
         done: list[JsonObject] = []
         pending = list(zip(claims.to_allocate, decision.allocations, strict=True))
         try:
@@ -319,9 +338,17 @@ class PodSync:
                     reserved_for=[ops.pod_reference(pod)] if shadow else None,
                 )
                 rv = parse_rv(result)
+                logger.debug(
+                    "claim %s/%s: allocation %s written at rv %s",
+                    namespace_of(claim),
+                    name_of(claim),
+                    [r["device"] for r in allocation["devices"]["results"]],
+                    rv,
+                )
                 with state.lock:
                     state.occupancy.written(uid=uid, resource_version=rv)
                 written.rvs[uid] = rv
+                written.claims.append(result)
                 done.append(result)
                 self._metrics.claim_allocated(shadow=shadow)
         except (DriverError, ValueError):
@@ -354,52 +381,76 @@ class PodSync:
     # -- 4. check ------------------------------------------------------------------------------
 
     def _verify(self, pod: JsonObject, claims: PodClaims, written: _Written) -> Result | None:
+        """``None`` if the pod may be ungated now, else what to do instead (see step 4)."""
         state = self._state
         adopted = claims.allocated
-        allocated = adopted + [c for c in claims.ours if uid_of(c) in written.rvs]
+        allocated = adopted + written.claims
         target = max([*written.rvs.values(), *(parse_rv(c) for c in adopted)], default=0)
         if not state.wait_claims_seen(target, timeout=self.config.verify_timeout):
             logger.warning("claim informer has not caught up with rv %s; pod waits", target)
             return Result(Outcome.RETRY_AFTER, 1.0)
         relisted = self._informers.claims.relists != written.relists and bool(written.rvs)
         withdraw: list[JsonObject] = []
-        blocked = False
+        wait = 0.0
         now = time.monotonic()
         with state.lock:
             for claim in allocated:
                 uid = uid_of(claim)
+                record = state.occupancy.record(uid)
+                if (
+                    record is None
+                    or not record.resolved
+                    or record.devices != allocated_devices(claim)
+                ):
+                    return Result(Outcome.RETRY_AFTER, 0.05)  # the claim changed since we read it
                 overlaps = state.occupancy.overlapping(uid)
-                if not overlaps:
-                    self._overlap_since.pop(uid, None)
-                    continue
                 mine = written.rvs.get(uid)
                 if mine is not None:
                     committed = [o for o in overlaps if not (o.assumed and o.written_rv is None)]
                     if relisted or any(o.observed_rv < mine for o in committed):
                         withdraw.append(claim)
+                    else:
+                        record.verified = True
                     continue
-                blocked = True
-                since = self._overlap_since.setdefault(uid, now)
-                if now - since >= self.config.overlap_grace and _unreserved(claim, pod):
-                    withdraw.append(claim)
+                # Someone else's allocation (another replica, a crashed leader, a shared claim):
+                # its writer may still be checking it, so leave it alone for a while.
+                age = now - record.first_seen
+                if age < self.config.adopt_grace and not record.verified:
+                    wait = max(wait, self.config.adopt_grace - age)
+                elif overlaps:
+                    since = self._overlap_since.setdefault(uid, now)
+                    if now - since >= self.config.overlap_grace and _unreserved(claim, pod):
+                        withdraw.append(claim)
+                        self._overlap_since.pop(uid, None)
+                    wait = max(wait, 0.5)
+                else:
                     self._overlap_since.pop(uid, None)
         if withdraw:
-            current = self._informers.pods.get(name_of(pod), namespace=namespace_of(pod))
-            if current is not None and SCHEDULING_GATE in gate_names(current):
+            late = written.rvs and now - written.started > self.config.verify_timeout
+            if not late and self._still_gated(pod):
                 logger.info(
-                    "pod %s/%s: %d allocation(s) overlap earlier ones; withdrawing",
+                    "pod %s/%s: %d allocation(s) overlap others committed first; withdrawing",
                     namespace_of(pod),
                     name_of(pod),
                     len(withdraw),
                 )
                 for _ in withdraw:
                     self._metrics.conflict("overlap")
-                fresh = [self._fresh(c) for c in withdraw]
-                self._withdraw(pod, [c for c in fresh if c is not None])
+                self._withdraw(
+                    pod, [state_claim for c in withdraw if (state_claim := self._fresh(c))]
+                )
             return Result(Outcome.RETRY_AFTER, self._rng.uniform(*self.config.yield_delay))
-        if blocked:
-            return Result(Outcome.RETRY_AFTER, 0.5)
+        if wait > 0:
+            return Result(Outcome.RETRY_AFTER, wait)
         return None
+
+    def _still_gated(self, pod: JsonObject) -> bool:
+        """Read from the API, not the cache: withdrawing from an ungated pod would strand it."""
+        try:
+            current = self._api.get(PODS, name=name_of(pod), namespace=namespace_of(pod))
+        except ApiNotFoundError:
+            return False
+        return uid_of(current) == uid_of(pod) and SCHEDULING_GATE in gate_names(current)
 
     def _fresh(self, claim: JsonObject) -> JsonObject | None:
         return self._claim(namespace_of(claim) or "default", name_of(claim))

@@ -17,6 +17,7 @@ from api.names import (
 )
 from controller.allocator import AllocatorConfig
 from controller.app import Controller
+from controller.sync import SyncConfig
 from driver.cluster import ops
 from driver.cluster.kube import KubeClusterApi, configuration_for_url
 from driver.cluster.leader import LeaderElectionConfig
@@ -219,6 +220,7 @@ def start_controller(
     workers: int = 8,
     leader_election: bool = False,
     lease_duration: int = 2,
+    sync: SyncConfig | None = None,
 ) -> Controller:
     api = stack.enter_context(client(server, workers=workers))
     election = (
@@ -234,7 +236,7 @@ def start_controller(
     )
     controller = Controller(
         api=api,
-        config=AllocatorConfig(workers=workers),
+        config=AllocatorConfig(workers=workers, name=identity, sync=sync or SyncConfig()),
         leader_election=election,
         identity=identity,
     )
