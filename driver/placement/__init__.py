@@ -10,7 +10,7 @@ Public API (everything the controller needs)::
 """
 
 from driver.placement.engine import DEFAULT_SEARCH_BUDGET, Engine
-from driver.placement.inventory import GpuSpec, Inventory, NodeSpec, Occupant
+from driver.placement.inventory import Inventory
 from driver.placement.policies import (
     DEFAULT_POLICY,
     POLICIES,
@@ -36,6 +36,7 @@ from driver.placement.request import (
     distinct_gpu,
     same_gpu,
 )
+from driver.placement.state import GpuSpec, NodeSpec, Occupant
 
 __all__ = [
     "DEFAULT_POLICY",

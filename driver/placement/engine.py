@@ -13,10 +13,11 @@ import logging
 from collections.abc import Hashable
 
 from driver.errors import PlacementError
-from driver.placement.inventory import Inventory, NodeSpec
+from driver.placement.inventory import Inventory
 from driver.placement.policies import DEFAULT_POLICY, Condition, Policy, policy_named
 from driver.placement.request import NodeFilter, NoFit, Placed, PlacementResult, PodRequest
 from driver.placement.search import NodeSearch, Plan, SearchBudgetExceededError
+from driver.placement.state import NodeSpec
 from driver.placement.tables import GpuTable, Signature, signature_of
 
 logger = logging.getLogger(__name__)

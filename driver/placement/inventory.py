@@ -16,140 +16,16 @@ indexed on first use; single-profile ones always, multi-profile ones up to a bou
 
 import logging
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 
 from driver.errors import NotFoundError
-from driver.mig.model import GpuModel, Placement
 from driver.placement.rankset import RankSet
-from driver.placement.tables import GpuTable, Signature, table_for
+from driver.placement.state import GpuState, NodeSpec, NodeState, Occupant
+from driver.placement.tables import GpuTable, Signature
 
 logger = logging.getLogger(__name__)
 
 MAX_MULTI_SIGNATURES = 64
 """Multi-profile signatures indexed at most; later ones fall back to per-profile conditions."""
-
-_FREE_BITS = 6
-"""A level is ``loss << _FREE_BITS | free memory slices``: fewer destroyed placements first, then
-the fuller GPU."""
-
-
-@dataclass(frozen=True, slots=True)
-class GpuSpec:
-    """One MIG GPU as its node publishes it.
-
-    ``published`` lists the (profile, start) devices the node publishes for this GPU; ``None`` means
-    every placement of every profile of ``model``. The engine only ever returns published devices.
-    """
-
-    index: int
-    model: GpuModel
-    uuid: str = ""
-    published: frozenset[tuple[str, int]] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class NodeSpec:
-    name: str
-    gpus: tuple[GpuSpec, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Occupant:
-    """One GPU instance that exists or is allocated, whoever made it.
-
-    ``profile`` is optional: instances of unknown profile still block their memory slices (and the
-    ``+me`` engine when ``media``), but count towards no profile's ``max_count``.
-    """
-
-    start: int
-    size: int
-    media: bool = False
-    profile: str | None = None
-    mask: int = field(init=False, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "mask", Placement(start=self.start, size=self.size).mask)
-
-
-class GpuState:
-    """One GPU's current state, derived from its occupants."""
-
-    __slots__ = (
-        "caps",
-        "counts",
-        "index",
-        "levels",
-        "mask",
-        "media_taken",
-        "node",
-        "occupants",
-        "spec",
-        "table",
-        "used",
-    )
-
-    def __init__(self, node: "NodeState", spec: GpuSpec, occupants: list[Occupant]) -> None:
-        self.node = node
-        self.spec = spec
-        self.index = spec.index
-        self.table: GpuTable = table_for(spec.model, spec.published)
-        self.occupants = occupants
-        self.mask = 0
-        self.media_taken = False
-        self.counts: tuple[int, ...] = (0,) * len(self.table.profiles)
-        self.used = 0
-        self.caps: tuple[int, ...] = (0,) * len(self.table.profiles)
-        # levels[sig id]: this GPU's level for the signature (lower is better), -1 if it cannot fit.
-        self.levels: tuple[int, ...] = ()
-        self.derive()
-
-    def derive(self) -> None:
-        """Recompute mask, media and per-profile counts from the occupants."""
-        table = self.table
-        model_media = table.media_names
-        mask = 0
-        media = False
-        counts = [0] * len(table.profiles)
-        for occupant in self.occupants:
-            mask |= occupant.mask
-            if occupant.media or occupant.profile in model_media:
-                media = True
-            if occupant.profile is not None:
-                profile = table.profile_by_name.get(occupant.profile)
-                if profile is not None:
-                    counts[profile.index] += 1
-        self.mask = mask & table.full_mask
-        self.media_taken = media
-        self.counts = tuple(counts)
-        self.used = self.mask.bit_count()
-        self.caps = table.capacities(mask=self.mask, media_taken=media, counts=self.counts)
-
-    @property
-    def state_key(self) -> tuple[GpuTable, int, bool, tuple[int, ...]]:
-        """Everything placement rules can see of this GPU: equal keys, equal answers."""
-        return (self.table, self.mask, self.media_taken, self.counts)
-
-    def level(self, signature: Signature, *, graded: bool) -> int:
-        """-1 if ``signature`` cannot fit; else 0, or with ``graded`` its (loss, fullness) code."""
-        loss = self.table.loss(
-            signature, mask=self.mask, media_taken=self.media_taken, counts=self.counts
-        )
-        if loss < 0 or not graded:
-            return loss if loss < 0 else 0
-        return (loss << _FREE_BITS) | (self.table.slices - self.used)
-
-
-class NodeState:
-    __slots__ = ("best", "gpus", "name", "rank", "shape", "spec")
-
-    def __init__(self, spec: NodeSpec) -> None:
-        self.spec = spec
-        self.name = spec.name
-        self.rank = -1
-        self.gpus: tuple[GpuState, ...] = ()
-        self.shape: tuple[GpuTable, ...] = ()
-        # sig id -> the best (lowest) level among this node's GPUs; absent if none can fit.
-        self.best: dict[int, int] = {}
 
 
 class SignatureIndex:
@@ -183,6 +59,19 @@ class SignatureIndex:
             if not tier:
                 self.level_set.discard(level)
 
+    def move(self, rank: int, old: int, new: int) -> None:
+        """A member's level changed (``any`` is untouched)."""
+        leaving = self.tiers[old]
+        leaving.discard(rank)
+        if not leaving:
+            self.level_set.discard(old)
+        entering = self.tiers.get(new)
+        if entering is None:
+            entering = self.tiers[new] = RankSet()
+        if not entering:
+            self.level_set.add(new)
+        entering.add(rank)
+
     def clear(self) -> None:
         self.any = RankSet()
         self.tiers = {}
@@ -210,7 +99,8 @@ class Inventory:
         self._published_gpus: dict[str, int] = {}
         self._min_slices: dict[str, int] = {}
         self._max_slices: dict[str, int] = {}
-        self._shapes: dict[tuple[GpuTable, ...], set[str]] = {}
+        # Node names per shape (dict as an insertion-ordered set: the first is the representative).
+        self._shapes: dict[tuple[GpuTable, ...], dict[str, None]] = {}
         self._level_cache: dict[tuple[GpuTable, int, bool, tuple[int, ...]], tuple[int, ...]] = {}
         self._level_vectors: dict[tuple[int, ...], tuple[int, ...]] = {}
         for spec in nodes:
@@ -233,7 +123,7 @@ class Inventory:
         node.gpus = tuple(gpus)
         node.shape = tuple(g.table for g in gpus)
         self._nodes[spec.name] = node
-        self._shapes.setdefault(node.shape, set()).add(spec.name)
+        self._shapes.setdefault(node.shape, {})[spec.name] = None
         for gpu in gpus:
             for profile, cap in zip(gpu.table.profiles, gpu.caps, strict=True):
                 name = profile.name
@@ -271,7 +161,7 @@ class Inventory:
         if node is None:
             return
         shape_nodes = self._shapes[node.shape]
-        shape_nodes.discard(name)
+        del shape_nodes[name]
         if not shape_nodes:
             del self._shapes[node.shape]
         for gpu in node.gpus:
@@ -393,11 +283,14 @@ class Inventory:
                 node.best[sig_id] = best
             else:
                 del node.best[sig_id]
-            if update_sets:
-                if old_best >= 0:
-                    sig.discard(node.rank, old_best, graded=graded)
-                if best >= 0:
-                    sig.add(node.rank, best, graded=graded)
+            if not update_sets:
+                continue
+            if old_best < 0:
+                sig.add(node.rank, best, graded=graded)
+            elif best < 0:
+                sig.discard(node.rank, old_best, graded=graded)
+            elif graded:
+                sig.move(node.rank, old_best, best)
 
     def _levels_for(self, gpu: GpuState) -> tuple[int, ...]:
         """The GPU's level for every indexed signature (by sig id), shared by equal GPU states.
@@ -489,9 +382,9 @@ class Inventory:
         return (n for n in self._by_rank if n is not None)
 
     def shapes(self) -> Iterator[tuple[tuple[GpuTable, ...], str]]:
-        """Each distinct node shape (its GPUs' tables) with the first node name of that shape."""
+        """Each distinct node shape (its GPUs' tables) with one node of that shape."""
         for shape, names in self._shapes.items():
-            yield shape, min(names)
+            yield shape, next(iter(names))
 
     def published_gpus(self, profile: str) -> int:
         """How many GPUs publish at least one device of ``profile``."""
@@ -522,18 +415,19 @@ class Inventory:
             if self.track_levels:
                 for level in sig.level_set:
                     for rank in sig.tiers[level]:
-                        node = self._by_rank[rank]
-                        assert node is not None
-                        members[node.name] = level
+                        members[self._name_at(rank)] = level
             else:
-                for rank in sig.any:
-                    node = self._by_rank[rank]
-                    assert node is not None
-                    members[node.name] = 0
-            if set(members) != {n.name for n in map(self._by_rank.__getitem__, sig.any) if n}:
-                raise AssertionError(f"tiers and 'any' disagree for {sig.signature}")
+                members = {self._name_at(rank): 0 for rank in sig.any}
+            if set(members) != {self._name_at(rank) for rank in sig.any}:
+                raise AssertionError(f"level tiers and 'any' disagree for {sig.signature}")
             snapshot[sig.signature] = members
         return snapshot
+
+    def _name_at(self, rank: int) -> str:
+        node = self.node_at(rank)
+        if node is None:
+            raise AssertionError(f"rank {rank} is indexed but holds no node")
+        return node.name
 
     def gpu(self, node: str, gpu_index: int) -> GpuState:
         for gpu in self.node(node).gpus:

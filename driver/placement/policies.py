@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from driver.errors import ConfigError
-from driver.placement.inventory import Inventory, NodeState, SignatureIndex
+from driver.placement.inventory import Inventory, SignatureIndex
 from driver.placement.rankset import RankSet
 from driver.placement.search import Candidate, CandidateOrder, NodeSearch, Plan
+from driver.placement.state import NodeState
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,8 +178,18 @@ class BestFit:
                     scored.append(
                         (destroyed, free, position, profile.index, i, (position, profile, i))
                     )
-        scored.sort(key=lambda entry: entry[:5])
-        return [entry[5] for entry in scored]
+        return _best_first(scored)
+
+
+def _best_first(scored: list[tuple[int, int, int, int, int, Candidate]]) -> Iterator[Candidate]:
+    """Candidates in score order, sorting only if the search backtracks past the best one."""
+    if not scored:
+        return
+    best = min(scored, key=lambda entry: entry[:5])
+    yield best[5]
+    scored.sort(key=lambda entry: entry[:5])
+    for entry in scored[1:]:
+        yield entry[5]
 
 
 POLICIES: dict[str, Callable[[], Policy]] = {

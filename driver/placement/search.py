@@ -22,7 +22,7 @@ from driver.placement.request import (
 from driver.placement.tables import GpuTable, Signature, TableProfile, signature_of
 
 if TYPE_CHECKING:
-    from driver.placement.inventory import NodeState
+    from driver.placement.state import NodeState
 
 Candidate = tuple[int, TableProfile, int]
 """(GPU position on the node, profile, index into the profile's placements)."""

@@ -1,0 +1,134 @@
+"""What the placement engine knows of one node and its GPUs: specs in, derived state out.
+
+``GpuSpec``/``NodeSpec`` are what the controller builds from ResourceSlices; ``Occupant`` is one
+taken slice, whoever made it. ``GpuState``/``NodeState`` are the engine's mutable view, derived from
+the occupants and shared with the indexes in ``driver.placement.inventory``.
+"""
+
+from dataclasses import dataclass, field
+
+from driver.mig.model import GpuModel, Placement
+from driver.placement.tables import GpuTable, Signature, table_for
+
+FREE_BITS = 6
+"""A level is ``loss << FREE_BITS | free memory slices``: fewer destroyed placements first, then
+the fuller GPU."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    """One MIG GPU as its node publishes it.
+
+    ``published`` lists the (profile, start) devices the node publishes for this GPU; ``None`` means
+    every placement of every profile of ``model``. The engine only ever returns published devices.
+    """
+
+    index: int
+    model: GpuModel
+    uuid: str = ""
+    published: frozenset[tuple[str, int]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    name: str
+    gpus: tuple[GpuSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Occupant:
+    """One GPU instance that exists or is allocated, whoever made it.
+
+    ``profile`` is optional: instances of unknown profile still block their memory slices (and the
+    ``+me`` engine when ``media``), but count towards no profile's ``max_count``.
+    """
+
+    start: int
+    size: int
+    media: bool = False
+    profile: str | None = None
+    mask: int = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mask", Placement(start=self.start, size=self.size).mask)
+
+
+class GpuState:
+    """One GPU's current state, derived from its occupants."""
+
+    __slots__ = (
+        "caps",
+        "counts",
+        "index",
+        "levels",
+        "mask",
+        "media_taken",
+        "node",
+        "occupants",
+        "spec",
+        "table",
+        "used",
+    )
+
+    def __init__(self, node: "NodeState", spec: GpuSpec, occupants: list[Occupant]) -> None:
+        self.node = node
+        self.spec = spec
+        self.index = spec.index
+        self.table: GpuTable = table_for(spec.model, spec.published)
+        self.occupants = occupants
+        self.mask = 0
+        self.media_taken = False
+        self.counts: tuple[int, ...] = (0,) * len(self.table.profiles)
+        self.used = 0
+        self.caps: tuple[int, ...] = (0,) * len(self.table.profiles)
+        # levels[sig id]: this GPU's level for the signature (lower is better), -1 if it cannot fit.
+        self.levels: tuple[int, ...] = ()
+        self.derive()
+
+    def derive(self) -> None:
+        """Recompute mask, media and per-profile counts from the occupants."""
+        table = self.table
+        model_media = table.media_names
+        mask = 0
+        media = False
+        counts = [0] * len(table.profiles)
+        for occupant in self.occupants:
+            mask |= occupant.mask
+            if occupant.media or occupant.profile in model_media:
+                media = True
+            if occupant.profile is not None:
+                profile = table.profile_by_name.get(occupant.profile)
+                if profile is not None:
+                    counts[profile.index] += 1
+        self.mask = mask & table.full_mask
+        self.media_taken = media
+        self.counts = tuple(counts)
+        self.used = self.mask.bit_count()
+        self.caps = table.capacities(mask=self.mask, media_taken=media, counts=self.counts)
+
+    @property
+    def state_key(self) -> tuple[GpuTable, int, bool, tuple[int, ...]]:
+        """Everything placement rules can see of this GPU: equal keys, equal answers."""
+        return (self.table, self.mask, self.media_taken, self.counts)
+
+    def level(self, signature: Signature, *, graded: bool) -> int:
+        """-1 if ``signature`` cannot fit; else 0, or with ``graded`` its (loss, fullness) code."""
+        loss = self.table.loss(
+            signature, mask=self.mask, media_taken=self.media_taken, counts=self.counts
+        )
+        if loss < 0 or not graded:
+            return loss if loss < 0 else 0
+        return (loss << FREE_BITS) | (self.table.slices - self.used)
+
+
+class NodeState:
+    __slots__ = ("best", "gpus", "name", "rank", "shape", "spec")
+
+    def __init__(self, spec: NodeSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.rank = -1
+        self.gpus: tuple[GpuState, ...] = ()
+        self.shape: tuple[GpuTable, ...] = ()
+        # sig id -> the best (lowest) level among this node's GPUs; absent if none can fit.
+        self.best: dict[int, int] = {}
