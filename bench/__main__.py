@@ -15,6 +15,7 @@ from pathlib import Path
 
 BENCHMARKS: dict[str, str] = {
     "placement": "bench.placement",
+    "controller": "bench.controller",
     "prepare": "bench.prepare",
 }
 """Benchmark name -> module path. Register a new benchmark here."""

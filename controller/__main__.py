@@ -1,11 +1,129 @@
-"""Entry point of `instaslice-controller`; wiring only."""
+"""Entry point of ``instaslice-controller``; wiring only: settings → API client → controller,
+webhook (with its certificates) and HTTP endpoints → serve until SIGTERM.
 
+The webhook and the endpoints run on every replica; only the leader allocates. SIGTERM and SIGINT
+stop gracefully: allocation stops, the lease is handed back, servers close.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
 import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+from controller.allocator import AllocatorConfig
+from controller.app import COMPONENT, Controller
+from controller.endpoints import HttpEndpoint, Route, probe
+from controller.logs import configure_logging
+from controller.metrics import CONTENT_TYPE
+from controller.settings import Settings, build_parser, parse_settings
+from controller.webhook import WebhookRunner
+from driver.cluster.kube import connect
+from driver.cluster.leader import LeaderElectionConfig
+from driver.cluster.port import ClusterApi
+from driver.cluster.throttle import ClientSettings
+from driver.errors import DriverError
+
+__all__ = ["build_parser", "main"]
+
+logger = logging.getLogger("controller")
 
 
-def main(argv: list[str] | None = None) -> int:
-    print("instaslice-controller: not implemented yet", file=sys.stderr)
-    return 2
+def build_controller(settings: Settings, api: ClusterApi) -> Controller:
+    election = (
+        LeaderElectionConfig(
+            identity=settings.identity,
+            namespace=settings.namespace,
+            lease_duration=settings.lease_duration,
+            renew_deadline=settings.renew_deadline,
+            retry_period=settings.retry_period,
+        )
+        if settings.leader_elect
+        else None
+    )
+    return Controller(
+        api=api,
+        config=AllocatorConfig(workers=settings.workers, policy=settings.policy),
+        leader_election=election,
+        identity=settings.identity,
+    )
+
+
+def endpoints(
+    settings: Settings, controller: Controller, webhook: WebhookRunner
+) -> list[HttpEndpoint]:
+    def metrics() -> tuple[int, str, bytes]:
+        return 200, CONTENT_TYPE, controller.metrics.exposition()
+
+    health: dict[str, Route] = {
+        "/healthz": probe(controller.healthy, what="controller"),
+        "/readyz": probe(lambda: controller.ready() and webhook.ready(), what="controller"),
+    }
+    served: dict[str, dict[str, Route]] = {}
+    if settings.metrics_address:
+        served.setdefault(settings.metrics_address, {})["/metrics"] = metrics
+    if settings.healthz_address:
+        served.setdefault(settings.healthz_address, {}).update(health)
+    return [
+        HttpEndpoint(address=address, routes=routes, name=f"http {'+'.join(sorted(routes))}")
+        for address, routes in served.items()
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = parse_settings(argv)
+    configure_logging(level=settings.log_level, log_format=settings.log_format)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        logger.info("received signal %s, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        api = connect(
+            kubeconfig=settings.kubeconfig,
+            url=settings.kube_api_url,
+            settings=ClientSettings(
+                qps=settings.kube_api_qps,
+                burst=settings.kube_api_burst,
+                connection_pool_maxsize=settings.workers + 16,
+                user_agent=COMPONENT,
+            ),
+        )
+    except DriverError as exc:
+        logger.error("cannot configure the Kubernetes client: %s", exc)
+        return 1
+    controller = build_controller(settings, api)
+    webhook = WebhookRunner(settings=settings, api=api, admission=controller.admission, stop=stop)
+    servers = endpoints(settings, controller, webhook)
+    try:
+        for server in servers:
+            server.start()
+        controller.start()
+        webhook.start()
+        logger.info(
+            "%s running as %s (leader election %s)",
+            COMPONENT,
+            settings.identity,
+            "on" if settings.leader_elect else "off",
+        )
+        stop.wait()
+        return 0
+    except (DriverError, OSError) as exc:
+        logger.error("controller failed: %s", exc)
+        return 1
+    finally:
+        stop.set()
+        controller.stop()
+        webhook.stop()
+        for server in servers:
+            server.stop()
+        api.close()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,92 @@
+"""The controller's plain-HTTP operational endpoints: ``/metrics``, ``/healthz``, ``/readyz``.
+
+The standard library's threading server is enough for a probe and a scrape; each route is a
+function returning (status, content type, body). Port 0 picks a free port (tests).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from controller.settings import split_address
+
+logger = logging.getLogger(__name__)
+
+Route = Callable[[], tuple[int, str, bytes]]
+
+
+def probe(check: Callable[[], bool], *, what: str) -> Route:
+    """A route answering 200 ``ok`` while ``check()`` holds, else 503."""
+
+    def route() -> tuple[int, str, bytes]:
+        if check():
+            return 200, "text/plain", b"ok\n"
+        return 503, "text/plain", f"{what}: not yet\n".encode()
+
+    return route
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    routes: Mapping[str, Route] = {}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def do_GET(self) -> None:
+        route = self.server.routes.get(self.path.split("?", 1)[0])
+        if route is None:
+            status, content_type, body = 404, "text/plain", b"not found\n"
+        else:
+            try:
+                status, content_type, body = route()
+            except Exception as exc:
+                logger.exception("handler for %s failed", self.path)
+                status, content_type, body = 500, "text/plain", f"{exc}\n".encode()
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        logger.debug("http: " + format, *args)
+
+
+class HttpEndpoint:
+    def __init__(self, *, address: str, routes: Mapping[str, Route], name: str) -> None:
+        self._address = split_address(address)
+        self._routes = dict(routes)
+        self.name = name
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError(f"{self.name} endpoint is not started")
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        server = _Server(self._address, _Handler)
+        server.routes = self._routes
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.2}, name=self.name, daemon=True
+        )
+        self._thread.start()
+        logger.info("serving %s on %s:%s", self.name, self._address[0], self.port)
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
