@@ -286,7 +286,7 @@ def run(*, quick: bool) -> dict[str, Any]:
     if quick:
         for policy in POLICIES:
             spec = RunSpec(
-                nodes=4, policy=policy, load=0.9, measured_arrivals=300, warmup_arrivals=100
+                nodes=8, policy=policy, load=0.9, measured_arrivals=300, warmup_arrivals=100
             )
             runs.append(simulate(spec))
     else:
@@ -300,7 +300,62 @@ def run(*, quick: bool) -> dict[str, Any]:
                         measured_arrivals=FULL_MEASURED_ARRIVALS,
                     )
                     runs.append(_in_subprocess(spec))
-    return {"benchmark": "placement", "quick": quick, "seed": SEED, "runs": runs}
+    return {
+        "benchmark": "placement",
+        "quick": quick,
+        "seed": SEED,
+        "runs": runs,
+        "comparisons": _comparisons(runs),
+        "scaling": _scaling(runs),
+    }
+
+
+def _comparisons(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (nodes, load): how many fewer requests bestfit rejects and strands than firstfit."""
+    by_key = {(r["nodes"], r["load"], r["policy"]): r for r in runs}
+    result = []
+    for nodes, load in sorted({(r["nodes"], r["load"]) for r in runs}):
+        first, best = by_key.get((nodes, load, "firstfit")), by_key.get((nodes, load, "bestfit"))
+        if first is None or best is None:
+            continue
+        result.append(
+            {
+                "nodes": nodes,
+                "load": load,
+                "rejected": [first["rejected"], best["rejected"]],
+                "stranded": [first["stranded"], best["stranded"]],
+                "fewer_rejections": _fewer(first["rejected"], best["rejected"]),
+                "fewer_stranded": _fewer(first["stranded"], best["stranded"]),
+            }
+        )
+    return result
+
+
+def _fewer(before: int, after: int) -> float | None:
+    return round(1 - after / before, 3) if before else None
+
+
+def _scaling(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (policy, load): decision time at the largest cluster over the smallest (p50 and mean)."""
+    result = []
+    for policy, load in sorted({(r["policy"], r["load"]) for r in runs}):
+        sized = sorted(
+            (r for r in runs if (r["policy"], r["load"]) == (policy, load)),
+            key=lambda r: r["nodes"],
+        )
+        small, large = sized[0], sized[-1]
+        if small is large or not small["decisions_per_s"] or not large["decisions_per_s"]:
+            continue
+        result.append(
+            {
+                "policy": policy,
+                "load": load,
+                "nodes": [small["nodes"], large["nodes"]],
+                "p50_ratio": round(large["p50_us"] / small["p50_us"], 2),
+                "mean_ratio": round(small["decisions_per_s"] / large["decisions_per_s"], 2),
+            }
+        )
+    return result
 
 
 _COLUMNS = (
@@ -332,7 +387,23 @@ def summary(result: dict[str, Any]) -> str:
     lines = [" ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
     for r in result["runs"]:
         lines.append(" ".join(fmt.format(r[key]) for key, fmt in _COLUMNS))
+    for c in result.get("comparisons", []):
+        lines.append(
+            f"{c['nodes']:>6} nodes, load {c['load']:.2f}: bestfit rejects "
+            f"{c['rejected'][1]} vs firstfit {c['rejected'][0]} ({_percent(c['fewer_rejections'])} "
+            f"fewer), strands {c['stranded'][1]} vs {c['stranded'][0]} "
+            f"({_percent(c['fewer_stranded'])} fewer)"
+        )
+    for sc in result.get("scaling", []):
+        lines.append(
+            f"{sc['policy']:>9} at load {sc['load']:.2f}: decision time at {sc['nodes'][1]} nodes / "
+            f"{sc['nodes'][0]} nodes = {sc['p50_ratio']}x (p50), {sc['mean_ratio']}x (mean)"
+        )
     return "\n".join(lines)
+
+
+def _percent(fraction: float | None) -> str:
+    return "n/a" if fraction is None else f"{fraction:.0%}"
 
 
 def _worker(argv: list[str]) -> int:
