@@ -29,6 +29,7 @@ from typing import Any
 
 Manifest = dict[str, Any]
 
+SHIPPED_NAMESPACE = "instaslice-system"
 SERVICE_ACCOUNT_GROUPS = ("system:serviceaccounts", "system:authenticated")
 PUBLIC_NON_RESOURCE_URLS = (
     "/api",
@@ -203,3 +204,13 @@ def _expand(rule: Mapping[str, Any], namespace: str | None) -> set[Grant]:
         for verb in rule.get("verbs") or []
         for resource_name in names
     }
+
+
+def shipped(service_account: str, *, overlay: str = "emulated") -> Authorizer:
+    """The authorizer of one of our ServiceAccounts in the rendered ``deploy/overlays/<overlay>``."""
+    from tests.deploy import manifests  # noqa: PLC0415 - kubectl only for callers of this helper
+
+    objects = manifests.render(manifests.DEPLOY / "overlays" / overlay)
+    return Authorizer.for_service_account(
+        objects, name=service_account, namespace=SHIPPED_NAMESPACE
+    )

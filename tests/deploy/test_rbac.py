@@ -1,7 +1,7 @@
 """Least-privilege RBAC: each component's roles grant exactly the listed verbs, nothing wider.
 
-The expected grants are the precise lists in the comments of deploy/base/rbac-*.yaml. When the
-cluster adapter can enumerate the calls it makes, this test will compare those with the roles.
+The expected grants are the precise lists in the comments of deploy/base/rbac-*.yaml.
+``test_rbac_audit.py`` checks those lists against the requests the real daemons make.
 """
 
 from __future__ import annotations
@@ -15,39 +15,39 @@ Grant = tuple[str, str, str, str | None]  # (apiGroup, resource, verb, resourceN
 SYSTEM_NAMESPACE = "instaslice-system"
 
 PLUGIN_CLUSTER_GRANTS: set[Grant] = {
-    *(("resource.k8s.io", "resourceclaims", v, None) for v in ("get", "list", "watch")),
+    *(("resource.k8s.io", "resourceclaims", v, None) for v in ("get", "list", "update")),
+    ("resource.k8s.io", "resourceclaims/status", "update", None),
+    ("resource.k8s.io", "resourceclaims/binding", "update", None),
     *(
         ("resource.k8s.io", "resourceslices", v, None)
-        for v in ("get", "list", "watch", "create", "update", "delete")
+        for v in ("list", "create", "update", "delete")
     ),
     ("", "nodes", "get", None),
+    ("", "pods", "get", None),
     ("", "events", "create", None),
     ("", "events", "patch", None),
 }
 
 CONTROLLER_CLUSTER_GRANTS: set[Grant] = {
-    *(("", "pods", v, None) for v in ("get", "list", "watch", "patch", "update")),
-    ("", "pods/status", "patch", None),
+    *(("", "pods", v, None) for v in ("get", "list", "watch", "patch")),
+    ("", "pods/status", "update", None),
     *(
         ("resource.k8s.io", "resourceclaims", v, None)
-        for v in ("get", "list", "watch", "create", "update", "patch")
+        for v in ("get", "list", "watch", "create", "update")
     ),
-    *(
-        ("resource.k8s.io", sub, v, None)
-        for sub in ("resourceclaims/status", "resourceclaims/binding")
-        for v in ("update", "patch")
-    ),
+    ("resource.k8s.io", "resourceclaims/status", "update", None),
+    ("resource.k8s.io", "resourceclaims/binding", "update", None),
     *(
         ("resource.k8s.io", r, v, None)
         for r in ("resourceclaimtemplates", "resourceslices", "deviceclasses")
-        for v in ("get", "list", "watch")
+        for v in ("list", "watch")
     ),
-    *(("", "nodes", v, None) for v in ("get", "list", "watch")),
+    *(("", "nodes", v, None) for v in ("list", "watch")),
     ("", "events", "create", None),
     ("", "events", "patch", None),
     *(
         ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", v, "instaslice-pod-gate")
-        for v in ("get", "patch", "update")
+        for v in ("get", "update")
     ),
 }
 
@@ -88,16 +88,22 @@ def _bound_roles(objects: list[m.Manifest], service_account: str) -> list[tuple[
     return sorted(bound, key=str)
 
 
-def test_kubelet_plugin_grants_are_exactly_claims_slices_its_node_and_events() -> None:
+def test_kubelet_plugin_grants_are_exactly_claims_slices_nodes_pods_and_events() -> None:
     objects = _objects()
     role = m.one(objects, "ClusterRole", "instaslice-kubelet-plugin")
     assert _grants(role) == PLUGIN_CLUSTER_GRANTS
     assert {resource for _, resource, _, _ in _grants(role)} <= {
         "resourceclaims",
+        "resourceclaims/status",
+        "resourceclaims/binding",
         "resourceslices",
         "nodes",
+        "pods",
         "events",
     }
+    # It reads pods and nodes, never writes them; it never creates or deletes claims.
+    assert {v for _, r, v, _ in _grants(role) if r in ("pods", "nodes")} == {"get"}
+    assert {v for _, r, v, _ in _grants(role) if r == "resourceclaims"} == {"get", "list", "update"}
     assert _bound_roles(objects, "instaslice-kubelet-plugin") == [
         ("ClusterRole/instaslice-kubelet-plugin", None)
     ]
