@@ -35,6 +35,14 @@ GpuKey = tuple[str, int]
 
 
 @dataclass(frozen=True, slots=True)
+class GpuShape:
+    """What one GPU can hold at most: its memory slices, and per profile (instances, size)."""
+
+    memory_slices: int
+    profiles: dict[str, tuple[int, int]]
+
+
+@dataclass(frozen=True, slots=True)
 class Pool:
     """One complete pool of our driver: a node's devices, by name and by placement."""
 
@@ -45,6 +53,7 @@ class Pool:
     """(GPU index, profile, start) → device name."""
     views: tuple[DeviceView, ...]
     views_by_name: dict[str, DeviceView]
+    gpus: tuple[GpuShape, ...]
 
 
 def _max_count(placements: Iterable[Placement], *, media: bool) -> int:
@@ -113,6 +122,18 @@ def _build_pool(node: str, pool_slices: list[JsonObject]) -> Pool:
     if pool_slices:
         pool = pool_slices[0].get("spec", {})
         generation = int((pool.get("pool") or {}).get("generation", 0))
+    by_gpu: dict[int, list[PublishedDevice]] = {}
+    for device in devices.values():
+        by_gpu.setdefault(device.gpu_index, []).append(device)
+    shapes = []
+    for gpu_devices in by_gpu.values():
+        model = gpu_model_of(gpu_devices)
+        shapes.append(
+            GpuShape(
+                memory_slices=model.memory_slices,
+                profiles={p.name: (p.max_count, p.memory_slices) for p in model.profiles},
+            )
+        )
     return Pool(
         node=node,
         generation=generation,
@@ -122,6 +143,7 @@ def _build_pool(node: str, pool_slices: list[JsonObject]) -> Pool:
         },
         views=tuple(views),
         views_by_name={v.name: v for v in views},
+        gpus=tuple(shapes),
     )
 
 
@@ -241,6 +263,11 @@ class SliceInventory:
 
     def profile_names(self) -> set[str]:
         return {d.profile for pool in self._pools.values() for d in pool.devices.values()}
+
+    def node_shapes(self) -> Iterator[tuple[GpuShape, ...]]:
+        """Each node's GPUs, for upper bounds on what one node can hold."""
+        for pool in self._pools.values():
+            yield pool.gpus
 
     def max_per_gpu(self, profile: str) -> int:
         """The most instances of ``profile`` one published GPU can hold (0: nobody offers it)."""

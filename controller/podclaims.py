@@ -29,9 +29,9 @@ class NotReady(Exception):  # noqa: N818 - a state, not a failure: the pod waits
 
 
 def is_our_class_name(name: str) -> bool:
-    return name == DEVICE_CLASS_ANY or (
-        name.startswith("mig-") and name.endswith(DEVICE_CLASS_SUFFIX)
-    )
+    """Classes named in our domain (``mig.instaslice.dev``, ``mig-1g.5gb.instaslice.dev``, ...)
+    are ours even before they exist, so a pod waits for its class instead of being let go."""
+    return name == DEVICE_CLASS_ANY or name.endswith(DEVICE_CLASS_SUFFIX)
 
 
 def is_our_class(name: str, device_class: JsonObject | None) -> bool:

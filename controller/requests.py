@@ -380,6 +380,39 @@ def _predicate(
     return accept
 
 
+def beyond_every_node(alternative: Alternative, inventory: SliceInventory) -> str | None:
+    """Why no node could hold the alternative even empty, by counting alone; None if one might.
+
+    A cheap upper bound (devices and memory slices per node) that settles requests far beyond a
+    node at once, before the engine searches for them.
+    """
+    counted = [s for s in alternative.slots if s.count is not None]
+    if not counted:
+        return None
+    wanted = sum(s.count or 0 for s in counted)
+    profiles = frozenset().union(*(s.candidates.profiles for s in counted))
+    most_devices = most_slices = 0
+    for gpus in inventory.node_shapes():
+        devices = sum(
+            max((g.profiles[p][0] for p in profiles if p in g.profiles), default=0) for g in gpus
+        )
+        sizes = {p: size for g in gpus for p, (_, size) in g.profiles.items() if p in profiles}
+        slices = sum(
+            (s.count or 0)
+            * min((sizes[p] for p in s.candidates.profiles if p in sizes), default=99)
+            for s in counted
+        )
+        capacity = sum(g.memory_slices for g in gpus)
+        if wanted <= devices and slices <= capacity:
+            return None
+        most_devices = max(most_devices, devices)
+        most_slices = max(most_slices, capacity)
+    return (
+        f"the pod needs {wanted} MIG devices on one node; the largest node holds at most "
+        f"{most_devices} of the profiles asked for ({most_slices} memory slices)"
+    )
+
+
 def node_selector(node: str) -> JsonObject:
     """An allocation's ``nodeSelector``: the node by ``metadata.name``, as kube-scheduler writes."""
     return {

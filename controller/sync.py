@@ -40,7 +40,13 @@ from controller.metrics import ControllerMetrics
 from controller.nodefilter import HOSTNAME_LABEL
 from controller.occupancy import allocated_devices, parse_rv
 from controller.podclaims import NotReady, PodClaims, dra_claims, sort_claims
-from controller.requests import Alternative, allocations, build_alternatives, pod_request
+from controller.requests import (
+    Alternative,
+    allocations,
+    beyond_every_node,
+    build_alternatives,
+    pod_request,
+)
 from controller.state import AllocationState
 from driver.cluster import ops
 from driver.cluster.clock import Clock
@@ -267,6 +273,10 @@ class PodSync:
             first: NoFit | None = None
             permanent = True
             for alternative in alternatives:
+                beyond = beyond_every_node(alternative, state.inventory)
+                if beyond is not None:
+                    first = first or NoFit(reason=beyond, permanent=True)
+                    continue
                 result = self._place(alternative, node_ok)
                 if isinstance(result, Placed):
                     results = allocations(

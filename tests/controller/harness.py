@@ -205,8 +205,10 @@ def release_claim(api: ClusterApi, name: str) -> None:
 
 
 def create_pod_with_claim(api: ClusterApi, name: str, claim: JsonObject | None = None) -> None:
-    api.create(RESOURCE_CLAIMS, claim or claim_object(f"{name}-claim"), namespace=NS)
-    api.create(PODS, pod_object(name, claims=[f"{name}-claim"]), namespace=NS)
+    """A claim (default: one 1g.5gb, named ``<pod>-claim``) and a gated pod using it."""
+    claim = claim or claim_object(f"{name}-claim")
+    api.create(RESOURCE_CLAIMS, claim, namespace=NS)
+    api.create(PODS, pod_object(name, claims=[claim["metadata"]["name"]]), namespace=NS)
 
 
 # -- controllers -------------------------------------------------------------------------------
