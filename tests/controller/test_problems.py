@@ -11,7 +11,14 @@ import pytest
 from api.names import DRIVER_NAME, SCHEDULING_GATE
 from controller.app import Controller
 from driver.cluster.kube import KubeClusterApi
-from driver.cluster.port import DEVICE_CLASSES, EVENTS, PODS, RESOURCE_CLAIMS, gate_names
+from driver.cluster.port import (
+    DEVICE_CLASSES,
+    EVENTS,
+    PODS,
+    RESOURCE_CLAIMS,
+    JsonObject,
+    gate_names,
+)
 from localcluster.apiserver import LocalApiServer
 from tests.controller.harness import (
     KUEUE_GATE,
@@ -126,7 +133,7 @@ BAD_REQUESTS = [
 
 @pytest.mark.parametrize(("claim", "reason", "words"), BAD_REQUESTS)
 def test_a_bad_request_gets_its_reason_and_does_not_disturb_others(
-    api: KubeClusterApi, controller: Controller, claim: dict, reason: str, words: str
+    api: KubeClusterApi, controller: Controller, claim: JsonObject, reason: str, words: str
 ) -> None:
     create_pod_with_claim(api, "bad-pod", claim)
     create_pod_with_claim(api, "good-pod")
