@@ -184,6 +184,8 @@ def _exercise(stack: InstaSliceStack) -> None:
 
 SELF_IDENTITY = "rbac-audit-self-managed"
 WEBHOOK_SECRET = CertificateSettings(service="", namespace="").secret_name
+WEBHOOK_CONFIGURATION = "instaslice-pod-gate"
+DAMAGED = base64.b64encode(b"not a certificate").decode()
 
 
 def _self_managed_certificates(stack: InstaSliceStack) -> None:
@@ -256,10 +258,6 @@ def _wait_alive(process: ManagedProcess, predicate: Callable[[], bool], *, messa
         if time.monotonic() > deadline:
             raise TimeoutError(message)
         time.sleep(0.05)
-
-
-DAMAGED = base64.b64encode(b"not a certificate").decode()
-WEBHOOK_CONFIGURATION = "instaslice-pod-gate"
 
 
 @pytest.fixture(scope="module")
