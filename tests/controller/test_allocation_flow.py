@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack
 from datetime import UTC, datetime
+from functools import partial
+from typing import Any
 
 import pytest
 
@@ -338,7 +340,7 @@ def test_the_node_filter_skips_nodes_the_scheduler_would_refuse(
     publish_node(api, "node-d", gpus=1)
     start_controller(apiserver, stack)
     # one at a time, so first fit (nodes in name order) says which nodes the filter let through
-    cases = [
+    cases: list[tuple[str, dict[str, Any], str | None, str]] = [
         (
             "tolerates",
             {"tolerations": [{"key": "dedicated", "operator": "Exists"}]},
@@ -355,5 +357,5 @@ def test_the_node_filter_skips_nodes_the_scheduler_would_refuse(
     for name, spec, cpu, node in cases:
         api.create(RESOURCE_CLAIMS, claim_object(f"{name}-claim"), namespace=NS)
         api.create(PODS, pod_object(name, claims=[f"{name}-claim"], cpu=cpu, **spec), namespace=NS)
-        wait_for(lambda name=name: ungated(api, name), what=name)
+        wait_for(partial(ungated, api, name), what=name)
         assert _results(api, f"{name}-claim")[0]["pool"] == node, name
