@@ -12,6 +12,11 @@ Errors every implementation raises (``driver.errors``):
   ``INSUFFICIENT_RESOURCES``);
 - ``ConfigError``: MIG mode is off on the GPU asked for (never toggled silently), or bad settings;
 - ``BackendError``: any other failure of the backend.
+
+Health: ``gpus()`` reports every GPU it can count, also one that stopped answering or is otherwise
+unfit for new slices (``GpuInfo.healthy`` False, ``health_reason`` saying why), rather than failing
+for the whole node. ``instances``, ``create_slice`` and ``destroy_slice`` on such a GPU still raise
+what the GPU answers.
 """
 
 from dataclasses import dataclass
@@ -39,6 +44,12 @@ class GpuInfo:
     """The ``/dev/nvidia<minor>`` device node's minor number, when known."""
     model: GpuModel | None
     """Profiles and placements as this GPU reports them; ``None`` while MIG mode is off."""
+    healthy: bool = True
+    """False when the GPU should get no new slices: it stopped answering (NVML: GPU lost),
+    has memory errors pending a reset, or was marked unhealthy (emulated). The kubelet plugin
+    withdraws its devices; slices that exist on it are left alone."""
+    health_reason: str | None = None
+    """Why the GPU is unhealthy, in words for a person (``None`` while healthy)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,10 @@ contract (``driver.gpu.backend``): the same placements, the same refusals, the s
   (``driver.gpu.emulated_state``) and outlive the process, as real MIG instances outlive a crashed
   plugin.
 - GI ids are the lowest free id from 1; the default compute instance has CI id 0.
+- ``set_health`` marks a GPU unhealthy (or healthy again) with a reason, kept in the state, so a
+  mark made through one backend object (an operator's, a test's) is what ``gpus()`` of every other
+  one on the same state file reports. Slices on an unhealthy GPU are left as they are, and creating
+  one is still allowed: a real GPU with memory errors pending a reset still answers NVML too.
 
 Fault injection (for crash tests of callers): ``fault_hook(step)`` is called inside
 ``create_slice`` with these steps, while the state lock is held:
@@ -148,7 +152,34 @@ class EmulatedGpuBackend:
 
     def gpus(self) -> tuple[GpuInfo, ...]:
         self._check_open()
-        return self._gpus
+        with self._store.locked():
+            unhealthy = self._store.unhealthy()
+        if not unhealthy:
+            return self._gpus
+        return tuple(
+            replace(gpu, healthy=False, health_reason=unhealthy[gpu.index])
+            if gpu.index in unhealthy
+            else gpu
+            for gpu in self._gpus
+        )
+
+    def set_health(self, gpu_index: int, *, healthy: bool, reason: str | None = None) -> None:
+        """Mark GPU ``gpu_index`` unhealthy (``reason`` says why) or healthy again."""
+        self._check_open()
+        gpu_by_index(self._gpus, gpu_index)
+        why = (reason or "").strip() or "marked unhealthy"
+        with self._store.locked() as records:
+            self._validate(records)
+            marks = self._store.unhealthy()
+            if healthy:
+                marks.pop(gpu_index, None)
+            else:
+                marks[gpu_index] = why
+            self._store.save(records, unhealthy=marks)
+        if healthy:
+            log.info("emulated GPU %s marked healthy", gpu_index)
+        else:
+            log.warning("emulated GPU %s marked unhealthy: %s", gpu_index, why)
 
     def instances(self, *, gpu_index: int | None = None) -> tuple[MigInstance, ...]:
         self._check_open()

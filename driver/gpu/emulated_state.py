@@ -5,6 +5,10 @@ file is JSON, replaced atomically (temporary file, ``fsync``, ``os.replace``), a
 read-modify-write holds an exclusive ``fcntl.flock`` on a sidecar ``<file>.lock`` — so two plugin
 processes on one file never create two instances on the same memory slices, and each operation sees
 the other process's latest changes.
+
+The store also keeps which GPUs are marked unhealthy (GPU index → reason; the file's optional
+``unhealthy`` object, written only while some GPU is marked), so an operator's or a test's mark made
+in one process is seen by the kubelet plugin in another.
 """
 
 import contextlib
@@ -13,7 +17,7 @@ import json
 import os
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -44,8 +48,15 @@ class StateStore(Protocol):
         """Hold the lock; yields the current records as a new list the caller may change."""
         ...
 
-    def save(self, records: Sequence[InstanceRecord]) -> None:
-        """Make ``records`` the state; only while ``locked``. Atomic: all or nothing is kept."""
+    def unhealthy(self) -> dict[int, str]:
+        """GPU index → why it is marked unhealthy; only while ``locked``."""
+        ...
+
+    def save(
+        self, records: Sequence[InstanceRecord], *, unhealthy: Mapping[int, str] | None = None
+    ) -> None:
+        """Make ``records`` (and ``unhealthy``, if given; else the marks stay) the state; only
+        while ``locked``. Atomic: all or nothing is kept."""
         ...
 
 
@@ -57,14 +68,22 @@ class MemoryStateStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._records: tuple[InstanceRecord, ...] = ()
+        self._unhealthy: dict[int, str] = {}
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[list[InstanceRecord]]:
         with self._lock:
             yield list(self._records)
 
-    def save(self, records: Sequence[InstanceRecord]) -> None:
+    def unhealthy(self) -> dict[int, str]:
+        return dict(self._unhealthy)
+
+    def save(
+        self, records: Sequence[InstanceRecord], *, unhealthy: Mapping[int, str] | None = None
+    ) -> None:
         self._records = tuple(records)
+        if unhealthy is not None:
+            self._unhealthy = dict(unhealthy)
 
 
 class FileStateStore:
@@ -80,12 +99,18 @@ class FileStateStore:
         self._node_name = node_name
         self._gpu_models = list(gpu_models)
         self._thread_lock = threading.Lock()
+        self._unhealthy: dict[int, str] = {}
+        """The marks as read when the lock was taken (or saved since); valid while locked."""
         self.where = f"state file {path}"
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[list[InstanceRecord]]:
         with self._thread_lock, self._flock():
-            yield self._load()
+            records, self._unhealthy = self._load()
+            yield records
+
+    def unhealthy(self) -> dict[int, str]:
+        return dict(self._unhealthy)
 
     @contextlib.contextmanager
     def _flock(self) -> Iterator[None]:
@@ -100,11 +125,11 @@ class FileStateStore:
         finally:
             os.close(fd)  # closing the descriptor releases the flock
 
-    def _load(self) -> list[InstanceRecord]:
+    def _load(self) -> tuple[list[InstanceRecord], dict[int, str]]:
         try:
             text = self._path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            return []
+            return [], {}
         except OSError as exc:
             raise BackendError(f"cannot read {self.where}: {exc}") from exc
         try:
@@ -112,7 +137,7 @@ class FileStateStore:
         except (ValueError, TypeError, KeyError) as exc:
             raise ConfigError(f"corrupt {self.where}: {exc}") from exc
 
-    def _decode(self, document: Any) -> list[InstanceRecord]:
+    def _decode(self, document: Any) -> tuple[list[InstanceRecord], dict[int, str]]:
         if not isinstance(document, dict) or document.get("version") != STATE_VERSION:
             raise ValueError(f"expected a JSON object with version {STATE_VERSION}")
         if document.get("node") != self._node_name or document.get("gpus") != self._gpu_models:
@@ -133,10 +158,22 @@ class FileStateStore:
                     ci_id=None if ci_id is None else _int(ci_id),
                 )
             )
-        return records
+        marks = document.get("unhealthy", {})
+        if not isinstance(marks, dict):
+            raise ValueError(f"'unhealthy' must be an object of GPU index to reason, got {marks!r}")
+        unhealthy: dict[int, str] = {}
+        for key, reason in marks.items():
+            index = int(key)
+            if not 0 <= index < len(self._gpu_models):
+                raise ValueError(f"'unhealthy' names GPU {key!r}, which does not exist")
+            unhealthy[index] = _str(reason)
+        return records, unhealthy
 
-    def save(self, records: Sequence[InstanceRecord]) -> None:
-        document = {
+    def save(
+        self, records: Sequence[InstanceRecord], *, unhealthy: Mapping[int, str] | None = None
+    ) -> None:
+        marks = self._unhealthy if unhealthy is None else dict(unhealthy)
+        document: dict[str, Any] = {
             "version": STATE_VERSION,
             "node": self._node_name,
             "gpus": self._gpu_models,
@@ -146,10 +183,13 @@ class FileStateStore:
                 for r in records
             ],
         }  # fmt: skip
+        if marks:
+            document["unhealthy"] = {str(index): reason for index, reason in sorted(marks.items())}
         try:
             _write_atomically(self._path, json.dumps(document, indent=1) + "\n")
         except OSError as exc:
             raise BackendError(f"cannot write {self.where}: {exc}") from exc
+        self._unhealthy = marks
 
 
 def _int(value: object) -> int:

@@ -14,8 +14,10 @@ the emulated backend (``driver.gpu.rules``); what it adds is NVML's shape:
 - every MIG device gets a fresh UUID, as on hardware.
 
 Tests steer it with ``fail(function, code=…)`` (the next call(s) of that function fail),
-``profile_info_v2=False`` (a driver without the V call, so profiles have no names) and
-``mig_enabled`` per GPU.
+``profile_info_v2=False`` (a driver without the V call, so profiles have no names),
+``mig_enabled`` per GPU, and health per GPU: ``set_lost`` (every query of the GPU answers
+``GPU_IS_LOST``, as when it fell off the bus), ``set_retired_pages_pending`` (``None``, the default,
+answers ``NOT_SUPPORTED`` as Ampere and newer GPUs do) and ``set_remapped_rows``.
 """
 # Names below are pynvml's and nvml.h's, hence not PEP 8:
 # ruff: noqa: N802, N803, N815
@@ -111,6 +113,10 @@ class _Gpu:
     mig_current: int
     mig_pending: int
     gis: dict[int, _Gi] = field(default_factory=dict)
+    lost: bool = False
+    retired_pages_pending: bool | None = None
+    remapped_rows_pending: bool = False
+    remapped_rows_failure: bool = False
 
 
 class FakeNvml:
@@ -161,6 +167,21 @@ class FakeNvml:
         with self._lock:
             self._gpus[index].mig_current = int(current)
             self._gpus[index].mig_pending = int(pending)
+
+    def set_lost(self, index: int, *, lost: bool = True) -> None:
+        """A lost GPU answers ``GPU_IS_LOST`` to every query except its handle by index."""
+        with self._lock:
+            self._gpus[index].lost = lost
+
+    def set_retired_pages_pending(self, index: int, *, pending: bool | None) -> None:
+        """``None``: the GPU does not support page retirement (``NOT_SUPPORTED``)."""
+        with self._lock:
+            self._gpus[index].retired_pages_pending = pending
+
+    def set_remapped_rows(self, index: int, *, pending: bool, failure: bool) -> None:
+        with self._lock:
+            self._gpus[index].remapped_rows_pending = pending
+            self._gpus[index].remapped_rows_failure = failure
 
     @property
     def initialised(self) -> bool:
@@ -218,6 +239,22 @@ class FakeNvml:
             self._enter("nvmlDeviceGetMigMode")
             gpu = self._device(device)
             return [gpu.mig_current, gpu.mig_pending]
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, device: Any) -> int:
+        with self._lock:
+            self._enter("nvmlDeviceGetRetiredPagesPendingStatus")
+            pending = self._device(device).retired_pages_pending
+            if pending is None:
+                raise FakeNvmlError(api.NVML_ERROR_NOT_SUPPORTED)
+            return api.NVML_FEATURE_ENABLED if pending else api.NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetRemappedRows(self, device: Any) -> tuple[int, int, int, int]:
+        """(corrected rows, uncorrected rows, remapping pending, remapping failed)."""
+        with self._lock:
+            self._enter("nvmlDeviceGetRemappedRows")
+            gpu = self._device(device)
+            pending, failure = int(gpu.remapped_rows_pending), int(gpu.remapped_rows_failure)
+            return 0, pending + failure, pending, failure
 
     def nvmlDeviceGetGpuInstanceProfileInfo(
         self, device: Any, profile: int, version: int = 2
@@ -428,6 +465,8 @@ class FakeNvml:
         index = value & 0xFFFF
         if value & _KIND_MASK != _DEVICE or index >= len(self._gpus):
             raise FakeNvmlError(api.NVML_ERROR_INVALID_ARGUMENT)
+        if self._gpus[index].lost:
+            raise FakeNvmlError(api.NVML_ERROR_GPU_IS_LOST)
         return self._gpus[index]
 
     def _mig_device(self, handle: Any) -> _Gpu:
@@ -449,6 +488,8 @@ class FakeNvml:
         if value & _KIND_MASK != _GPU_INSTANCE or index >= len(self._gpus):
             raise FakeNvmlError(api.NVML_ERROR_INVALID_ARGUMENT)
         gpu = self._gpus[index]
+        if gpu.lost:
+            raise FakeNvmlError(api.NVML_ERROR_GPU_IS_LOST)
         if gi_id not in gpu.gis:
             raise FakeNvmlError(api.NVML_ERROR_INVALID_ARGUMENT)
         return gpu, gpu.gis[gi_id]

@@ -13,12 +13,19 @@ handle (walking every MIG device is O(10 s) on big nodes).
 - If the compute instance cannot be created, the GPU instance is destroyed before raising.
 - MIG mode is only read, never changed: a GPU with MIG off is reported (``GpuInfo.mig_enabled``)
   and creating on it is a ``ConfigError`` that says so.
+- Health, read-only, in ``gpus()``: a GPU whose ordinary queries fail with ``GPU_IS_LOST`` or
+  ``UNKNOWN`` is reported unhealthy (as last seen, or with an ``GPU-unknown-<index>`` identity if it
+  never answered) instead of failing the whole list; so is one with retired pages pending a reset
+  (``nvmlDeviceGetRetiredPagesPendingStatus``) or with remapped rows pending or failed
+  (``nvmlDeviceGetRemappedRows``). Those two are skipped when pynvml or the driver lacks them or
+  the GPU answers ``NOT_SUPPORTED``: no information is not bad health.
 """
 
 import ctypes
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final, ParamSpec, TypeVar
 
@@ -43,6 +50,9 @@ R = TypeVar("R")
 
 _GIB: Final = 1024 * MIB
 _NAME_PREFIX: Final = "MIG "
+_LOST_CODES: Final = (api.NVML_ERROR_GPU_IS_LOST, api.NVML_ERROR_UNKNOWN)
+"""Codes of a read-only query that mean the GPU itself is gone or broken."""
+_NO_INFO_CODES: Final = (api.NVML_ERROR_NOT_SUPPORTED, api.NVML_ERROR_FUNCTION_NOT_FOUND)
 
 
 class NvmlCallError(BackendError):
@@ -72,6 +82,7 @@ class NvmlGpuBackend:
         self._models: dict[GpuUuid, GpuModel] = {}
         self._state_lock = threading.Lock()
         self._gpu_locks: dict[int, threading.Lock] = {}
+        self._last_seen: dict[int, GpuInfo] = {}
         self._closed = False
         self._call("nvmlInit", self._nvml.nvmlInit)
 
@@ -80,7 +91,7 @@ class NvmlGpuBackend:
     def gpus(self) -> tuple[GpuInfo, ...]:
         self._check_open()
         count = self._call("nvmlDeviceGetCount", self._nvml.nvmlDeviceGetCount)
-        return tuple(self._gpu(index) for index in range(count))
+        return tuple(self._gpu_and_health(index) for index in range(count))
 
     def instances(self, *, gpu_index: int | None = None) -> tuple[MigInstance, ...]:
         self._check_open()
@@ -188,6 +199,71 @@ class NvmlGpuBackend:
             minor=None if minor is None else int(minor),
             model=model,
         )
+
+    def _gpu_and_health(self, index: int) -> GpuInfo:
+        """``_gpu(index)`` with its health; a lost GPU is reported unhealthy, not raised."""
+        try:
+            gpu = self._gpu(index)
+            reason = self._memory_health(self._handle(index))
+        except NvmlCallError as exc:
+            if exc.code not in _LOST_CODES:
+                raise
+            return self._lost(index, exc)
+        with self._state_lock:
+            self._last_seen[index] = gpu
+        if reason is None:
+            return gpu
+        return replace(gpu, healthy=False, health_reason=reason)
+
+    def _lost(self, index: int, exc: NvmlCallError) -> GpuInfo:
+        reason = f"the GPU stopped answering: {exc}"
+        log.debug("GPU %s is unhealthy: %s", index, reason)
+        with self._state_lock:
+            last = self._last_seen.get(index)
+        if last is not None:
+            return replace(last, healthy=False, health_reason=reason)
+        return GpuInfo(
+            index=index,
+            uuid=GpuUuid(f"GPU-unknown-{index}"),
+            product_name="unknown",
+            memory_bytes=0,
+            multiprocessors=0,
+            mig_enabled=False,
+            mig_pending=None,
+            minor=None,
+            model=None,
+            healthy=False,
+            health_reason=reason,
+        )
+
+    def _memory_health(self, handle: Any) -> str | None:
+        """Why the GPU's memory needs a reset before new slices go on it; ``None`` if fine."""
+        reasons: list[str] = []
+        pending_pages = self._health_query("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+        if pending_pages is not None and int(pending_pages) == api.NVML_FEATURE_ENABLED:
+            reasons.append("retired memory pages are pending a GPU reset")
+        rows = self._health_query("nvmlDeviceGetRemappedRows", handle)
+        if rows is not None:
+            _corrected, _uncorrected, rows_pending, rows_failed = (int(v) for v in rows)
+            if rows_failed:
+                reasons.append("remapping a faulty memory row failed")
+            if rows_pending:
+                reasons.append("remapped memory rows are pending a GPU reset")
+        return "; ".join(reasons) or None
+
+    def _health_query(self, name: str, handle: Any) -> Any:
+        """A read-only health query, or ``None`` when pynvml, the driver or the GPU lacks it."""
+        fn = getattr(self._nvml, name, None)
+        if fn is None:
+            return None
+        try:
+            return self._call(name, fn, handle)
+        except NvmlCallError as exc:
+            if exc.code in _LOST_CODES:
+                raise
+            if exc.code not in _NO_INFO_CODES:
+                log.debug("health query %s gave no answer: %s", name, exc)
+            return None
 
     def _model(self, handle: Any, *, uuid: GpuUuid, name: str, memory: int) -> GpuModel:
         """The GPU's MIG profiles as NVML reports them; fixed while MIG mode stays on, so cached."""

@@ -35,6 +35,10 @@ NVML_ERROR_UNKNOWN: Final = 999
 NVML_DEVICE_MIG_DISABLE: Final = 0
 NVML_DEVICE_MIG_ENABLE: Final = 1
 
+# nvmlEnableState_t (what nvmlDeviceGetRetiredPagesPendingStatus answers).
+NVML_FEATURE_DISABLED: Final = 0
+NVML_FEATURE_ENABLED: Final = 1
+
 # GPU-instance profile selectors (the ``profile`` argument of nvmlDeviceGetGpuInstanceProfileInfo,
 # not the profile *id* it returns: 1g.5gb is selector 0 and id 19 on an A100).
 NVML_GPU_INSTANCE_PROFILE_1_SLICE: Final = 0x0
@@ -98,6 +102,8 @@ class NvmlLibrary(Protocol):
     def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any: ...
     def nvmlDeviceGetMinorNumber(self, handle: Any) -> int: ...
     def nvmlDeviceGetMigMode(self, device: Any) -> list[int]: ...
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, device: Any) -> int: ...
+    def nvmlDeviceGetRemappedRows(self, device: Any) -> tuple[int, int, int, int]: ...
     def nvmlDeviceGetGpuInstanceProfileInfo(
         self, device: Any, profile: int, version: int = 2
     ) -> Any: ...

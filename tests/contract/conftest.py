@@ -2,7 +2,8 @@
 
 Every factory builds a ``Harness``: the backend under test plus the few controls a test needs that
 the ``GpuBackend`` protocol itself does not offer (make the next compute-instance creation fail;
-open a second backend on the same GPUs, as a restarted or second plugin process would).
+make a GPU unhealthy or healthy again; open a second backend on the same GPUs, as a restarted or
+second plugin process would).
 
 ``gpu``-marked tests talk to the real NVML read-only; they are skipped unless NVML initialises
 (``make check-nvml`` selects only them on a GPU host).
@@ -32,6 +33,8 @@ class InjectedFaultError(Exception):
 class Harness:
     backend: GpuBackend
     fail_next_ci: Callable[[], None]
+    set_health: Callable[[int, bool], None]
+    """``set_health(gpu_index, healthy)``: emulated marks; NVML over the fake, rows pending."""
     reopen: Callable[[], GpuBackend] | None
     """A second backend over the same GPUs (``None`` where state dies with the backend)."""
     opened: list[GpuBackend] = field(default_factory=list)
@@ -64,9 +67,14 @@ def _emulated(tmp_path: Path, *, file_backed: bool) -> Factory:
         backend = EmulatedGpuBackend(
             node_name="node-a", spec=spec, state_file=state, fault_hook=hook
         )
+
+        def set_health(index: int, healthy: bool) -> None:
+            backend.set_health(index, healthy=healthy, reason="injected: XID 79")
+
         harness = Harness(
             backend=backend,
             fail_next_ci=lambda: failing.append("ci"),
+            set_health=set_health,
             reopen=reopen if file_backed else None,
         )
         harness.opened.append(backend)
@@ -83,6 +91,9 @@ def _nvml_over_fake(spec: str) -> Harness:
         fail_next_ci=lambda: fake.fail(
             "nvmlGpuInstanceCreateComputeInstance",
             code=nvml_api.NVML_ERROR_INSUFFICIENT_RESOURCES,
+        ),
+        set_health=lambda index, healthy: fake.set_remapped_rows(
+            index, pending=not healthy, failure=False
         ),
         reopen=lambda: NvmlGpuBackend(nvml=fake),
     )
