@@ -3,13 +3,17 @@
 As NVIDIA's and the example driver's health servers do, ``/healthz`` dials the registration socket
 (``GetInfo``) and the DRA socket (``NodePrepareResources`` with an empty request, which must
 succeed), and reports a failed registration the kubelet told us about (``NotifyRegistrationStatus``).
+It also lists unhealthy GPUs, for a person reading the body, without failing: a broken GPU is not
+cured by restarting the plugin (its devices are withdrawn instead, see ``publisher``).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
+from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.registration import RegistrationTracker
 from protos.dra.v1 import api_pb2 as dra_v1
 from protos.dra.v1 import api_pb2_grpc as dra_v1_grpc
@@ -34,11 +38,13 @@ class HealthChecker:
         dra_socket: Path,
         tracker: RegistrationTracker,
         timeout_seconds: float = 2.0,
+        inventory: Callable[[], NodeInventory] | None = None,
     ) -> None:
         self._registration_socket = registration_socket
         self._dra_socket = dra_socket
         self._tracker = tracker
         self._timeout = timeout_seconds
+        self._inventory = inventory
 
     def check(self) -> HealthReport:
         checks: list[str] = []
@@ -69,12 +75,23 @@ class HealthChecker:
             checks.append("ok: kubelet has not reported registration yet")
         else:
             checks.append("ok: registered with the kubelet")
+        if self._inventory is not None:
+            checks.append(_gpu_health_line(self._inventory()))
         return HealthReport(ok=ok, checks=tuple(checks))
 
     def route(self) -> tuple[int, str, bytes]:
         """``/healthz``: 200 when healthy, 503 otherwise; the body lists each check."""
         report = self.check()
         return (200 if report.ok else 503), "text/plain; charset=utf-8", report.body()
+
+
+def _gpu_health_line(inventory: NodeInventory) -> str:
+    unhealthy = inventory.unhealthy_gpus
+    total = len(inventory.gpus) + len(inventory.non_mig_gpus) + len(unhealthy)
+    if not unhealthy:
+        return f"ok: {total} GPUs, none unhealthy"
+    listed = "; ".join(f"GPU {g.index}: {g.health_reason or 'no reason given'}" for g in unhealthy)
+    return f"ok: {len(unhealthy)} of {total} GPUs unhealthy, their devices withdrawn ({listed})"
 
 
 def _why(exc: grpc.RpcError) -> str:

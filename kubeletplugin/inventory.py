@@ -5,6 +5,11 @@ Device names in ResourceSlices are DNS labels (``gpu-0-1g-5gb-me-0``), which los
 ``DeviceState`` use the same table built here from the GPU backend: the publisher publishes exactly
 its devices, and prepare maps an allocated device name back to the (GPU, profile, placement) it was
 published for. A GPU without MIG mode (or whose profiles the backend cannot read) offers nothing.
+
+An unhealthy GPU (``GpuInfo.healthy`` False) is withheld from publishing whatever its MIG mode, but
+its devices stay in the name table: claims prepared on it before, or allocated to it just before it
+was withdrawn, must still resolve, so that a repeated prepare answers from the checkpoint, recovery
+keeps their slices, and unprepare frees them. Withdrawing a GPU never destroys what runs on it.
 """
 
 from collections.abc import Iterable, Mapping
@@ -33,14 +38,27 @@ class InventoryDevice:
 
 @dataclass(frozen=True, slots=True)
 class NodeInventory:
-    """The GPUs we publish, the GPUs we cannot (MIG mode off), and the device-name table."""
+    """The GPUs we publish, the GPUs we cannot (MIG mode off), the GPUs we withhold (unhealthy),
+    and the device-name table."""
 
     gpus: tuple[GpuInventory, ...] = ()
+    """Healthy GPUs with MIG mode on: what is published."""
     non_mig_gpus: tuple[GpuInfo, ...] = ()
+    """Healthy GPUs without MIG mode."""
     devices: Mapping[str, InventoryDevice] = field(default_factory=lambda: MappingProxyType({}))
+    """Every device of the published *and* the unhealthy MIG GPUs (see the module docstring)."""
+    unhealthy_gpus: tuple[GpuInfo, ...] = ()
+    """GPUs the backend reports unhealthy; none of their devices is published."""
+
+    @property
+    def published_device_count(self) -> int:
+        """How many devices the published GPUs offer (the withheld ones' not counted)."""
+        published = {gpu.index for gpu in self.gpus}
+        return sum(1 for device in self.devices.values() if device.gpu_index in published)
 
     def device(self, name: str) -> InventoryDevice:
-        """The device published as ``name``; ``NotFoundError`` if this node never published it."""
+        """The device published as ``name`` (or withheld, its GPU unhealthy); ``NotFoundError``
+        if this node never published it."""
         try:
             return self.devices[name]
         except KeyError:
@@ -54,20 +72,25 @@ def build_inventory(gpus: Iterable[GpuInfo]) -> NodeInventory:
     """The inventory of the GPUs the backend reports now (pure)."""
     published: list[GpuInventory] = []
     non_mig: list[GpuInfo] = []
+    unhealthy: list[GpuInfo] = []
     devices: dict[str, InventoryDevice] = {}
     for gpu in sorted(gpus, key=lambda g: g.index):
+        if not gpu.healthy:
+            unhealthy.append(gpu)
         if not gpu.mig_enabled or gpu.model is None:
-            non_mig.append(gpu)
+            if gpu.healthy:
+                non_mig.append(gpu)
             continue
-        published.append(
-            GpuInventory(
-                index=gpu.index,
-                uuid=gpu.uuid,
-                product_name=gpu.product_name,
-                memory_slices=gpu.model.memory_slices,
-                profiles=gpu.model.profiles,
+        if gpu.healthy:
+            published.append(
+                GpuInventory(
+                    index=gpu.index,
+                    uuid=gpu.uuid,
+                    product_name=gpu.product_name,
+                    memory_slices=gpu.model.memory_slices,
+                    profiles=gpu.model.profiles,
+                )
             )
-        )
         for profile in gpu.model.profiles:
             for placement in profile.placements:
                 name = device_name(gpu_index=gpu.index, profile=profile.name, start=placement.start)
@@ -80,5 +103,8 @@ def build_inventory(gpus: Iterable[GpuInfo]) -> NodeInventory:
                     placement=placement,
                 )
     return NodeInventory(
-        gpus=tuple(published), non_mig_gpus=tuple(non_mig), devices=MappingProxyType(devices)
+        gpus=tuple(published),
+        non_mig_gpus=tuple(non_mig),
+        devices=MappingProxyType(devices),
+        unhealthy_gpus=tuple(unhealthy),
     )

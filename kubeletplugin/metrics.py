@@ -2,7 +2,7 @@
 
 Per-claim counts and latencies of prepare and unprepare (``result`` = ``ok`` or ``error``), the RPC
 latency the kubelet sees, and the MIG slices in use by GPU and profile (from the checkpoint, so it
-is right after a restart too).
+is right after a restart too); the GPUs by health, as the last inventory poll found them.
 """
 
 from collections.abc import Mapping
@@ -63,6 +63,14 @@ class PluginMetrics:
             registry=self.registry,
         )
 
+        self._gpus = Gauge(
+            "gpus",
+            "GPUs of this node by health (unhealthy ones have their devices withdrawn).",
+            ["health"],
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+
     def claim_done(self, *, operation: str, seconds: float, ok: bool) -> None:
         self._claims.labels(operation=operation, result="ok" if ok else "error").inc()
         self._claim_seconds.labels(operation=operation).observe(seconds)
@@ -82,6 +90,10 @@ class PluginMetrics:
 
     def set_published_devices(self, count: int) -> None:
         self._published.set(count)
+
+    def set_gpu_health(self, *, healthy: int, unhealthy: int) -> None:
+        self._gpus.labels(health="healthy").set(healthy)
+        self._gpus.labels(health="unhealthy").set(unhealthy)
 
     def render(self) -> bytes:
         """The text exposition format of every metric."""

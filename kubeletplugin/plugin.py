@@ -114,6 +114,7 @@ class KubeletPlugin:
             registration_socket=self.registration_socket,
             dra_socket=self.dra_socket,
             tracker=self.tracker,
+            inventory=lambda: self.publisher.inventory,
         )
         self._dra_server = UnixGrpcServer(
             path=self.dra_socket,

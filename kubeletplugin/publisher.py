@@ -11,6 +11,16 @@ The backend is polled (``poll_seconds``): a GPU that disappears or has MIG mode 
 devices withdrawn. GPUs without MIG mode are never published; each is logged and reported once as a
 ``MigModeDisabled`` Warning event on the Node. Publishing errors are logged and retried on the next
 poll; they never stop the plugin.
+
+A GPU the backend reports unhealthy (lost, memory errors pending a reset, marked so) has its devices
+withdrawn the same way — a new pool generation without them, so no allocator places new slices there
+— and is reported once per episode (and again if the reason changes) with a warning log and a
+``GpuUnhealthy`` Warning event on the Node naming its index, UUID and the reason. When it is healthy
+again its devices are republished and a ``GpuHealthy`` Normal event says so. Slices already
+prepared on it are **not** destroyed: their pods may still run, and whether to stop them is the
+administrator's call (deleting the pods frees the slices as usual). We withdraw rather than taint
+devices (KEP-5055, what NVIDIA's driver does): taints need the ``DRADeviceTaints`` feature, while a
+withdrawn device is left alone by every allocator. The gauge ``gpus{health}`` counts GPUs by health.
 """
 
 import contextlib
@@ -19,7 +29,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Final
 
-from driver.cluster.events import WARNING, EventRecorder
+from driver.cluster.events import NORMAL, WARNING, EventRecorder
 from driver.cluster.port import (
     NODES,
     RESOURCE_SLICES,
@@ -38,6 +48,8 @@ from kubeletplugin.metrics import PluginMetrics
 logger = logging.getLogger(__name__)
 
 MIG_DISABLED_REASON: Final = "MigModeDisabled"
+GPU_UNHEALTHY_REASON: Final = "GpuUnhealthy"
+GPU_HEALTHY_REASON: Final = "GpuHealthy"
 _CONFLICT_RETRIES: Final = 3
 
 
@@ -76,6 +88,8 @@ class SlicePublisher:
         self._lock = threading.Lock()
         self._inventory = NodeInventory()
         self._reported_non_mig: set[str] = set()
+        self._reported_unhealthy: dict[int, str | None] = {}
+        """GPU index → the reason reported for it; to report each unhealthy episode once."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -86,7 +100,8 @@ class SlicePublisher:
             return self._inventory
 
     def refresh_inventory(self) -> NodeInventory:
-        """Read the backend's GPUs now; report GPUs without MIG mode once each."""
+        """Read the backend's GPUs now; report GPUs without MIG mode once each, and GPUs turning
+        unhealthy or healthy again."""
         inventory = build_inventory(self._backend.gpus())
         with self._lock:
             self._inventory = inventory
@@ -100,7 +115,40 @@ class SlicePublisher:
             logger.warning("%s", message, extra={"node": self._node, "gpu": gpu.index})
             self._node_event(reason=MIG_DISABLED_REASON, message=message)
         self._reported_non_mig = set(non_mig)
+        self._report_health(inventory)
         return inventory
+
+    def _report_health(self, inventory: NodeInventory) -> None:
+        unhealthy = {gpu.index: gpu for gpu in inventory.unhealthy_gpus}
+        for index, gpu in sorted(unhealthy.items()):
+            reported = index in self._reported_unhealthy
+            if reported and self._reported_unhealthy[index] == gpu.health_reason:
+                continue
+            withheld = sum(1 for d in inventory.devices.values() if d.gpu_index == index)
+            message = (
+                f"GPU {index} ({gpu.product_name}, {gpu.uuid}) is unhealthy: "
+                f"{gpu.health_reason or 'no reason given'}; its {withheld} devices are withdrawn "
+                "from this node's ResourceSlices until it is healthy again. MIG slices already "
+                "prepared on it are kept (their pods keep running; delete them to free the GPU)"
+            )
+            logger.warning("%s", message, extra={"node": self._node, "gpu": index})
+            self._node_event(reason=GPU_UNHEALTHY_REASON, message=message)
+        present: dict[int, str] = {g.index: g.uuid for g in inventory.gpus}
+        present.update({g.index: g.uuid for g in inventory.non_mig_gpus})
+        for index in sorted(self._reported_unhealthy.keys() - unhealthy.keys()):
+            if index not in present:
+                logger.info("unhealthy GPU %s is gone from the node", index,
+                            extra={"node": self._node, "gpu": index})  # fmt: skip
+                continue
+            message = (
+                f"GPU {index} ({present[index]}) is healthy again; its devices are republished"
+            )
+            logger.info("%s", message, extra={"node": self._node, "gpu": index})
+            self._node_event(reason=GPU_HEALTHY_REASON, message=message, event_type=NORMAL)
+        self._reported_unhealthy = {i: g.health_reason for i, g in unhealthy.items()}
+        self._metrics.set_gpu_health(
+            healthy=len(inventory.gpus) + len(inventory.non_mig_gpus), unhealthy=len(unhealthy)
+        )
 
     def sync(self) -> bool:
         """Re-read the inventory and make the published slices match it (also repairing slices
@@ -115,7 +163,7 @@ class SlicePublisher:
                 if attempt + 1 == _CONFLICT_RETRIES:
                     raise
                 continue
-            self._metrics.set_published_devices(len(inventory.devices))
+            self._metrics.set_published_devices(inventory.published_device_count)
             return written
         return False  # pragma: no cover - the loop returns or raises
 
@@ -154,11 +202,13 @@ class SlicePublisher:
                 obj["metadata"]["resourceVersion"] = resource_version_of(old)
                 self._api.update(RESOURCE_SLICES, obj)
         logger.info(
-            "published %d devices of %d MIG GPUs in %d ResourceSlices (generation %d)",
-            len(inventory.devices),
+            "published %d devices of %d MIG GPUs in %d ResourceSlices (generation %d); "
+            "unhealthy GPUs withheld: %s",
+            inventory.published_device_count,
             len(inventory.gpus),
             len(desired),
             current_generation + 1,
+            ", ".join(str(g.index) for g in inventory.unhealthy_gpus) or "none",
             extra={"node": self._node},
         )
         return True
@@ -202,7 +252,7 @@ class SlicePublisher:
             return None
         return {"apiVersion": "v1", "kind": "Node", "name": self._node, "uid": uid_of(node)}
 
-    def _node_event(self, *, reason: str, message: str) -> None:
+    def _node_event(self, *, reason: str, message: str, event_type: str = WARNING) -> None:
         if self._events is None:
             return
         try:
@@ -210,4 +260,4 @@ class SlicePublisher:
         except DriverError as exc:
             logger.info("cannot post %s event on Node %s: %s", reason, self._node, exc)
             return
-        self._events.record(node, event_type=WARNING, reason=reason, message=message)
+        self._events.record(node, event_type=event_type, reason=reason, message=message)
