@@ -28,7 +28,9 @@ from __future__ import annotations
 import enum
 import logging
 import random
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -64,6 +66,9 @@ from driver.mig.catalog import CATALOG
 from driver.placement import NoFit, Placed
 
 logger = logging.getLogger(__name__)
+
+
+_REMEMBERED_UNGATES = 10_000
 
 
 class Outcome(enum.Enum):
@@ -146,6 +151,9 @@ class PodSync:
         self.config = config or SyncConfig()
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not security
         self._overlap_since: dict[str, float] = {}
+        self._ungated_lock = threading.Lock()
+        self._ungated: OrderedDict[str, None] = OrderedDict()
+        """UIDs of pods we ungated recently: the cache may still show their gate for a moment."""
         self._profiles: tuple[int, dict[str, str]] = (-1, {})
 
     # -- lookups -------------------------------------------------------------------------------
@@ -173,6 +181,10 @@ class PodSync:
     # -- the pass ------------------------------------------------------------------------------
 
     def sync(self, pod: JsonObject) -> Result:
+        with self._ungated_lock:
+            stale = uid_of(pod) in self._ungated
+        if stale:
+            return Result(Outcome.DONE)  # a stale copy from before our own ungate
         try:
             dra = dra_claims(pod, claims=self._claim)
             requests = classic.classic_requests(pod, profiles=self._classic_profiles())
@@ -486,6 +498,10 @@ class PodSync:
             self._state.nodes.assume(pod, node)
         self._check_leader()
         ops.remove_scheduling_gate(self._api, pod=pod)
+        with self._ungated_lock:
+            self._ungated[uid_of(pod)] = None
+            while len(self._ungated) > _REMEMBERED_UNGATES:
+                self._ungated.popitem(last=False)
         self._metrics.ungated(latency_seconds=self._latency(pod))
         if node is not None:
             self._reporter.placed(pod, node=node)

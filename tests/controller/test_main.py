@@ -1,0 +1,230 @@
+"""``instaslice-controller`` as a process: flags and env, and the whole daemon against the local
+API server — its webhook (self-managed certificate, caBundle patched) gates a pod at creation, the
+allocator places it, /readyz and /metrics answer, SIGTERM stops it cleanly."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from api.names import SCHEDULING_GATE
+from controller.certs import CertMode
+from controller.settings import build_parser, parse_settings
+from driver.cluster.port import LEASES, PODS, RESOURCE_CLAIMS, Resource, gate_names
+from localcluster.apiserver import LocalApiServer
+from tests.controller.harness import (
+    NS,
+    claim_object,
+    client,
+    create_device_classes,
+    pod_object,
+    publish_node,
+    ungated,
+    wait_for,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+WEBHOOK_CONFIGURATIONS = Resource(
+    group="admissionregistration.k8s.io",
+    version="v1",
+    plural="mutatingwebhookconfigurations",
+    kind="MutatingWebhookConfiguration",
+    namespaced=False,
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_help_lists_every_flag() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "controller", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        check=True,
+    )
+    for flag in ("--kubeconfig", "--policy", "--webhook-port", "--cert-mode", "--no-leader-elect",
+                 "--lease-duration", "--workers", "--metrics-address", "--healthz-address",
+                 "--log-format"):  # fmt: skip
+        assert flag in result.stdout
+
+
+def test_settings_come_from_env_and_flags_win() -> None:
+    env = {
+        "INSTASLICE_LEADER_ELECT": "false",
+        "INSTASLICE_WORKERS": "4",
+        "INSTASLICE_LOG_LEVEL": "info",
+        "INSTASLICE_CERT_MODE": "cert-manager",
+        "INSTASLICE_POLICY": "bestfit",
+    }
+    settings = parse_settings(["--workers", "7"], environ=env)
+    assert settings.leader_elect is False
+    assert settings.workers == 7
+    assert settings.log_level == "INFO"
+    assert settings.cert_mode is CertMode.CERT_MANAGER
+    assert settings.policy == "bestfit"
+    defaults = parse_settings([], environ={})
+    assert defaults.namespace == "instaslice-system"
+    assert defaults.leader_elect is True
+    assert (defaults.webhook_port, defaults.metrics_address, defaults.healthz_address) == (
+        9443,
+        ":8080",
+        ":8081",
+    )
+    assert build_parser().prog == "instaslice-controller"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [
+        (["--policy", "worstfit"], {}),
+        ([], {"INSTASLICE_POLICY": "worstfit"}),
+        ([], {"INSTASLICE_LEADER_ELECT": "maybe"}),
+        (["--workers", "0"], {}),
+        (["--lease-duration", "5", "--renew-deadline", "6"], {}),
+        (["--metrics-address", "nonsense"], {}),
+        (["--webhook-port", "70000"], {}),
+    ],
+    ids=[
+        "bad-policy",
+        "bad-policy-env",
+        "bad-bool-env",
+        "no-workers",
+        "renew-after-lease",
+        "bad-address",
+        "bad-port",
+    ],
+)
+def test_bad_settings_exit_with_status_2(argv: list[str], env: dict[str, str]) -> None:
+    with pytest.raises(SystemExit) as raised:
+        parse_settings(argv, environ=env)
+    assert raised.value.code == 2
+
+
+@pytest.fixture
+def webhook_port() -> int:
+    return _free_port()
+
+
+@pytest.fixture
+def gated_server(webhook_port: int) -> Iterator[LocalApiServer]:
+    """An API server that calls our webhook for its Service, like kube-apiserver would."""
+    with LocalApiServer(
+        service_resolver=lambda ns, name, port: f"https://127.0.0.1:{webhook_port}"
+    ) as server:
+        yield server
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except OSError:
+        return 0, ""
+
+
+def test_the_daemon_gates_places_serves_probes_and_stops_on_sigterm(
+    gated_server: LocalApiServer, webhook_port: int, tmp_path: Path
+) -> None:
+    with client(gated_server) as api:
+        create_device_classes(api)
+        publish_node(api, "node-a", gpus=1)
+        api.create(
+            WEBHOOK_CONFIGURATIONS,
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "MutatingWebhookConfiguration",
+                "metadata": {"name": "instaslice-pod-gate"},
+                "webhooks": [
+                    {
+                        "name": "pod-gate.instaslice.dev",
+                        "admissionReviewVersions": ["v1"],
+                        "clientConfig": {
+                            "service": {
+                                "name": "instaslice-webhook",
+                                "namespace": NS,
+                                "path": "/mutate-v1-pod",
+                                "port": 443,
+                            }
+                        },
+                        "rules": [
+                            {
+                                "operations": ["CREATE"],
+                                "apiGroups": [""],
+                                "apiVersions": ["v1"],
+                                "resources": ["pods"],
+                            }
+                        ],
+                        "failurePolicy": "Ignore",
+                        "sideEffects": "None",
+                        "timeoutSeconds": 5,
+                    }
+                ],
+            },
+        )
+        metrics, health = _free_port(), _free_port()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "controller", "--kube-api-url", gated_server.url,
+             "--namespace", NS, "--identity", "daemon-under-test", "--lease-duration", "3",
+             "--renew-deadline", "2", "--retry-period", "0.5", "--webhook-port", str(webhook_port),
+             "--webhook-cert-dir", str(tmp_path / "certs"), "--cert-mode", "self",
+             "--metrics-address", f"127.0.0.1:{metrics}",
+             "--healthz-address", f"127.0.0.1:{health}", "--log-format", "json"],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        try:
+            wait_for(
+                lambda: _get(f"http://127.0.0.1:{health}/readyz")[0] == 200,
+                timeout=30,
+                what="/readyz",
+            )
+            assert _get(f"http://127.0.0.1:{health}/healthz")[0] == 200
+            configuration = api.get(WEBHOOK_CONFIGURATIONS, name="instaslice-pod-gate")
+            assert configuration["webhooks"][0]["clientConfig"]["caBundle"]
+
+            api.create(RESOURCE_CLAIMS, claim_object("c"), namespace=NS)
+            created = api.create(PODS, pod_object("p", claims=["c"], gates=()), namespace=NS)
+            assert gate_names(created) == [SCHEDULING_GATE]  # added by our webhook
+            wait_for(lambda: ungated(api, "p"), timeout=20, what="the pod placed")
+            claim = api.get(RESOURCE_CLAIMS, name="c", namespace=NS)
+            assert claim["status"]["allocation"]["devices"]["results"][0]["pool"] == "node-a"
+
+            def scraped() -> str:
+                text = _get(f"http://127.0.0.1:{metrics}/metrics")[1]
+                return text if "instaslice_controller_pods_ungated_total 1.0" in text else ""
+
+            body = wait_for(scraped, what="the ungate counted once")
+            assert "instaslice_controller_leader 1.0" in body
+            assert 'instaslice_controller_free_placements{profile="1g.5gb"} 6.0' in body
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                code = process.wait(timeout=20)
+            finally:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+                stderr = process.stderr.read() if process.stderr else ""
+                if process.stderr:
+                    process.stderr.close()
+        assert code == 0, stderr[-2000:]
+        lease = api.get(LEASES, name="instaslice-controller", namespace=NS)
+        assert lease["spec"]["holderIdentity"] == ""  # handed back on SIGTERM
