@@ -14,12 +14,22 @@ import pytest
 
 from driver.errors import BackendError, ConfigError, NotFoundError
 from driver.gpu import nvml_api as api
+from driver.gpu.backend import GpuBackend
 from driver.gpu.emulated import EmulatedGpuBackend
 from driver.gpu.fake_nvml import FakeNvml
 from driver.gpu.nvml import NvmlCallError, NvmlGpuBackend
 from tests.contract.conftest import Harness
 
 # -- the contract, on every backend -------------------------------------------------------------
+
+
+def test_every_gpu_has_a_health_verdict_with_a_reason_when_unhealthy(
+    discovery_backend: GpuBackend,
+) -> None:
+    """Also on a real GPU host: the health queries answer or say "no information", never raise."""
+    for gpu in discovery_backend.gpus():
+        assert isinstance(gpu.healthy, bool)
+        assert (gpu.health_reason is None) == gpu.healthy
 
 
 def test_gpus_are_healthy_by_default(harness: Harness) -> None:
