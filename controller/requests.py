@@ -1,17 +1,11 @@
-"""A pod's claims → what the placement engine is asked, and the engine's answer → allocation results.
+"""A pod's claims → what the placement engine is asked.
 
-Per request, the candidate devices are the published devices of ours for which every selector of
-its DeviceClass and then every selector of the request is true (``selectors``; CEL as kube-scheduler
-evaluates it). Candidates are cached per (class version, request selectors, inventory version), so a
-thousand pods from one template cost one evaluation. The engine is asked in profile terms: the
-profiles of the candidates, plus a predicate only when the selectors accept some but not all
-devices of a profile (a GPU index, a product name).
-
-``count``, ``allocationMode: All``, ``firstAvailable`` (each combination of alternatives, in order,
+Each request becomes one engine request over the profiles of its candidates (``candidates``), with
+a predicate only when its selectors accept some but not all devices of a profile. ``count``, ``allocationMode: All``, ``firstAvailable`` (each combination of alternatives, in order,
 the first that fits wins), ``matchAttribute``/``distinctAttribute`` (``parentUUID``/``gpuIndex`` are
 "same GPU"/"distinct GPUs" for the engine; other attributes are compared by value) and opaque
 configs (class configs ``FromClass`` then claim configs ``FromClaim``, as kube-scheduler copies
-them; ours are validated) are handled here. Problems raise ``PlacementProblem`` with a reason.
+them, see ``results``; ours are validated here) are handled. Problems raise ``PlacementProblem`` with a reason.
 """
 
 from __future__ import annotations
@@ -19,29 +13,21 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from api.config import parse_opaque_config
 from api.errors import ValidationFailed
 from api.names import ATTRIBUTE_GPU_INDEX, ATTRIBUTE_PARENT_UUID, DRIVER_NAME
+from controller.candidates import CandidateCache, Candidates
 from controller.conditions import PlacementProblem, Reason
 from controller.inventory import SliceInventory
-from controller.occupancy import DeviceKey
-from controller.selectors import (
-    CompiledSelector,
-    SelectorError,
-    compile_selector,
-    matches_all,
-    split_qualified_name,
-)
-from driver.cluster.port import JsonObject, name_of, resource_version_of, uid_of
+from controller.selectors import split_qualified_name
+from driver.cluster.port import JsonObject, name_of
 from driver.placement import (
     Constraint,
     DeviceRef,
     DeviceRequest,
     DistinctAttribute,
     MatchAttribute,
-    Placed,
     PodRequest,
 )
 
@@ -53,89 +39,6 @@ _GPU_ATTRIBUTES = frozenset(
 )
 
 ClassLookup = Callable[[str], JsonObject | None]
-
-
-@dataclass(frozen=True, slots=True)
-class Candidates:
-    matched: frozenset[DeviceKey]
-    profiles: frozenset[str]
-    complete: bool
-    """Every published device of ``profiles`` matched: the engine needs no predicate."""
-    per_node: Mapping[str, int]
-
-
-class CandidateCache:
-    """Candidates per (class, request selectors), valid for one inventory version."""
-
-    def __init__(self, inventory: SliceInventory) -> None:
-        self._inventory = inventory
-        self._version = -1
-        self._cache: dict[Hashable, Candidates | PlacementProblem] = {}
-        self._profile_totals: dict[str, int] = {}
-
-    def candidates(self, device_class: JsonObject, selectors: Sequence[str]) -> Candidates:
-        inventory = self._inventory
-        if inventory.version != self._version:
-            self._cache.clear()
-            self._profile_totals = {}
-            for view in inventory.views():
-                profile = _profile_of(view.attributes)
-                self._profile_totals[profile] = self._profile_totals.get(profile, 0) + 1
-            self._version = inventory.version
-        key = (
-            name_of(device_class),
-            uid_of(device_class),
-            resource_version_of(device_class),
-            tuple(selectors),
-        )
-        found = self._cache.get(key)
-        if found is None:
-            try:
-                found = self._evaluate(device_class, selectors)
-            except PlacementProblem as problem:
-                found = problem
-            self._cache[key] = found
-        if isinstance(found, PlacementProblem):
-            raise PlacementProblem(found.reason, found.message)
-        return found
-
-    def _evaluate(self, device_class: JsonObject, selectors: Sequence[str]) -> Candidates:
-        class_exprs = [
-            s.get("cel", {}).get("expression", "")
-            for s in (device_class.get("spec") or {}).get("selectors") or []
-        ]
-        try:
-            compiled: list[CompiledSelector] = [
-                compile_selector(e) for e in [*class_exprs, *selectors]
-            ]
-        except SelectorError as exc:
-            where = "DeviceClass " + name_of(device_class) if exc.expression in class_exprs else ""
-            raise PlacementProblem(
-                Reason.INVALID_SELECTOR, f"{where + ': ' if where else ''}{exc}"
-            ) from exc
-        matched: set[DeviceKey] = set()
-        profiles: dict[str, int] = {}
-        per_node: dict[str, int] = {}
-        try:
-            for view in self._inventory.views():
-                if matches_all(compiled, view):
-                    matched.add((view.pool, view.name))
-                    profile = _profile_of(view.attributes)
-                    profiles[profile] = profiles.get(profile, 0) + 1
-                    per_node[view.pool] = per_node.get(view.pool, 0) + 1
-        except SelectorError as exc:
-            raise PlacementProblem(Reason.INVALID_SELECTOR, str(exc)) from exc
-        complete = all(self._profile_totals.get(p) == n for p, n in profiles.items())
-        return Candidates(
-            matched=frozenset(matched),
-            profiles=frozenset(profiles),
-            complete=complete,
-            per_node=per_node,
-        )
-
-
-def _profile_of(attributes: Mapping[str, Mapping[str, Any]]) -> str:
-    return str(attributes.get(DRIVER_NAME, {}).get("profile", ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,76 +314,3 @@ def beyond_every_node(alternative: Alternative, inventory: SliceInventory) -> st
         f"the pod needs {wanted} MIG devices on one node; the largest node holds at most "
         f"{most_devices} of the profiles asked for ({most_slices} memory slices)"
     )
-
-
-def node_selector(node: str) -> JsonObject:
-    """An allocation's ``nodeSelector``: the node by ``metadata.name``, as kube-scheduler writes."""
-    return {
-        "nodeSelectorTerms": [
-            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
-        ]
-    }
-
-
-def allocations(
-    placed: Placed,
-    alternative: Alternative,
-    claims: Sequence[JsonObject],
-    *,
-    inventory: SliceInventory,
-    classes: ClassLookup,
-) -> list[JsonObject]:
-    """``status.allocation`` (without the timestamp) of each claim, in ``claims`` order."""
-    by_engine = {slot.engine_name: slot for slot in alternative.slots}
-    results: list[list[JsonObject]] = [[] for _ in claims]
-    for assignment in placed.assignments:
-        slot = by_engine[assignment.request]
-        device = inventory.device_name(
-            assignment.node, assignment.gpu_index, assignment.profile, assignment.start
-        )
-        if device is None:
-            raise PlacementProblem(
-                Reason.NO_CAPACITY,
-                f"{assignment.profile} at {assignment.start} on GPU {assignment.gpu_index} of "
-                f"{assignment.node} is no longer published",
-            )
-        results[slot.claim_index].append(
-            {
-                "request": slot.result_request,
-                "driver": DRIVER_NAME,
-                "pool": assignment.node,
-                "device": device,
-            }
-        )
-    out = []
-    for index, claim in enumerate(claims):
-        mine = [s for s in alternative.slots if s.claim_index == index]
-        config: list[JsonObject] = []
-        for slot in mine:
-            device_class = classes(slot.class_name) or {}
-            for entry in (device_class.get("spec") or {}).get("config") or []:
-                if entry.get("opaque"):
-                    config.append(
-                        {
-                            "source": "FromClass",
-                            "requests": [slot.result_request],
-                            "opaque": entry["opaque"],
-                        }
-                    )
-        selected = {s.request for s in mine} | {s.result_request for s in mine}
-        for entry in ((claim.get("spec") or {}).get("devices") or {}).get("config") or []:
-            named = entry.get("requests") or []
-            if entry.get("opaque") and (not named or selected.intersection(named)):
-                config.append(
-                    {
-                        "source": "FromClaim",
-                        **({"requests": list(named)} if named else {}),
-                        "opaque": entry["opaque"],
-                    }
-                )
-        allocation: JsonObject = {
-            "devices": {"results": results[index], **({"config": config} if config else {})},
-            "nodeSelector": node_selector(placed.node),
-        }
-        out.append(allocation)
-    return out

@@ -17,10 +17,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from controller.candidates import CandidateCache
 from controller.inventory import SliceInventory
 from controller.nodefilter import NodeFilter
 from controller.occupancy import ClaimOccupancy, parse_rv
-from controller.requests import CandidateCache
 from driver.cluster.port import JsonObject
 from driver.placement import Engine
 

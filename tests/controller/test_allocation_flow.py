@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from api.names import DELETE_PROTECTION_FINALIZER, DRIVER_NAME, profile_device_class
-from controller.requests import node_selector
+from controller.results import node_selector
 from controller.sync import SyncConfig
 from driver.cluster import ops
 from driver.cluster.kube import KubeClusterApi

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from api.names import DRIVER_NAME
+from controller.candidates import CandidateCache
 from controller.inventory import SliceInventory, gpu_model_of
 from controller.nodefilter import NodeFilter, node_info, pod_usage, static_fit
 from controller.occupancy import ClaimOccupancy
-from controller.requests import CandidateCache
 from driver.mig.catalog import CATALOG
 from driver.placement import Engine, PodRequest
 from driver.resourceslices import GpuInventory, build_pool, parse_devices

@@ -1,0 +1,104 @@
+"""Which published devices a request may get: its DeviceClass's selectors, then its own, all true.
+
+Evaluated with the CEL selectors of ``selectors`` (as kube-scheduler evaluates them) over every
+published device of ours, and cached per (class version, request selectors, inventory version), so
+a thousand pods from one template cost one evaluation. The engine is asked in profile terms, so
+the result also says whether the selectors took every device of each matching profile (no
+per-device predicate needed) or only some (a GPU index, a placement, a product name).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from api.names import DRIVER_NAME
+from controller.conditions import PlacementProblem, Reason
+from controller.inventory import SliceInventory
+from controller.occupancy import DeviceKey
+from controller.selectors import CompiledSelector, SelectorError, compile_selector, matches_all
+from driver.cluster.port import JsonObject, name_of, resource_version_of, uid_of
+
+
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    matched: frozenset[DeviceKey]
+    profiles: frozenset[str]
+    complete: bool
+    """Every published device of ``profiles`` matched: the engine needs no predicate."""
+    per_node: Mapping[str, int]
+
+
+class CandidateCache:
+    """Candidates per (class, request selectors), valid for one inventory version."""
+
+    def __init__(self, inventory: SliceInventory) -> None:
+        self._inventory = inventory
+        self._version = -1
+        self._cache: dict[Hashable, Candidates | PlacementProblem] = {}
+        self._profile_totals: dict[str, int] = {}
+
+    def candidates(self, device_class: JsonObject, selectors: Sequence[str]) -> Candidates:
+        inventory = self._inventory
+        if inventory.version != self._version:
+            self._cache.clear()
+            self._profile_totals = {}
+            for view in inventory.views():
+                profile = _profile_of(view.attributes)
+                self._profile_totals[profile] = self._profile_totals.get(profile, 0) + 1
+            self._version = inventory.version
+        key = (
+            name_of(device_class),
+            uid_of(device_class),
+            resource_version_of(device_class),
+            tuple(selectors),
+        )
+        found = self._cache.get(key)
+        if found is None:
+            try:
+                found = self._evaluate(device_class, selectors)
+            except PlacementProblem as problem:
+                found = problem
+            self._cache[key] = found
+        if isinstance(found, PlacementProblem):
+            raise PlacementProblem(found.reason, found.message)
+        return found
+
+    def _evaluate(self, device_class: JsonObject, selectors: Sequence[str]) -> Candidates:
+        class_exprs = [
+            s.get("cel", {}).get("expression", "")
+            for s in (device_class.get("spec") or {}).get("selectors") or []
+        ]
+        try:
+            compiled: list[CompiledSelector] = [
+                compile_selector(e) for e in [*class_exprs, *selectors]
+            ]
+        except SelectorError as exc:
+            where = "DeviceClass " + name_of(device_class) if exc.expression in class_exprs else ""
+            raise PlacementProblem(
+                Reason.INVALID_SELECTOR, f"{where + ': ' if where else ''}{exc}"
+            ) from exc
+        matched: set[DeviceKey] = set()
+        profiles: dict[str, int] = {}
+        per_node: dict[str, int] = {}
+        try:
+            for view in self._inventory.views():
+                if matches_all(compiled, view):
+                    matched.add((view.pool, view.name))
+                    profile = _profile_of(view.attributes)
+                    profiles[profile] = profiles.get(profile, 0) + 1
+                    per_node[view.pool] = per_node.get(view.pool, 0) + 1
+        except SelectorError as exc:
+            raise PlacementProblem(Reason.INVALID_SELECTOR, str(exc)) from exc
+        complete = all(self._profile_totals.get(p) == n for p, n in profiles.items())
+        return Candidates(
+            matched=frozenset(matched),
+            profiles=frozenset(profiles),
+            complete=complete,
+            per_node=per_node,
+        )
+
+
+def _profile_of(attributes: Mapping[str, Mapping[str, Any]]) -> str:
+    return str(attributes.get(DRIVER_NAME, {}).get("profile", ""))

@@ -1,0 +1,46 @@
+"""What one pass over a pod ends in, and the knobs of the write-check protocol (``writes``)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from driver.errors import DriverError
+
+
+class Outcome(enum.Enum):
+    DONE = "done"
+    WAIT = "wait"
+    """Woken by an event about the pod or its claims."""
+    WAIT_CAPACITY = "wait-capacity"
+    """Woken when slices are freed or the inventory changes."""
+    WAIT_CHANGE = "wait-change"
+    """Woken when the inventory or the DeviceClasses change."""
+    RETRY_AFTER = "retry-after"
+    RETRY = "retry"
+    """Requeued with the work queue's per-key backoff."""
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    outcome: Outcome
+    delay: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SyncConfig:
+    verify_timeout: float = 5.0
+    """How long to wait for the claim informer to see our write before checking it; past it
+    the writer no longer withdraws (it retries instead)."""
+    adopt_grace: float = 6.0
+    """How long an allocation we did not write is left to its writer's check before we ungate
+    for it ourselves (longer than ``verify_timeout``)."""
+    overlap_grace: float = 5.0
+    """How long an overlap between allocations we did not write may last before the gated
+    pod's claim is withdrawn (their writers may have died before checking)."""
+    yield_delay: tuple[float, float] = (0.01, 0.2)
+    """Random delay before retrying a pod whose allocation was withdrawn."""
+
+
+class NotLeaderError(DriverError):
+    """This replica is not the leader (any more): stop writing."""
