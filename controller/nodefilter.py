@@ -3,8 +3,9 @@ bounce between our allocation (which pins it to one node) and a scheduler that r
 
 Checked, as kube-scheduler's plugins of the same names do:
 
-- NodeResourcesFit: the node's allocatable CPU, memory and pod count minus the requests of the
-  pods bound to it (and of pods we have already sent there but the scheduler has not bound yet);
+- NodeResourcesFit: the node's allocatable CPU, memory, pod count and extended resources (a
+  classic pod's ``nvidia.com/mig-*``, advertised by our device-plugin shim) minus the requests of
+  the pods bound to it (and of pods we have already sent there but the scheduler has not bound);
 - NodeAffinity: ``spec.nodeSelector`` labels and required node affinity
   (``nodeSelectorTerms``: ``matchExpressions`` with In/NotIn/Exists/DoesNotExist/Gt/Lt and
   ``matchFields`` on ``metadata.name``);
@@ -31,11 +32,8 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 _BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 
 
-@dataclass(frozen=True, slots=True)
-class Usage:
-    cpu_millis: int = 0
-    memory_bytes: int = 0
-    pods: int = 1
+Usage = Mapping[str, int]
+"""Requested or allocatable amounts by resource name: CPU in millicores, the rest in units."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,46 +42,49 @@ class NodeInfo:
     labels: Mapping[str, str]
     taints: tuple[Mapping[str, Any], ...]
     allocatable: Usage
+    """Resources the node lists; a resource it does not list has none (but a node listing no
+    ``cpu``/``memory``/``pods`` at all is not limited in those)."""
 
 
-def _quantity(value: Any, *, scale: int) -> int:
+def _amount(resource: str, value: Any) -> int:
     try:
-        return math.ceil(Quantity.parse(str(value)).value * scale)
+        number = Quantity.parse(str(value)).value
     except ValueError:
         return 0
+    return math.ceil(number * 1000 if resource == "cpu" else number)
 
 
-def _container_usage(container: Mapping[str, Any]) -> tuple[int, int]:
+def _container_usage(container: Mapping[str, Any]) -> dict[str, int]:
     resources = container.get("resources") or {}
-    requests = resources.get("requests") or {}
-    limits = resources.get("limits") or {}
-    cpu = requests.get("cpu", limits.get("cpu"))
-    memory = requests.get("memory", limits.get("memory"))
-    return (
-        _quantity(cpu, scale=1000) if cpu is not None else 0,
-        _quantity(memory, scale=1) if memory is not None else 0,
-    )
+    # a limit without a request is also the request (the API server defaults it so)
+    amounts = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+    return {name: _amount(name, value) for name, value in amounts.items()}
 
 
-def pod_usage(pod: JsonObject) -> Usage:
-    """What the pod requests of a node (containers summed; init containers at their maximum)."""
+def _add(total: dict[str, int], more: Mapping[str, int]) -> None:
+    for name, value in more.items():
+        total[name] = total.get(name, 0) + value
+
+
+def pod_usage(pod: JsonObject) -> dict[str, int]:
+    """What the pod requests of a node: containers (and sidecars) summed, other init containers
+    at their maximum, plus the pod overhead and the pod itself (``pods: 1``)."""
     spec = pod.get("spec") or {}
-    cpu = memory = 0
+    running: dict[str, int] = {}
     for container in spec.get("containers") or []:
-        c, m = _container_usage(container)
-        cpu, memory = cpu + c, memory + m
-    init_cpu = init_memory = 0
+        _add(running, _container_usage(container))
+    init: dict[str, int] = {}
     for container in spec.get("initContainers") or []:
-        c, m = _container_usage(container)
-        if container.get("restartPolicy") == "Always":  # sidecar: runs with the containers
-            cpu, memory = cpu + c, memory + m
+        usage = _container_usage(container)
+        if container.get("restartPolicy") == "Always":  # a sidecar runs with the containers
+            _add(running, usage)
         else:
-            init_cpu, init_memory = max(init_cpu, c), max(init_memory, m)
-    overhead = spec.get("overhead") or {}
-    return Usage(
-        cpu_millis=max(cpu, init_cpu) + _quantity(overhead.get("cpu", 0), scale=1000),
-        memory_bytes=max(memory, init_memory) + _quantity(overhead.get("memory", 0), scale=1),
-    )
+            for name, value in usage.items():
+                init[name] = max(init.get(name, 0), value)
+    total = {name: max(running.get(name, 0), init.get(name, 0)) for name in {*running, *init}}
+    _add(total, {n: _amount(n, v) for n, v in (spec.get("overhead") or {}).items()})
+    total["pods"] = 1
+    return {name: value for name, value in total.items() if value > 0}
 
 
 def node_info(node: JsonObject) -> NodeInfo:
@@ -96,14 +97,11 @@ def node_info(node: JsonObject) -> NodeInfo:
         name=name_of(node),
         labels=dict((node.get("metadata") or {}).get("labels") or {}),
         taints=tuple(taints),
-        allocatable=Usage(
-            cpu_millis=_quantity(allocatable["cpu"], scale=1000) if "cpu" in allocatable else -1,
-            memory_bytes=_quantity(allocatable["memory"], scale=1)
-            if "memory" in allocatable
-            else -1,
-            pods=_quantity(allocatable["pods"], scale=1) if "pods" in allocatable else -1,
-        ),
+        allocatable={name: _amount(name, value) for name, value in allocatable.items()},
     )
+
+
+_UNLIMITED_IF_UNLISTED = frozenset({"cpu", "memory", "pods", "ephemeral-storage"})
 
 
 def _tolerates(tolerations: list[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
@@ -182,8 +180,8 @@ class NodeFilter:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._nodes: dict[str, NodeInfo] = {}
-        self._used: dict[str, list[int]] = {}
-        """node → [cpu millis, memory bytes, pods] requested by pods counted on it."""
+        self._used: dict[str, dict[str, int]] = {}
+        """node → amounts requested by the pods counted on it."""
         self._counted: dict[str, tuple[str, Usage, bool]] = {}
         """pod uid → (node, usage, bound) for every pod counted against a node."""
 
@@ -257,38 +255,34 @@ class NodeFilter:
 
     def why_not(self, pod: JsonObject, node: str, *, usage: Usage | None = None) -> str | None:
         """Why the pod cannot go to ``node``; ``None`` if it can."""
-        usage = usage or pod_usage(pod)
+        usage = usage if usage is not None else pod_usage(pod)
         with self._lock:
             info = self._nodes.get(node)
             if info is None:
                 return f"node {node} has no Node object"
-            used = self._used.get(node, [0, 0, 0])
-            if uid_of(pod) in self._counted and self._counted[uid_of(pod)][0] == node:
-                used = [u - v for u, v in zip(used, self._as_list(usage), strict=True)]
-            allocatable = info.allocatable
+            used = dict(self._used.get(node, {}))
+            counted = self._counted.get(uid_of(pod))
+            if counted is not None and counted[0] == node:  # the pod itself is counted there
+                for name, value in counted[1].items():
+                    used[name] = used.get(name, 0) - value
         problem = static_fit(pod, info)
         if problem is not None:
             return problem
-        for label, want, have, total in (
-            ("cpu", usage.cpu_millis, used[0], allocatable.cpu_millis),
-            ("memory", usage.memory_bytes, used[1], allocatable.memory_bytes),
-            ("pods", 1, used[2], allocatable.pods),
-        ):
-            if total >= 0 and want > 0 and have + want > total:
-                return f"node {node} has not enough {label} left"
+        for name, want in usage.items():
+            total = info.allocatable.get(name)
+            if total is None:
+                if name in _UNLIMITED_IF_UNLISTED:
+                    continue
+                return f"node {node} does not offer {name}"
+            if used.get(name, 0) + want > total:
+                return f"node {node} has not enough {name} left"
         return None
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
-    @staticmethod
-    def _as_list(usage: Usage) -> list[int]:
-        return [usage.cpu_millis, usage.memory_bytes, usage.pods]
-
     def _count(self, uid: str, node: str, usage: Usage, *, bound: bool) -> None:
         self._counted[uid] = (node, usage, bound)
-        used = self._used.setdefault(node, [0, 0, 0])
-        for i, value in enumerate(self._as_list(usage)):
-            used[i] += value
+        _add(self._used.setdefault(node, {}), usage)
 
     def _uncount(self, uid: str) -> None:
         counted = self._counted.pop(uid, None)
@@ -297,5 +291,5 @@ class NodeFilter:
         node, usage, _ = counted
         used = self._used.get(node)
         if used is not None:
-            for i, value in enumerate(self._as_list(usage)):
-                used[i] -= value
+            for name, value in usage.items():
+                used[name] = used.get(name, 0) - value

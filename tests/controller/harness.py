@@ -13,6 +13,7 @@ from api.names import (
     DEVICE_CLASS_ANY,
     DRIVER_NAME,
     SCHEDULING_GATE,
+    classic_resource_name,
     profile_device_class,
 )
 from controller.allocator import AllocatorConfig
@@ -70,9 +71,14 @@ def publish_node(
     api: ClusterApi, name: str, *, gpus: int = 8, model: str = "A100-40GB", **node: Any
 ) -> JsonObject:
     """A Node and its ResourceSlices, as the kubelet plugin publishes them."""
-    created = api.create(NODES, node_object(name, **node))
-    owner = {"apiVersion": "v1", "kind": "Node", "name": name, "uid": created["metadata"]["uid"]}
     gpu_model = CATALOG[model]
+    node_obj = node_object(name, **node)
+    # what the device-plugin shim advertises for classic requests (kube-scheduler needs it)
+    node_obj["status"]["allocatable"].update(
+        {classic_resource_name(p.name): str(p.max_count * gpus) for p in gpu_model.profiles}
+    )
+    created = api.create(NODES, node_obj)
+    owner = {"apiVersion": "v1", "kind": "Node", "name": name, "uid": created["metadata"]["uid"]}
     inventory = [
         GpuInventory(
             index=i,

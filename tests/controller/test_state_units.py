@@ -250,7 +250,7 @@ def test_resources_count_bound_and_assumed_pods() -> None:
     nodes = NodeFilter()
     nodes.node_changed(node_object("n", cpu="2", memory="1Gi"))
     big = pod_object("big", cpu="1500m")
-    assert pod_usage(big).cpu_millis == 1500
+    assert pod_usage(big) == {"cpu": 1500, "pods": 1}
     bound = copy.deepcopy(pod_object("bound", cpu="1"))
     bound["metadata"]["uid"] = "u-bound"
     bound["spec"]["nodeName"] = "n"
@@ -264,12 +264,26 @@ def test_resources_count_bound_and_assumed_pods() -> None:
     assert nodes.why_not(pod_object("p"), "ghost") == "node ghost has no Node object"
 
 
+def test_extended_resources_must_be_offered_and_left() -> None:
+    nodes = NodeFilter()
+    offering = node_object("n")
+    offering["status"]["allocatable"]["nvidia.com/mig-1g.5gb"] = "2"
+    nodes.node_changed(offering)
+    nodes.node_changed(node_object("bare"))
+    pod = pod_object("classic", classic={"nvidia.com/mig-1g.5gb": 2})
+    assert nodes.why_not(pod, "n") is None
+    assert nodes.why_not(pod, "bare") == "node bare does not offer nvidia.com/mig-1g.5gb"
+    nodes.assume(
+        {**pod_object("other", classic={"nvidia.com/mig-1g.5gb": 1}), "metadata": {"uid": "o"}}, "n"
+    )
+    assert nodes.why_not(pod, "n") == "node n has not enough nvidia.com/mig-1g.5gb left"
+
+
 def test_init_containers_count_at_their_maximum_and_sidecars_add_up() -> None:
     pod = pod_object("p", cpu="1")
     pod["spec"]["initContainers"] = [
         {"name": "init", "resources": {"requests": {"cpu": "3", "memory": "1Gi"}}},
         {"name": "side", "restartPolicy": "Always", "resources": {"requests": {"cpu": "500m"}}},
     ]
-    usage = pod_usage(pod)
-    assert (usage.cpu_millis, usage.memory_bytes) == (3000, 1 << 30)
+    assert pod_usage(pod) == {"cpu": 3000, "memory": 1 << 30, "pods": 1}
     assert PodRequest.single("1g.5gb").device_count == 1
