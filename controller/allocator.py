@@ -180,12 +180,14 @@ class Allocator:
         self._pod_updated(pod)
 
     def _pod_updated(self, pod: JsonObject) -> None:
-        self.state.nodes.pod_changed(pod)
+        if self.state.nodes.pod_changed(pod):
+            self._wake(everyone=False)  # it finished: its CPU, memory, ... are free again
         if SCHEDULING_GATE in gate_names(pod) or (_is_terminal(pod) and _has_classic(pod)):
             self.queue.add(object_key(pod))
 
     def _pod_deleted(self, pod: JsonObject) -> None:
-        self.state.nodes.pod_deleted(pod)
+        if self.state.nodes.pod_deleted(pod):
+            self._wake(everyone=False)
         key = object_key(pod)
         with self._lock:
             self._first_seen.pop(key, None)

@@ -196,22 +196,25 @@ class NodeFilter:
         with self._lock:
             self._nodes.pop(name_of(node), None)
 
-    def pod_changed(self, pod: JsonObject) -> None:
+    def pod_changed(self, pod: JsonObject) -> bool:
+        """Follow a pod; True if resources it held on a node were freed (it finished)."""
         node = (pod.get("spec") or {}).get("nodeName")
         phase = (pod.get("status") or {}).get("phase")
         uid = uid_of(pod)
         with self._lock:
             if phase in ("Succeeded", "Failed"):
-                self._uncount(uid)
-            elif node:
+                return self._uncount(uid)
+            if node:
                 counted = self._counted.get(uid)
                 if counted is None or counted[0] != node or not counted[2]:
                     self._uncount(uid)
                     self._count(uid, str(node), pod_usage(pod), bound=True)
+            return False
 
-    def pod_deleted(self, pod: JsonObject) -> None:
+    def pod_deleted(self, pod: JsonObject) -> bool:
+        """Forget a pod; True if it held resources on a node (bound, or sent there by us)."""
         with self._lock:
-            self._uncount(uid_of(pod))
+            return self._uncount(uid_of(pod))
 
     # -- allocator side ------------------------------------------------------------------------
 
@@ -284,12 +287,13 @@ class NodeFilter:
         self._counted[uid] = (node, usage, bound)
         _add(self._used.setdefault(node, {}), usage)
 
-    def _uncount(self, uid: str) -> None:
+    def _uncount(self, uid: str) -> bool:
         counted = self._counted.pop(uid, None)
         if counted is None:
-            return
+            return False
         node, usage, _ = counted
         used = self._used.get(node)
         if used is not None:
             for name, value in usage.items():
                 used[name] = used.get(name, 0) - value
+        return True

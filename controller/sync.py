@@ -96,7 +96,7 @@ class PodSync:
         self._ungated_lock = threading.Lock()
         self._ungated: OrderedDict[str, None] = OrderedDict()
         """UIDs of pods we ungated recently: the cache may still show their gate for a moment."""
-        self._profiles: tuple[int, dict[str, str]] = (-1, {})
+        self._profiles: tuple[tuple[int, int], dict[str, str]] = ((0, -1), {})
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -109,7 +109,7 @@ class PodSync:
     def _classic_profiles(self) -> dict[str, str]:
         """Classic resource name → profile, for every published or catalogued profile."""
         with self._state.lock:
-            version = self._state.inventory.version
+            version = (id(self._state.inventory), self._state.inventory.version)
             if self._profiles[0] != version:
                 names = set(self._state.inventory.profile_names())
                 names.update(p for model in CATALOG.values() for p in model.profile_names)

@@ -359,3 +359,19 @@ def test_the_node_filter_skips_nodes_the_scheduler_would_refuse(
         api.create(PODS, pod_object(name, claims=[f"{name}-claim"], cpu=cpu, **spec), namespace=NS)
         wait_for(partial(ungated, api, name), what=name)
         assert _results(api, f"{name}-claim")[0]["pool"] == node, name
+
+
+def test_a_pod_waiting_for_cpu_is_placed_when_the_pod_holding_it_goes(
+    apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack
+) -> None:
+    publish_node(api, "node-a", gpus=1, cpu="1")
+    start_controller(apiserver, stack)
+    for name in ("first", "second"):
+        api.create(RESOURCE_CLAIMS, claim_object(f"{name}-claim"), namespace=NS)
+        api.create(PODS, pod_object(name, claims=[f"{name}-claim"], cpu="1"), namespace=NS)
+    wait_for(lambda: ungated(api, "first") or ungated(api, "second"))
+    placed, waiting = ("first", "second") if ungated(api, "first") else ("second", "first")
+    wait_for(lambda: condition_reason(api, waiting) == "NoCapacity", what="waits for CPU")
+    api.delete(PODS, name=placed, namespace=NS)  # its slice stays allocated; its CPU is free
+    wait_for(lambda: ungated(api, waiting), what="placed once the CPU is free")
+    assert assert_no_overlap(api) == 2
