@@ -87,6 +87,11 @@ def test_a_leader_killed_mid_burst_is_replaced_and_nothing_is_allocated_twice(
     _create_pods(api, PODS_AT_ONCE)
     wait_for(lambda: _gated(api) < PODS_AT_ONCE - 100, timeout=60, what="a burst under way")
 
+    standby_writes = second.metrics.registry.get_sample_value(
+        "instaslice_controller_claims_allocated_total", {"kind": "dra"}
+    )
+    assert not standby_writes  # only the leader writes
+    assert not second.ready() or not second.is_leader()
     first.stop(release_lease=False)  # a crash: the lease stays until it expires
     assert _gated(api) > 0, "the burst ended before the leader was killed; nothing tested"
     wait_for(second.is_leader, timeout=30, what="the standby takes over")
