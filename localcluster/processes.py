@@ -1,15 +1,14 @@
 """Child processes of the demo and the end-to-end harness: the real InstaSlice daemons.
 
 Each daemon runs as ``python -m <package>`` in its own session (a Ctrl-C in the terminal reaches
-only the demo, which then stops its children in order) with its output in a log file. On Linux a
-child also gets ``SIGTERM`` if the process that started it dies, so even a demo killed with
-``SIGKILL`` leaves no daemon behind.
+only the demo, which then stops its children in order) with its output in a log file. It is
+started through ``localcluster.launch``, which makes it end with the process that started it, so
+even a demo killed with ``SIGKILL`` leaves no daemon behind.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -19,17 +18,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from localcluster.launch import PARENT_PID_ENV
+
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 10.0
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class ManagedProcess:
@@ -45,9 +38,14 @@ class ManagedProcess:
         env: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
-        self.argv = [sys.executable, "-m", module, *args]
+        self.argv = [sys.executable, "-m", "localcluster.launch", module, *args]
         self.log_file = log_file
-        self._env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self._env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            PARENT_PID_ENV: str(os.getpid()),
+            **(env or {}),
+        }
         self._process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self.starts = 0
@@ -77,7 +75,6 @@ class ManagedProcess:
             stderr=subprocess.STDOUT,
             env=self._env,
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only calls prctl, no locks taken
         )
         self.starts += 1
         log.debug("started %s (pid %s)", self.name, self._process.pid)
