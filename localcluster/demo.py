@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import signal
 import sys
 import tempfile
@@ -35,6 +36,7 @@ DEFAULT_NODES = 2
 DEFAULT_GPUS = "2xA100-40GB"
 DEFAULT_SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 SETTLE_TIMEOUT_S = 90.0
+POD_COLUMN = 52
 CLEANUP_TIMEOUT_S = 60.0
 
 _RESET = "\x1b[0m"
@@ -121,13 +123,14 @@ class Printer:
     def step(self, text: str) -> None:
         self.line(f"   {self.paint('ok', chr(27) + '[32m')}  {text}")
 
-    def stamp(self) -> str:
-        return f"+{time.monotonic() - self._t0:6.2f}s"
+    def stamp(self, at: float | None = None) -> str:
+        return f"+{(time.monotonic() if at is None else at) - self._t0:6.2f}s"
 
-    def stage(self, change: StageChange, detail: str) -> None:
+    def stage(self, change: StageChange, detail: str, *, at: float | None = None) -> None:
         before = self.paint(f"{change.before:>11}", _STAGE_COLORS.get(change.before, ""))
         after = self.paint(f"{change.after:<11}", _STAGE_COLORS.get(change.after, ""))
-        self.line(f"  {self.stamp()}  {change.pod:<46} {before} -> {after} {detail}".rstrip())
+        pod = f"{change.pod:<{POD_COLUMN}}"
+        self.line(f"  {self.stamp(at)}  {pod} {before} -> {after} {detail}".rstrip())
 
     def bars(self, view: ClusterView) -> None:
         for node in view.nodes:
@@ -136,7 +139,7 @@ class Printer:
                 for g in view.gpus
                 if g.node == node
             )
-            self.line(f"  {'':>8}  {'':<46} {'slices':>11}    {node}  {gpus}")
+            self.line(f"  {'':>8}  {'':<{POD_COLUMN}} {'slices':>11}    {node}  {gpus}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,37 +215,80 @@ def detail_for(change: StageChange, view: ClusterView, *, last: ClusterView | No
 
 
 class Watcher:
-    """Polls the pods of the samples' namespaces and the slice map; prints what changed."""
+    """Follows the pods of the samples' namespaces through a watch (every stage change is seen,
+    however fast) and prints each change, with the slice map's view of the pod at that moment."""
 
     def __init__(self, stack: InstaSliceStack, plan: DemoPlan, printer: Printer) -> None:
+        from driver.cluster.informer import Informer, ListWatch  # noqa: PLC0415
+        from driver.cluster.port import PODS  # noqa: PLC0415
+
         self._stack = stack
-        self._plan = plan
+        self._namespaces = set(plan.namespaces)
+        self._expected = plan.expected_pods
         self._printer = printer
+        self._events: queue.Queue[tuple[float, str, dict[str, object] | None]] = queue.Queue()
+        self._informer = Informer(source=ListWatch(api=stack.api, resource=PODS), name="demo-pods")
+        self._informer.add_handler(
+            on_add=self._seen,
+            on_update=lambda old, new: self._seen(new),
+            on_delete=self._gone,
+        )
         self.stages: dict[str, str] = {}
         self.pods: dict[str, dict[str, object]] = {}
         self.view: ClusterView | None = None
         self._bars: tuple[tuple[str, int, str], ...] | None = None
 
-    def tick(self) -> None:
-        from driver.cluster.port import PODS  # noqa: PLC0415 - keeps the parser import light
+    def start(self) -> None:
+        self._informer.start()
+        if not self._informer.wait_for_sync(timeout=10.0):
+            raise TimeoutError("the pod watch did not start")
 
-        pods: dict[str, dict[str, object]] = {}
-        for namespace in self._plan.namespaces:
-            for pod in self._stack.api.list_objects(PODS, namespace=namespace).items:
-                pods[podstages.pod_key(pod)] = pod
+    def stop(self) -> None:
+        self._informer.stop()
+
+    def _wanted(self, pod: dict[str, object]) -> bool:
+        meta = pod.get("metadata")
+        return isinstance(meta, dict) and meta.get("namespace") in self._namespaces
+
+    def _seen(self, pod: dict[str, object]) -> None:
+        if self._wanted(pod):
+            self._events.put((time.monotonic(), podstages.pod_key(pod), pod))
+
+    def _gone(self, pod: dict[str, object]) -> None:
+        if self._wanted(pod):
+            self._events.put((time.monotonic(), podstages.pod_key(pod), None))
+
+    def tick(self, timeout: float) -> None:
+        """Print what happened since the last tick (waiting up to ``timeout`` for something)."""
+        batch = []
+        try:
+            batch.append(self._events.get(timeout=timeout))
+            while True:
+                batch.append(self._events.get_nowait())
+        except queue.Empty:
+            pass
         view = self._stack.view()
-        self.stages, changes = podstages.stage_changes(self.stages, pods)
-        for change in changes:
-            self._printer.stage(change, detail_for(change, view, last=self.view))
+        for moment, key, pod in batch:
+            before = self.stages.get(key, podstages.PENDING)
+            after = podstages.GONE if pod is None else podstages.pod_stage(pod)
+            if pod is None:
+                self.stages.pop(key, None)
+                self.pods.pop(key, None)
+            else:
+                self.stages[key] = after
+                self.pods[key] = pod
+            if after != before:
+                change = StageChange(pod=key, before=before, after=after, pod_object=pod)
+                self._printer.stage(change, detail_for(change, view, last=self.view), at=moment)
         bars = tuple((g.node, g.index, g.memory_map()) for g in view.gpus)
         if bars != self._bars:
             self._printer.bars(view)
             self._bars = bars
-        self.pods, self.view = pods, view
+        self.view = view
 
     def settled(self) -> bool:
         finished = [s for s in self.stages.values() if s in ("Running", "Succeeded")]
-        return len(finished) >= self._plan.expected_pods and all(
+        return len(finished) >= self._expected and all(
             s in podstages.FINAL_PHASES for s in self.stages.values()
         )
 
@@ -271,18 +317,15 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 def _wait(watcher: Watcher, done: str, *, timeout: float, interval: float) -> bool:
     deadline = time.monotonic() + timeout
     while True:
-        watcher.tick()
+        watcher.tick(interval)
         if getattr(watcher, done)():
             return True
         if time.monotonic() >= deadline:
             return False
-        time.sleep(interval)
 
 
 def run_demo(args: argparse.Namespace, *, out: TextIO) -> int:
     """The whole demo; 0 when every sample ran and every slice was gone at the end."""
-    # The gRPC runtime of this process must not run fork handlers for the daemons it starts.
-    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     from localcluster.manifests import apply_all, delete_all, render_kustomization  # noqa: PLC0415
     from localcluster.stack import InstaSliceStack, StackConfig  # noqa: PLC0415
 
@@ -292,6 +335,7 @@ def run_demo(args: argparse.Namespace, *, out: TextIO) -> int:
     interval = 0.05 if args.fast else 0.2
     stack = InstaSliceStack(StackConfig(nodes=args.nodes, gpus=args.gpus))
     ok = True
+    watcher: Watcher | None = None
     with _sigterm_as_interrupt():
         try:
             plan = plan_for(render_kustomization(args.samples))
@@ -318,15 +362,16 @@ def run_demo(args: argparse.Namespace, *, out: TextIO) -> int:
             printer.heading("Every GPU is empty: each placement a pod could get is published")
             printer.line(render_view(stack.view(), style=printer.style).rstrip())
 
+            watcher = Watcher(stack, plan, printer)
+            watcher.start()
             printer.heading(f"kubectl apply -k {_shown(args.samples)}")
+            printer.restart_clock()
             for outcome in apply_all(stack.api, plan.objects):
                 printer.line(f"   {outcome}")
             printer.heading(
                 f"Pods on their way ({plan.expected_pods} expected): "
                 "Pending -> gated -> placed -> bound -> Running"
             )
-            printer.restart_clock()
-            watcher = Watcher(stack, plan, printer)
             if not _wait(watcher, "settled", timeout=args.timeout, interval=interval):
                 ok = False
                 _report_stuck(watcher, printer)
@@ -336,9 +381,9 @@ def run_demo(args: argparse.Namespace, *, out: TextIO) -> int:
                 time.sleep(pause)
 
             printer.heading(f"kubectl delete -k {_shown(args.samples)}")
+            printer.restart_clock()
             for outcome in delete_all(stack.api, plan.objects):
                 printer.line(f"   {outcome}")
-            printer.restart_clock()
             if not _wait(watcher, "drained", timeout=CLEANUP_TIMEOUT_S, interval=interval):
                 ok = False
                 printer.line("   !! not every slice was released in time")
@@ -351,6 +396,8 @@ def run_demo(args: argparse.Namespace, *, out: TextIO) -> int:
             ok = False
             return 130
         finally:
+            if watcher is not None:
+                watcher.stop()
             logs = (
                 Path(tempfile.mkdtemp(prefix="instaslice-demo-logs-")) if args.keep_logs else None
             )

@@ -1,0 +1,412 @@
+"""What the end-to-end scenarios do to the stack and check on it.
+
+Objects come from ``samples/`` wherever a sample fits (the files users read); the few others are
+built here in the same shape. Waits poll the API server; the invariant check reads the GPUs (the
+emulated backends' state files), the checkpoints, the CDI directories and the API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from api import names
+from controller.statussource import allocated_claims
+from controller.statusview import ClusterView, TakenSlice
+from driver.checkpoint import CheckpointStore
+from driver.cluster.port import (
+    PODS,
+    RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
+    JsonObject,
+    PatchType,
+    gate_names,
+)
+from driver.errors import ApiNotFoundError
+from localcluster.manifests import (
+    DEPLOYMENTS,
+    JOBS,
+    REPLICASETS,
+    STATEFULSETS,
+    apply_object,
+    load_file,
+)
+from localcluster.stack import SAMPLES_DIR, InstaSliceStack
+
+T = TypeVar("T")
+
+SAMPLES_NS = "instaslice-demo"
+KUEUE_GATE = "kueue.x-k8s.io/admission"
+RUN_SECONDS_ANNOTATION = "localcluster.instaslice.dev/run-seconds"
+WAIT_S = 30.0
+
+
+# --- objects ----------------------------------------------------------------------------------
+
+
+def sample(relative: str) -> list[JsonObject]:
+    """The objects of ``samples/<relative>``, as a user applies them."""
+    return load_file(SAMPLES_DIR / relative)
+
+
+def sample_object(relative: str, kind: str, name: str | None = None) -> JsonObject:
+    for obj in sample(relative):
+        if obj.get("kind") == kind and (name is None or obj["metadata"]["name"] == name):
+            return obj
+    raise LookupError(f"samples/{relative} has no {kind} {name or ''}")
+
+
+def renamed(obj: JsonObject, name: str) -> JsonObject:
+    copied = copy.deepcopy(obj)
+    copied["metadata"]["name"] = name
+    return copied
+
+
+def claim_template(name: str, *, profile: str, count: int = 1, namespace: str) -> JsonObject:
+    exactly: JsonObject = {"deviceClassName": names.profile_device_class(profile)}
+    if count != 1:
+        exactly.update(allocationMode="ExactCount", count=count)
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": exactly}]}}},
+    }
+
+
+def dra_pod(
+    name: str,
+    *,
+    template: str,
+    namespace: str,
+    gates: Iterable[str] = (),
+    annotations: dict[str, str] | None = None,
+) -> JsonObject:
+    spec: JsonObject = {
+        "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": template}],
+        "containers": [
+            {
+                "name": "app",
+                "image": "busybox:1.36",
+                "resources": {"requests": {"cpu": "10m"}, "claims": [{"name": "mig"}]},
+            }
+        ],
+    }
+    if gates:
+        spec["schedulingGates"] = [{"name": g} for g in gates]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}},
+        "spec": spec,
+    }
+
+
+def classic_pod(name: str, *, profile: str, count: int = 1, namespace: str) -> JsonObject:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "containers": [
+                {
+                    "name": "app",
+                    "image": "busybox:1.36",
+                    "resources": {"limits": {names.classic_resource_name(profile): count}},
+                }
+            ]
+        },
+    }
+
+
+def apply(stack: InstaSliceStack, objects: Iterable[JsonObject]) -> None:
+    for obj in objects:
+        apply_object(stack.api, obj)
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+def pods(stack: InstaSliceStack, namespace: str, *, label: str | None = None) -> list[JsonObject]:
+    return stack.api.list_objects(PODS, namespace=namespace, label_selector=label).items
+
+
+def get_pod(stack: InstaSliceStack, namespace: str, name: str) -> JsonObject | None:
+    try:
+        return stack.api.get(PODS, name=name, namespace=namespace)
+    except ApiNotFoundError:
+        return None
+
+
+def phase(pod: JsonObject | None) -> str:
+    if pod is None:
+        return "Gone"
+    return str((pod.get("status") or {}).get("phase") or "Pending")
+
+
+def running(pod: JsonObject | None) -> bool:
+    return phase(pod) == "Running" and not (pod or {}).get("metadata", {}).get("deletionTimestamp")
+
+
+def slices_of_pod(
+    view: ClusterView, namespace: str, name: str
+) -> list[tuple[str, int, TakenSlice]]:
+    key = f"{namespace}/{name}"
+    return [
+        (gpu.node, gpu.index, item)
+        for gpu in view.gpus
+        for item in gpu.taken
+        if any(ref.key == key for ref in item.pods)
+    ]
+
+
+def wait_for(
+    stack: InstaSliceStack,
+    predicate: Callable[[], T | None],
+    *,
+    timeout: float = WAIT_S,
+    message: str = "",
+    explain: Callable[[], str] | None = None,
+) -> T:
+    """Poll ``predicate``; on timeout the error says ``message`` and what ``explain`` tells then."""
+    try:
+        return stack.wait_for(predicate, timeout=timeout, interval=0.1, message=message)
+    except TimeoutError as exc:
+        if explain is None:
+            raise
+        raise TimeoutError(f"{message} {explain()}".strip()) from exc
+
+
+def wait_running(
+    stack: InstaSliceStack, namespace: str, count: int, *, label: str | None = None
+) -> list[JsonObject]:
+    """Until exactly ``count`` pods (of ``label``) exist and all run; returns them by name."""
+
+    def check() -> list[JsonObject] | None:
+        found = [p for p in pods(stack, namespace, label=label) if phase(p) != "Succeeded"]
+        if len(found) == count and all(running(p) for p in found):
+            return sorted(found, key=lambda p: str(p["metadata"]["name"]))
+        return None
+
+    try:
+        return wait_for(stack, check)
+    except TimeoutError as exc:
+        seen = ", ".join(
+            f"{p['metadata']['name']}={phase(p)}{' gated' if is_gated(p) else ''}"
+            for p in pods(stack, namespace, label=label)
+        )
+        raise TimeoutError(
+            f"want {count} running pods in {namespace} ({label}); have: {seen}"
+        ) from exc
+
+
+def wait_pod_running(stack: InstaSliceStack, namespace: str, name: str) -> JsonObject:
+    def check() -> JsonObject | None:
+        pod = get_pod(stack, namespace, name)
+        return pod if pod is not None and running(pod) else None
+
+    return wait_for(stack, check, message=f"pod {namespace}/{name} is not running")
+
+
+def remove_gate(stack: InstaSliceStack, pod: JsonObject, gate: str) -> None:
+    gates = pod["spec"].get("schedulingGates") or []
+    stack.api.patch(
+        PODS,
+        name=pod["metadata"]["name"],
+        namespace=pod["metadata"]["namespace"],
+        patch=[
+            {"op": "test", "path": "/spec/schedulingGates", "value": gates},
+            {
+                "op": "replace",
+                "path": "/spec/schedulingGates",
+                "value": [g for g in gates if g["name"] != gate],
+            },
+        ],
+        patch_type=PatchType.JSON,
+    )
+
+
+def scale(stack: InstaSliceStack, kind: str, namespace: str, name: str, replicas: int) -> None:
+    resource = {"Deployment": DEPLOYMENTS, "StatefulSet": STATEFULSETS}[kind]
+    stack.api.patch(
+        resource,
+        name=name,
+        namespace=namespace,
+        patch={"spec": {"replicas": replicas}},
+        patch_type=PatchType.MERGE,
+    )
+
+
+def container_env(
+    stack: InstaSliceStack, pod: JsonObject, container: str = "app"
+) -> dict[str, str]:
+    """The environment the emulated kubelet started the container with (CDI edits applied)."""
+    node = pod["spec"]["nodeName"]
+    _, envs = stack.kubelet(node).container_devices(pod["metadata"]["uid"], container)
+    return envs
+
+
+def visible_devices(stack: InstaSliceStack, pod: JsonObject, container: str = "app") -> set[str]:
+    value = container_env(stack, pod, container).get("NVIDIA_VISIBLE_DEVICES", "")
+    return {v for v in value.split(",") if v}
+
+
+def is_gated(pod: JsonObject | None) -> bool:
+    return pod is not None and names.SCHEDULING_GATE in gate_names(pod)
+
+
+# --- cleaning up ------------------------------------------------------------------------------
+
+
+def delete_everything(stack: InstaSliceStack, namespaces: Iterable[str]) -> None:
+    """What a user deletes: workloads, pods, claims they made, templates (shadow claims go with
+    their pods; generated claims with theirs)."""
+    api = stack.api
+    for namespace in namespaces:
+        for resource in (DEPLOYMENTS, STATEFULSETS, JOBS, REPLICASETS):
+            for obj in api.list_objects(resource, namespace=namespace).items:
+                _delete(stack, resource, obj, propagation="Background")
+        for pod in api.list_objects(PODS, namespace=namespace).items:
+            _delete(stack, PODS, pod)
+        for claim in api.list_objects(RESOURCE_CLAIMS, namespace=namespace).items:
+            owners = claim["metadata"].get("ownerReferences") or []
+            if not any(o.get("kind") == "Pod" for o in owners):
+                _delete(stack, RESOURCE_CLAIMS, claim)
+        for template in api.list_objects(RESOURCE_CLAIM_TEMPLATES, namespace=namespace).items:
+            _delete(stack, RESOURCE_CLAIM_TEMPLATES, template)
+
+
+def _delete(
+    stack: InstaSliceStack, resource: Any, obj: JsonObject, *, propagation: str | None = None
+) -> None:
+    with contextlib.suppress(ApiNotFoundError):
+        stack.api.delete(
+            resource,
+            name=obj["metadata"]["name"],
+            namespace=obj["metadata"].get("namespace"),
+            propagation_policy=propagation,
+        )
+
+
+# --- invariants -------------------------------------------------------------------------------
+
+
+def invariant_violations(stack: InstaSliceStack, namespaces: Iterable[str] = ()) -> list[str]:
+    """What must hold whenever the cluster has settled (DESIGN: every MIG slice is one allocated
+    claim, and a pod uses exactly the slices allocated to it). Empty when all is well."""
+    problems: list[str] = []
+    view = stack.view()
+    for namespace in namespaces:
+        for pod in pods(stack, namespace):
+            if running(pod):
+                problems += _pod_sees_its_own_slices(stack, view, pod)
+    claims = allocated_claims(
+        stack.api.list_objects(RESOURCE_CLAIMS).items, driver=names.DRIVER_NAME
+    )
+    for item in view.overlapping():
+        problems.append(f"{item.claim_key} {item.device} overlaps another allocation")
+    for stray in view.strays:
+        problems.append(
+            f"{stray.claim_namespace}/{stray.claim_name} allocated unpublished {stray.device}"
+        )
+    owners: dict[tuple[str, str], list[str]] = {}
+    for claim in claims:
+        for result in claim["status"]["allocation"]["devices"]["results"]:
+            if result.get("driver") == names.DRIVER_NAME:
+                owners.setdefault((result["pool"], result["device"]), []).append(
+                    f"{claim['metadata']['namespace']}/{claim['metadata']['name']}"
+                )
+    for (pool, device), holders in owners.items():
+        if len(holders) > 1:
+            problems.append(f"{pool}/{device} allocated to {holders}")
+    taken = {(g.node, g.index, t.profile, t.placement.start): t for g in view.gpus for t in g.taken}
+    for node in stack.node_names:
+        for instance in stack.mig_instances(node):
+            key = (node, instance.gpu_index, instance.profile, instance.placement.start)
+            if key not in taken:
+                problems.append(
+                    f"MIG instance {instance.profile}@{instance.placement.start} on {node} "
+                    f"gpu{instance.gpu_index} ({instance.mig_uuid}) is owned by no claim"
+                )
+    existing = {
+        (node, i.gpu_index, i.profile, i.placement.start)
+        for node in stack.node_names
+        for i in stack.mig_instances(node)
+        if i.complete
+    }
+    for key, item in taken.items():
+        if any(p.phase == "Running" for p in item.pods) and key not in existing:
+            problems.append(
+                f"{item.claim_key} is allocated {item.device} on {key[0]} and its pod runs, "
+                "but no MIG instance exists there"
+            )
+    return problems
+
+
+def _pod_sees_its_own_slices(
+    stack: InstaSliceStack, view: ClusterView, pod: JsonObject
+) -> list[str]:
+    meta, spec = pod["metadata"], pod["spec"]
+    held = slices_of_pod(view, meta["namespace"], meta["name"])
+    own = {item.mig_uuid for _, _, item in held}
+    seen: set[str] = set()
+    classic = 0
+    for container in spec.get("containers") or []:
+        limits = (container.get("resources") or {}).get("limits") or {}
+        classic += sum(
+            int(v) for k, v in limits.items() if k.startswith(names.CLASSIC_RESOURCE_PREFIX)
+        )
+        try:
+            seen |= visible_devices(stack, pod, container["name"])
+        except KeyError:
+            return [
+                f"pod {meta['namespace']}/{meta['name']} runs but its container was not started"
+            ]
+    where = f"pod {meta['namespace']}/{meta['name']}"
+    problems = []
+    if seen != own:
+        problems.append(
+            f"{where} sees MIG devices {sorted(seen)} but holds {sorted(map(str, own))}"
+        )
+    if classic and len(held) != classic:
+        problems.append(f"{where} asks {classic} classic slices but holds {len(held)}")
+    return problems
+
+
+def wait_invariants(
+    stack: InstaSliceStack, namespaces: Iterable[str] = (), *, timeout: float = 10.0
+) -> None:
+    """The invariants, given a few seconds to settle (a slice being destroyed right after its
+    pod went is not a leak yet); overlaps are never tolerated."""
+    deadline = time.monotonic() + timeout
+    while True:
+        problems = invariant_violations(stack, namespaces)
+        overlaps = [p for p in problems if "overlaps" in p or "allocated to [" in p]
+        assert not overlaps, overlaps
+        if not problems:
+            return
+        if time.monotonic() >= deadline:
+            raise AssertionError("invariants violated:\n  " + "\n  ".join(problems))
+        time.sleep(0.1)
+
+
+def node_leftovers(stack: InstaSliceStack) -> list[str]:
+    """MIG instances, CDI specs and checkpoint entries left on the nodes."""
+    left: list[str] = []
+    for node in stack.node_names:
+        paths = stack.node_paths(node)
+        left += [f"{node}: MIG {i.profile}@{i.placement.start}" for i in stack.mig_instances(node)]
+        if paths.cdi_root.is_dir():
+            left += [f"{node}: CDI spec {p.name}" for p in paths.cdi_root.glob("*") if p.is_file()]
+        claims = CheckpointStore(paths.checkpoint).load().claims
+        left += [f"{node}: checkpoint claim {c.namespace}/{c.name}" for c in claims.values()]
+    return left
+
+
+def cdi_specs(stack: InstaSliceStack, node: str) -> list[Path]:
+    root = stack.node_paths(node).cdi_root
+    return sorted(p for p in root.glob("*") if p.is_file()) if root.is_dir() else []

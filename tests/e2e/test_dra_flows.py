@@ -1,0 +1,151 @@
+"""DRA pods end to end: capacity, mixed profiles, several slices, whole GPUs, foreign gates, Jobs."""
+
+from __future__ import annotations
+
+import time
+
+from driver.cluster.port import PODS, RESOURCE_CLAIMS
+from localcluster.manifests import JOBS
+from localcluster.stack import InstaSliceStack
+from tests.e2e.conftest import E2E_NS
+from tests.e2e.helpers import (
+    KUEUE_GATE,
+    RUN_SECONDS_ANNOTATION,
+    SAMPLES_NS,
+    apply,
+    claim_template,
+    dra_pod,
+    get_pod,
+    is_gated,
+    phase,
+    pods,
+    remove_gate,
+    renamed,
+    running,
+    sample,
+    sample_object,
+    slices_of_pod,
+    visible_devices,
+    wait_for,
+    wait_pod_running,
+    wait_running,
+)
+
+HOLD_S = 2.0
+"""How long a pod that must not be placed is watched staying unplaced."""
+
+
+def test_pods_of_one_profile_fill_the_cluster_and_one_more_runs_after_a_deletion(
+    cluster: InstaSliceStack,
+) -> None:
+    # 3g.20gb: two per A100-40GB, so 2 nodes x 2 GPUs hold exactly eight.
+    apply(cluster, [claim_template("half-gpu", profile="3g.20gb", namespace=E2E_NS)])
+    apply(cluster, [dra_pod(f"half-{i}", template="half-gpu", namespace=E2E_NS) for i in range(8)])
+    wait_running(cluster, E2E_NS, 8)
+    view = cluster.view()
+    placements = {
+        (node, gpu, item.placement.start)
+        for i in range(8)
+        for node, gpu, item in slices_of_pod(view, E2E_NS, f"half-{i}")
+    }
+    assert len(placements) == 8
+
+    apply(cluster, [dra_pod("one-too-many", template="half-gpu", namespace=E2E_NS)])
+    deadline = time.monotonic() + HOLD_S
+    while time.monotonic() < deadline:
+        pod = get_pod(cluster, E2E_NS, "one-too-many")
+        assert is_gated(pod), "a pod that cannot fit must stay gated"
+        time.sleep(0.1)
+    assert not slices_of_pod(cluster.view(), E2E_NS, "one-too-many")
+
+    (freed,) = slices_of_pod(cluster.view(), E2E_NS, "half-5")
+    cluster.api.delete(PODS, name="half-5", namespace=E2E_NS)
+    wait_for(cluster, lambda: running(get_pod(cluster, E2E_NS, "one-too-many")))
+    (taken,) = slices_of_pod(cluster.view(), E2E_NS, "one-too-many")
+    assert (taken[0], taken[1], taken[2].placement) == (freed[0], freed[1], freed[2].placement)
+
+
+def test_1g_2g_and_3g_slices_share_one_gpu(cluster: InstaSliceStack) -> None:
+    names = {"dra-pod-1g.5gb.yaml": "dra-1g-5gb", "dra-pod-2g.10gb.yaml": "dra-2g-10gb",
+             "dra-pod-3g.20gb.yaml": "dra-3g-20gb"}  # fmt: skip
+    for relative, pod_name in names.items():  # one at a time: first-fit then fills one GPU
+        apply(cluster, sample(relative))
+        wait_pod_running(cluster, SAMPLES_NS, pod_name)
+    view = cluster.view()
+    held = [slices_of_pod(view, SAMPLES_NS, n) for n in names.values()]
+    assert [len(h) for h in held] == [1, 1, 1]
+    assert len({(node, gpu) for ((node, gpu, _),) in held}) == 1
+    assert sorted(item.profile for ((_, _, item),) in held) == ["1g.5gb", "2g.10gb", "3g.20gb"]
+
+
+def test_one_pod_gets_three_slices_on_one_gpu_and_sees_all_three(
+    cluster: InstaSliceStack,
+) -> None:
+    apply(cluster, sample("dra-pod-3-slices-one-gpu.yaml"))
+    pod = wait_pod_running(cluster, SAMPLES_NS, "three-slices")
+    held = slices_of_pod(cluster.view(), SAMPLES_NS, "three-slices")
+    assert len(held) == 3
+    assert len({(node, gpu) for node, gpu, _ in held}) == 1
+    uuids = {item.mig_uuid for _, _, item in held}
+    assert None not in uuids
+    assert len(uuids) == 3
+    # Every slice a container receives is visible to it (DESIGN fact 9: last env var wins).
+    assert visible_devices(cluster, pod) == uuids
+
+
+def test_two_whole_gpu_pods_land_on_two_gpus(cluster: InstaSliceStack) -> None:
+    objects = sample("large-profiles/dra-pod-7g.40gb.yaml")
+    pod = next(o for o in objects if o["kind"] == "Pod")
+    apply(cluster, [*objects, renamed(pod, "dra-7g-40gb-second")])
+    names = [pod["metadata"]["name"], "dra-7g-40gb-second"]
+    wait_for(cluster, lambda: all(running(get_pod(cluster, SAMPLES_NS, n)) for n in names))
+    view = cluster.view()
+    gpus = [(node, gpu) for n in names for node, gpu, _ in slices_of_pod(view, SAMPLES_NS, n)]
+    assert len(gpus) == 2
+    assert len(set(gpus)) == 2
+
+
+def test_a_pod_held_by_another_gate_is_placed_only_after_that_gate_is_lifted(
+    cluster: InstaSliceStack,
+) -> None:
+    apply(cluster, [claim_template("queued", profile="1g.5gb", namespace=E2E_NS)])
+    apply(cluster, [dra_pod("queued", template="queued", namespace=E2E_NS, gates=[KUEUE_GATE])])
+    deadline = time.monotonic() + HOLD_S
+    while time.monotonic() < deadline:
+        pod = get_pod(cluster, E2E_NS, "queued")
+        assert pod is not None
+        gates = [g["name"] for g in pod["spec"].get("schedulingGates") or []]
+        assert KUEUE_GATE in gates
+        claims = cluster.api.list_objects(RESOURCE_CLAIMS, namespace=E2E_NS).items
+        assert not any((c.get("status") or {}).get("allocation") for c in claims)
+        time.sleep(0.1)
+    assert pod is not None
+    assert is_gated(pod), "the webhook gates the pod even while another gate holds it"
+    remove_gate(cluster, pod, KUEUE_GATE)
+    wait_for(cluster, lambda: running(get_pod(cluster, E2E_NS, "queued")))
+    assert len(slices_of_pod(cluster.view(), E2E_NS, "queued")) == 1
+
+
+def test_a_job_of_three_runs_to_completion_and_gives_its_slices_back(
+    cluster: InstaSliceStack,
+) -> None:
+    template = sample_object("job.yaml", "ResourceClaimTemplate")
+    job = sample_object("job.yaml", "Job")
+    job["spec"].update(completions=3, parallelism=3)
+    job["spec"]["template"]["metadata"].setdefault("annotations", {})[RUN_SECONDS_ANNOTATION] = "1"
+    apply(cluster, [template, job])
+    label = "app.kubernetes.io/name=mig-job"
+    held: set[str] = set()
+
+    def job_done() -> bool:
+        view = cluster.view()
+        held.update(ref.key for g in view.gpus for t in g.taken for ref in t.pods)
+        status = cluster.api.get(JOBS, name="mig-job", namespace=SAMPLES_NS).get("status") or {}
+        return status.get("succeeded") == 3
+
+    wait_for(cluster, job_done, message="the Job did not count three completions")
+    job_pods = pods(cluster, SAMPLES_NS, label=label)
+    assert [phase(p) for p in job_pods] == ["Succeeded"] * 3
+    assert held == {f"{SAMPLES_NS}/{p['metadata']['name']}" for p in job_pods}
+    wait_for(cluster, lambda: cluster.view().slices_taken() == 0, message="slices not released")
+    wait_for(cluster, lambda: not any(cluster.mig_instances(n) for n in cluster.node_names))
