@@ -17,6 +17,7 @@ import pytest
 from driver.cluster.port import PODS, RESOURCE_CLAIMS
 from localcluster.stack import InstaSliceStack, StackConfig
 from tests.e2e.helpers import (
+    QUOTA_NS,
     SAMPLES_NS,
     apply,
     delete_everything,
@@ -27,7 +28,7 @@ from tests.e2e.helpers import (
 )
 
 E2E_NS = "e2e"
-NAMESPACES = (SAMPLES_NS, E2E_NS)
+NAMESPACES = (SAMPLES_NS, QUOTA_NS, E2E_NS)
 CLEANUP_S = 30.0
 
 

@@ -40,6 +40,7 @@ from localcluster.stack import SAMPLES_DIR, InstaSliceStack
 T = TypeVar("T")
 
 SAMPLES_NS = "instaslice-demo"
+QUOTA_NS = "instaslice-quota-demo"
 KUEUE_GATE = "kueue.x-k8s.io/admission"
 RUN_SECONDS_ANNOTATION = "localcluster.instaslice.dev/run-seconds"
 WAIT_S = 30.0

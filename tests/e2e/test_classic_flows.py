@@ -11,12 +11,12 @@ from driver.cluster.port import PODS, RESOURCE_CLAIMS
 from localcluster.stack import InstaSliceStack
 from tests.e2e.conftest import E2E_NS
 from tests.e2e.helpers import (
+    QUOTA_NS,
     SAMPLES_NS,
     apply,
     cdi_specs,
     classic_pod,
     get_pod,
-    invariant_violations,
     phase,
     running,
     sample,
@@ -152,19 +152,22 @@ def test_dra_and_classic_pods_share_a_node_and_each_sees_only_its_own_slices(
     assert not view.overlapping()
 
 
-def test_classic_pods_started_together_on_one_node_each_use_their_own_slice(
+def test_classic_pods_of_two_namespaces_started_together_each_use_their_own_slice(
     classic: InstaSliceStack,
 ) -> None:
     # The device-plugin API does not say which pod an Allocate is for; the shim must still end
-    # with every slice recorded against the pod whose container uses it.
+    # with every slice recorded against the pod whose container uses it — and a shadow claim can
+    # only be reserved for a pod of its own namespace. Deployment + seed pod in instaslice-demo,
+    # the quota sample's classic Deployment in instaslice-quota-demo, all 1g.5gb, all at once.
     deployment = sample_object("deployment.yaml", "Deployment")
-    deployment["spec"]["replicas"] = 6
-    apply(classic, [deployment, *sample("test-pod.yaml")])
-    label = "app.kubernetes.io/name=mig-deployment"
-    wait_running(classic, SAMPLES_NS, 6, label=label)
+    deployment["spec"]["replicas"] = 4
+    quota_classic = sample_object("quota.yaml", "Deployment")
+    apply(classic, [deployment, *sample("test-pod.yaml"), quota_classic])
+    wait_running(classic, SAMPLES_NS, 4, label="app.kubernetes.io/name=mig-deployment")
+    wait_running(classic, QUOTA_NS, 2, label="app.kubernetes.io/name=quota-classic")
     wait_pod_running(classic, SAMPLES_NS, "cuda-vectoradd")
     wait_for(classic, lambda: classic.view().slices_taken() == 7)
-    assert invariant_violations(classic, [SAMPLES_NS]) == []
+    # (the cluster fixture then checks that every pod sees exactly its own slices)
 
 
 def test_a_placement_freed_by_a_deleted_classic_pod_is_not_handed_out_before_its_slice_is_gone(
