@@ -12,16 +12,16 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Final
 
 from api.names import SYSTEM_NAMESPACE
 from controller.certs import CertMode
+from driver.daemon import flags
+from driver.daemon.flags import LOG_FORMATS, LOG_LEVELS, add_flag, env_var
 from driver.placement import DEFAULT_POLICY, POLICIES
 
-ENV_PREFIX: Final = "INSTASLICE_"
-LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
-LOG_FORMATS: Final = ("text", "json")
 CERT_MODES: Final = tuple(mode.value for mode in CertMode)
 
 DEFAULT_WEBHOOK_PORT: Final = 9443
@@ -66,29 +66,8 @@ class Settings:
     log_format: str
 
 
-def env_var(dest: str) -> str:
-    """The env var that sets the flag stored in ``dest`` (``webhook_port`` → ``INSTASLICE_WEBHOOK_PORT``)."""
-    return ENV_PREFIX + dest.upper()
-
-
-def _add(
-    parser: argparse.ArgumentParser,
-    flag: str,
-    *,
-    help_text: str,
-    default: str | None,
-    choices: Sequence[str] | None = None,
-    upper: bool = False,
-) -> None:
-    dest = flag.removeprefix("--").replace("-", "_")
-    parser.add_argument(
-        flag,
-        dest=dest,
-        default=default,
-        choices=choices,
-        type=str.upper if upper else str,
-        help=f"{help_text} (env {env_var(dest)}; default {default!r})",
-    )
+_add = partial(add_flag, show_default=True)
+"""The controller's flag help also names each built-in default."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -205,44 +184,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def split_address(address: str) -> tuple[str, int]:
     """``host:port`` → (host, port); ``:8080`` listens on every interface. ``ValueError`` if bad."""
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ValueError(f"address {address!r} must look like host:port (e.g. :8080)")
-    host = host.strip("[]") or "0.0.0.0"  # noqa: S104 - scraped and probed from outside the pod
-    return host, int(port_text)
-
-
-def _parse_bool(text: str) -> bool | None:
-    lowered = text.strip().lower()
-    if lowered in ("true", "1", "yes", "on"):
-        return True
-    if lowered in ("false", "0", "no", "off"):
-        return False
-    return None
+    return flags.split_address(address, example=DEFAULT_METRICS_ADDRESS)
 
 
 def parse_settings(
     argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None = None
 ) -> Settings:
     """Flags from ``argv`` over env vars over built-in defaults; exits with status 2 if invalid."""
-    env = os.environ if environ is None else environ
     parser = build_parser()
-    from_env: dict[str, object] = {}
-    for action in parser._actions:  # argparse has no public accessor for its actions
-        if not action.option_strings or action.dest == "help":
-            continue
-        value = env.get(env_var(action.dest))
-        if value is None:
-            continue
-        if action.dest == "leader_elect":
-            flag = _parse_bool(value)
-            if flag is None:
-                parser.error(f"{env_var('leader_elect')}: {value!r} is not true or false")
-            from_env["leader_elect"] = flag
-        else:
-            from_env[action.dest] = value
-    parser.set_defaults(**from_env)
-    args = parser.parse_args(argv)
+    args = flags.parse_args_with_env(
+        parser, argv, environ=os.environ if environ is None else environ
+    )
     return _validate(parser, args)
 
 
@@ -254,15 +206,16 @@ def _number(parser: argparse.ArgumentParser, flag: str, text: str, *, kind: type
 
 
 def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
-    # argparse checks `choices` only for values given on the command line, not for env defaults.
-    for dest, choices in (
-        ("policy", tuple(POLICIES)),
-        ("cert_mode", CERT_MODES),
-        ("log_format", LOG_FORMATS),
-        ("log_level", LOG_LEVELS),
-    ):
-        if getattr(args, dest) not in choices:
-            parser.error(f"{env_var(dest)}: {getattr(args, dest)!r} is not one of {choices}")
+    flags.check_choices(
+        parser,
+        args,
+        (
+            ("policy", tuple(POLICIES)),
+            ("cert_mode", CERT_MODES),
+            ("log_format", LOG_FORMATS),
+            ("log_level", LOG_LEVELS),
+        ),
+    )
     port = int(_number(parser, "--webhook-port", args.webhook_port, kind=int))
     if not 0 <= port <= 65535:
         parser.error(f"--webhook-port must be 0..65535, got {port}")
@@ -281,13 +234,7 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
     burst = int(_number(parser, "--kube-api-burst", args.kube_api_burst, kind=int))
     if qps < 0 or burst < 1:
         parser.error(f"--kube-api-qps must be >= 0 and --kube-api-burst >= 1, got {qps}/{burst}")
-    for dest in ("metrics_address", "healthz_address"):
-        value = getattr(args, dest)
-        if value:
-            try:
-                split_address(value)
-            except ValueError as exc:
-                parser.error(f"--{dest.replace('_', '-')}: {exc}")
+    flags.check_addresses(parser, args, ("metrics_address", "healthz_address"), split=split_address)
     identity = args.identity or f"{socket.gethostname()}_{os.getpid()}"
     return Settings(
         kubeconfig=args.kubeconfig,

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-ENV_PREFIX: Final = "INSTASLICE_"
+from driver.daemon import flags
+from driver.daemon.flags import LOG_FORMATS, LOG_LEVELS, add_flag, env_var
+
 NODE_NAME_FALLBACK_ENV: Final = "NODE_NAME"
 
 GPU_BACKENDS: Final = ("nvml", "emulated")
-LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
-LOG_FORMATS: Final = ("text", "json")
 
 DEFAULT_PLUGIN_REGISTRY_DIR: Final = "/var/lib/kubelet/plugins_registry"
 DEFAULT_PLUGIN_DIR: Final = "/var/lib/kubelet/plugins/mig.instaslice.dev"
@@ -69,31 +69,6 @@ class Settings:
     log_format: str
 
 
-def env_var(dest: str) -> str:
-    """The env var that sets the flag stored in ``dest`` (``node_name`` → ``INSTASLICE_NODE_NAME``)."""
-    return ENV_PREFIX + dest.upper()
-
-
-def _add(
-    parser: argparse.ArgumentParser,
-    flag: str,
-    *,
-    help_text: str,
-    default: str | None,
-    choices: Sequence[str] | None = None,
-    upper: bool = False,
-) -> None:
-    dest = flag.removeprefix("--").replace("-", "_")
-    parser.add_argument(
-        flag,
-        dest=dest,
-        default=default,
-        choices=choices,
-        type=str.upper if upper else str,
-        help=f"{help_text} (env {env_var(dest)})",
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every flag; defaults here are the built-in ones (env vars applied on parse)."""
     parser = argparse.ArgumentParser(
@@ -101,96 +76,98 @@ def build_parser() -> argparse.ArgumentParser:
         description="InstaSlice node agent: DRA kubelet plugin that creates MIG slices on demand.",
     )
 
-    _add(
+    add_flag(
         parser,
         "--node-name",
         help_text="name of this Node (also read from NODE_NAME)",
         default=None,
     )
-    _add(parser, "--gpu-backend", help_text="GPU backend", choices=GPU_BACKENDS, default="nvml")
-    _add(
+    add_flag(parser, "--gpu-backend", help_text="GPU backend", choices=GPU_BACKENDS, default="nvml")
+    add_flag(
         parser,
         "--emulated-gpus",
         help_text="emulated GPUs, e.g. 2xA100-40GB or A100-40GB,H100-80GB (emulated backend only)",
         default=None,
     )
-    _add(
+    add_flag(
         parser,
         "--emulated-state-file",
         help_text=f"file holding emulated MIG state (default <state-dir>/{EMULATED_STATE_FILE_NAME})",
         default=None,
     )
-    _add(
+    add_flag(
         parser,
         "--kubeconfig",
         help_text="kubeconfig file (default: in-cluster config)",
         default=None,
     )
-    _add(
+    add_flag(
         parser,
         "--kube-api-url",
         help_text="plain API server URL without auth (local API server); overrides --kubeconfig",
         default=None,
     )
-    _add(
+    add_flag(
         parser,
         "--plugin-registry-dir",
         help_text="kubelet plugin registry directory",
         default=DEFAULT_PLUGIN_REGISTRY_DIR,
     )
-    _add(
+    add_flag(
         parser,
         "--plugin-dir",
         help_text="directory of the DRA socket and the checkpoint",
         default=DEFAULT_PLUGIN_DIR,
     )
-    _add(
+    add_flag(
         parser,
         "--device-plugin-dir",
         help_text="kubelet device-plugin directory (classic-resource shim)",
         default=DEFAULT_DEVICE_PLUGIN_DIR,
     )
-    _add(
+    add_flag(
         parser,
         "--pod-resources-socket",
         help_text="kubelet pod-resources socket (classic-resource shim)",
         default=DEFAULT_POD_RESOURCES_SOCKET,
     )
-    _add(parser, "--cdi-root", help_text="directory for CDI spec files", default=DEFAULT_CDI_ROOT)
-    _add(
+    add_flag(
+        parser, "--cdi-root", help_text="directory for CDI spec files", default=DEFAULT_CDI_ROOT
+    )
+    add_flag(
         parser, "--state-dir", help_text="directory for node-local state", default=DEFAULT_STATE_DIR
     )
-    _add(
+    add_flag(
         parser,
         "--metrics-address",
         help_text="host:port of the Prometheus /metrics endpoint; empty disables it",
         default=DEFAULT_METRICS_ADDRESS,
     )
-    _add(
+    add_flag(
         parser,
         "--healthz-address",
         help_text="host:port of the /healthz endpoint; empty disables it",
         default=DEFAULT_HEALTHZ_ADDRESS,
     )
-    _add(
+    add_flag(
         parser,
         "--inventory-poll-seconds",
         help_text="how often the GPU inventory is re-read and republished",
         default=str(DEFAULT_INVENTORY_POLL_SECONDS),
     )
-    _add(
+    add_flag(
         parser,
         "--kube-api-qps",
         help_text="client-side API request rate limit; 0 disables it",
         default=str(DEFAULT_KUBE_API_QPS),
     )
-    _add(
+    add_flag(
         parser,
         "--kube-api-burst",
         help_text="API requests allowed at once before --kube-api-qps applies",
         default=str(DEFAULT_KUBE_API_BURST),
     )
-    _add(
+    add_flag(
         parser,
         "--classic-shim",
         help_text="serve classic nvidia.com/mig-<profile> requests through the device-plugin API "
@@ -198,57 +175,48 @@ def build_parser() -> argparse.ArgumentParser:
         choices=CLASSIC_SHIM_MODES,
         default="on",
     )
-    _add(
+    add_flag(
         parser,
         "--classic-resource-prefix",
         help_text="extended-resource name prefix of the classic shim; '+' in profiles becomes '-'",
         default=DEFAULT_CLASSIC_RESOURCE_PREFIX,
     )
-    _add(
+    add_flag(
         parser, "--log-level", help_text="log level", choices=LOG_LEVELS, default="INFO", upper=True
     )
-    _add(parser, "--log-format", help_text="log format", choices=LOG_FORMATS, default="text")
+    add_flag(parser, "--log-format", help_text="log format", choices=LOG_FORMATS, default="text")
     return parser
 
 
 def split_address(address: str) -> tuple[str, int]:
     """``host:port`` → (host, port); ``:9400`` listens on every interface. ``ValueError`` if bad."""
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ValueError(f"address {address!r} must look like host:port (e.g. :9400)")
-    host = host.strip("[]") or "0.0.0.0"  # noqa: S104 - a DaemonSet endpoint scraped from outside
-    return host, int(port_text)
+    return flags.split_address(address, example=DEFAULT_METRICS_ADDRESS)
 
 
 def parse_settings(
     argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None = None
 ) -> Settings:
     """Flags from ``argv`` over env vars over built-in defaults; exits with status 2 if invalid."""
-    env = os.environ if environ is None else environ
     parser = build_parser()
-    from_env: dict[str, str] = {}
-    for action in parser._actions:
-        if not action.option_strings or action.dest == "help":
-            continue
-        value = env.get(env_var(action.dest))
-        if value is not None:
-            from_env[action.dest] = value
-    if "node_name" not in from_env and env.get(NODE_NAME_FALLBACK_ENV):
-        from_env["node_name"] = env[NODE_NAME_FALLBACK_ENV]
-    parser.set_defaults(**from_env)
-    args = parser.parse_args(argv)
+    args = flags.parse_args_with_env(
+        parser,
+        argv,
+        environ=os.environ if environ is None else environ,
+        fallbacks={"node_name": NODE_NAME_FALLBACK_ENV},
+    )
     return _validate(parser, args)
 
 
 def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
-    # argparse checks `choices` only for values given on the command line, not for env defaults.
-    for dest, choices in (
-        ("gpu_backend", GPU_BACKENDS),
-        ("log_format", LOG_FORMATS),
-        ("classic_shim", CLASSIC_SHIM_MODES),
-    ):
-        if getattr(args, dest) not in choices:
-            parser.error(f"{env_var(dest)}: {getattr(args, dest)!r} is not one of {choices}")
+    flags.check_choices(
+        parser,
+        args,
+        (
+            ("gpu_backend", GPU_BACKENDS),
+            ("log_format", LOG_FORMATS),
+            ("classic_shim", CLASSIC_SHIM_MODES),
+        ),
+    )
     log_level = str(args.log_level).upper()
     if log_level not in LOG_LEVELS:
         parser.error(f"log level {args.log_level!r} is not one of {LOG_LEVELS}")
@@ -261,13 +229,7 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
         )
     if args.gpu_backend == "emulated" and not args.emulated_gpus:
         parser.error("--gpu-backend emulated needs --emulated-gpus, e.g. 2xA100-40GB")
-    for dest in ("metrics_address", "healthz_address"):
-        value = getattr(args, dest)
-        if value:
-            try:
-                split_address(value)
-            except ValueError as exc:
-                parser.error(f"--{dest.replace('_', '-')}: {exc}")
+    flags.check_addresses(parser, args, ("metrics_address", "healthz_address"), split=split_address)
     try:
         poll = float(args.inventory_poll_seconds)
     except ValueError:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kubeletplugin.settings import build_parser, env_var, parse_settings, split_address
+from driver.daemon.flags import env_var
+from kubeletplugin.settings import build_parser, parse_settings, split_address
 
 
 def test_defaults_match_the_kubelet_layout() -> None:
