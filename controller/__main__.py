@@ -16,15 +16,15 @@ from types import FrameType
 
 from controller.allocator import AllocatorConfig
 from controller.app import COMPONENT, Controller
-from controller.endpoints import HttpEndpoint, Route, probe
 from controller.logs import configure_logging
 from controller.metrics import CONTENT_TYPE
-from controller.settings import Settings, build_parser, parse_settings
+from controller.settings import Settings, build_parser, parse_settings, split_address
 from controller.webhook import WebhookRunner
 from driver.cluster.kube import connect
 from driver.cluster.leader import LeaderElectionConfig
 from driver.cluster.port import ClusterApi
 from driver.cluster.throttle import ClientSettings
+from driver.daemon.http import HttpEndpoint, Route, probe
 from driver.errors import DriverError
 
 __all__ = ["build_parser", "main"]
@@ -68,7 +68,9 @@ def endpoints(
     if settings.healthz_address:
         served.setdefault(settings.healthz_address, {}).update(health)
     return [
-        HttpEndpoint(address=address, routes=routes, name=f"http {'+'.join(sorted(routes))}")
+        HttpEndpoint(
+            address=split_address(address), routes=routes, name=f"http {'+'.join(sorted(routes))}"
+        )
         for address, routes in served.items()
     ]
 

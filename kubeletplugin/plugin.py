@@ -18,11 +18,11 @@ from driver import cdi
 from driver.checkpoint import CHECKPOINT_FILE_NAME, CheckpointStore
 from driver.cluster.events import EventRecorder
 from driver.cluster.port import ClusterApi
+from driver.daemon.http import HttpEndpoint
 from driver.errors import DriverError
 from driver.gpu.backend import GpuBackend
 from kubeletplugin.dra_service import add_dra_services
 from kubeletplugin.health import HealthChecker
-from kubeletplugin.http import HttpEndpoint
 from kubeletplugin.journal import CheckpointJournal
 from kubeletplugin.metrics import PluginMetrics
 from kubeletplugin.publisher import SlicePublisher
@@ -33,6 +33,7 @@ from kubeletplugin.registration import (
     add_registration_service,
     registration_socket_path,
 )
+from kubeletplugin.settings import split_address
 from kubeletplugin.sockets import UnixGrpcServer, ensure_directory
 from kubeletplugin.state import DeviceState, StepHook, slices_in_use
 
@@ -136,7 +137,7 @@ class KubeletPlugin:
         if config.healthz_address:
             self._http.append(
                 HttpEndpoint(
-                    address=config.healthz_address,
+                    address=split_address(config.healthz_address),
                     routes={"/healthz": self.health.route},
                     name="healthz",
                 )
@@ -144,7 +145,7 @@ class KubeletPlugin:
         if config.metrics_address:
             self._http.append(
                 HttpEndpoint(
-                    address=config.metrics_address,
+                    address=split_address(config.metrics_address),
                     routes={"/metrics": self._metrics_route},
                     name="metrics",
                 )

@@ -1,8 +1,10 @@
-"""A tiny HTTP server for the plugin's operational endpoints (``/healthz``, ``/metrics``).
+"""A tiny HTTP server for a daemon's operational endpoints (``/metrics``, ``/healthz``, ``/readyz``).
 
 The standard library's threading server is enough for a probe and a scrape; each route is a function
 returning (status, content type, body). Port 0 picks a free port (tests); ``port`` tells which.
 """
+
+from __future__ import annotations
 
 import logging
 import threading
@@ -10,11 +12,20 @@ from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from kubeletplugin.settings import split_address
-
 logger = logging.getLogger(__name__)
 
 Route = Callable[[], tuple[int, str, bytes]]
+
+
+def probe(check: Callable[[], bool], *, what: str) -> Route:
+    """A route answering 200 ``ok`` while ``check()`` holds, else 503."""
+
+    def route() -> tuple[int, str, bytes]:
+        if check():
+            return 200, "text/plain", b"ok\n"
+        return 503, "text/plain", f"{what}: not yet\n".encode()
+
+    return route
 
 
 class _Server(ThreadingHTTPServer):
@@ -46,8 +57,14 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class HttpEndpoint:
-    def __init__(self, *, address: str, routes: Mapping[str, Route], name: str) -> None:
-        self._address = split_address(address)
+    """Serves ``routes`` (path → route) on ``address`` (host, port) from its own thread.
+
+    The address comes split already (each daemon's ``settings.split_address``), so a bad one is
+    reported in that daemon's own words.
+    """
+
+    def __init__(self, *, address: tuple[str, int], routes: Mapping[str, Route], name: str) -> None:
+        self._address = address
         self._routes = dict(routes)
         self.name = name
         self._server: _Server | None = None

@@ -1,0 +1,86 @@
+"""The operational HTTP server: routes answer GET, unknown paths 404, a failing route 500 (the
+server keeps serving), probes 200/503; query strings are ignored; stop frees the port."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from driver.daemon.http import HttpEndpoint, Route, probe
+
+
+def _get(url: str) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return reply.status, reply.headers["Content-Type"], reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.headers["Content-Type"], exc.read().decode()
+
+
+def _fail() -> tuple[int, str, bytes]:
+    raise RuntimeError("scrape broke")
+
+
+@pytest.fixture
+def ready() -> list[bool]:
+    return [False]
+
+
+@pytest.fixture
+def endpoint(ready: list[bool]) -> Iterator[HttpEndpoint]:
+    routes: dict[str, Route] = {
+        "/metrics": lambda: (200, "text/plain; version=0.0.4", b"up 1\n"),
+        "/readyz": probe(lambda: ready[0], what="controller"),
+        "/boom": _fail,
+    }
+    server = HttpEndpoint(address=("127.0.0.1", 0), routes=routes, name="test http")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/metrics", (200, "text/plain; version=0.0.4", "up 1\n")),
+        ("/metrics?name=up", (200, "text/plain; version=0.0.4", "up 1\n")),
+        ("/nowhere", (404, "text/plain", "not found\n")),
+        ("/boom", (500, "text/plain", "scrape broke\n")),
+    ],
+    ids=["route", "query-ignored", "unknown", "failing-route"],
+)
+def test_routes(
+    endpoint: HttpEndpoint,
+    path: str,
+    expected: tuple[int, str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    assert _get(f"http://127.0.0.1:{endpoint.port}{path}") == expected
+    assert ("handler for /boom failed" in caplog.text) is (path == "/boom")
+    assert _get(f"http://127.0.0.1:{endpoint.port}/metrics")[0] == 200  # still serving
+
+
+def test_probe_is_503_until_its_check_holds(endpoint: HttpEndpoint, ready: list[bool]) -> None:
+    url = f"http://127.0.0.1:{endpoint.port}/readyz"
+    assert _get(url) == (503, "text/plain", "controller: not yet\n")
+    ready[0] = True
+    assert _get(url) == (200, "text/plain", "ok\n")
+
+
+def test_port_is_known_only_while_started() -> None:
+    server = HttpEndpoint(address=("127.0.0.1", 0), routes={}, name="idle")
+    with pytest.raises(RuntimeError, match="idle endpoint is not started"):
+        _ = server.port
+    server.start()
+    port = server.port
+    assert port > 0
+    server.stop()
+    server.stop()  # a second stop is harmless
+    with pytest.raises(RuntimeError, match="not started"):
+        _ = server.port
