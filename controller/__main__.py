@@ -16,7 +16,7 @@ from types import FrameType
 
 from controller.allocator import AllocatorConfig
 from controller.app import COMPONENT, Controller
-from controller.logs import configure_logging
+from controller.logs import FIELDS as LOG_FIELDS
 from controller.metrics import CONTENT_TYPE
 from controller.settings import Settings, build_parser, parse_settings, split_address
 from controller.webhook import WebhookRunner
@@ -25,6 +25,7 @@ from driver.cluster.leader import LeaderElectionConfig
 from driver.cluster.port import ClusterApi
 from driver.cluster.throttle import ClientSettings
 from driver.daemon.http import HttpEndpoint, Route, probe
+from driver.daemon.logs import configure_logging
 from driver.errors import DriverError
 
 __all__ = ["build_parser", "main"]
@@ -77,7 +78,7 @@ def endpoints(
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
-    configure_logging(level=settings.log_level, log_format=settings.log_format)
+    configure_logging(level=settings.log_level, log_format=settings.log_format, fields=LOG_FIELDS)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

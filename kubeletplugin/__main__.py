@@ -15,10 +15,11 @@ from driver import cdi
 from driver.cluster.events import EventRecorder
 from driver.cluster.kube import connect
 from driver.cluster.throttle import ClientSettings
+from driver.daemon.logs import configure_logging
 from driver.errors import DriverError
 from driver.gpu.backend import GpuBackend
 from kubeletplugin.deviceplugin import Shim, ShimConfig
-from kubeletplugin.logs import configure_logging
+from kubeletplugin.logs import FIELDS as LOG_FIELDS
 from kubeletplugin.plugin import KubeletPlugin, PluginConfig
 from kubeletplugin.recovery import read_boot_id
 from kubeletplugin.settings import Settings, parse_settings
@@ -45,7 +46,7 @@ def build_backend(settings: Settings) -> GpuBackend:
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
-    configure_logging(level=settings.log_level, log_format=settings.log_format)
+    configure_logging(level=settings.log_level, log_format=settings.log_format, fields=LOG_FIELDS)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
