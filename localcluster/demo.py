@@ -37,7 +37,7 @@ DEFAULT_GPUS = "2xA100-40GB"
 DEFAULT_SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 SETTLE_TIMEOUT_S = 90.0
 POD_COLUMN = 52
-CLEANUP_TIMEOUT_S = 60.0
+CLEANUP_TIMEOUT_S = 30.0
 
 _RESET = "\x1b[0m"
 _STAGE_COLORS = {
