@@ -8,11 +8,8 @@ stop gracefully: allocation stops, the lease is handed back, servers close.
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-import threading
 from collections.abc import Sequence
-from types import FrameType
 
 from controller.allocator import AllocatorConfig
 from controller.app import COMPONENT, Controller
@@ -26,6 +23,7 @@ from driver.cluster.port import ClusterApi
 from driver.cluster.throttle import ClientSettings
 from driver.daemon.http import HttpEndpoint, Route, probe
 from driver.daemon.logs import configure_logging
+from driver.daemon.signals import stop_on_signals
 from driver.errors import DriverError
 
 __all__ = ["build_parser", "main"]
@@ -79,14 +77,7 @@ def endpoints(
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
     configure_logging(level=settings.log_level, log_format=settings.log_format, fields=LOG_FIELDS)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        logger.info("received signal %s, stopping", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals(logger=logger)
     try:
         api = connect(
             kubeconfig=settings.kubeconfig,

@@ -5,17 +5,15 @@ kept (a restarted plugin answers for them again).
 """
 
 import logging
-import signal
 import sys
-import threading
 from collections.abc import Sequence
-from types import FrameType
 
 from driver import cdi
 from driver.cluster.events import EventRecorder
 from driver.cluster.kube import connect
 from driver.cluster.throttle import ClientSettings
 from driver.daemon.logs import configure_logging
+from driver.daemon.signals import stop_on_signals
 from driver.errors import DriverError
 from driver.gpu.backend import GpuBackend
 from kubeletplugin.deviceplugin import Shim, ShimConfig
@@ -47,14 +45,7 @@ def build_backend(settings: Settings) -> GpuBackend:
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
     configure_logging(level=settings.log_level, log_format=settings.log_format, fields=LOG_FIELDS)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        logger.info("received signal %s, stopping", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals(logger=logger)
     try:
         backend = build_backend(settings)
     except DriverError as exc:
