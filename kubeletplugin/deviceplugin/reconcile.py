@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from api.checkpoint import PreparedClaim, PrepareState, ShimBinding
 from driver.cluster.port import RESOURCE_CLAIMS, ClusterApi, metadata
+from driver.daemon.wakeable import WakeableThread
 from driver.errors import ApiNotFoundError, ClusterError, DriverError
 from driver.ids import ClaimUid, PodUid
 from kubeletplugin.claims import ClaimRejectedError, check_claim
@@ -385,33 +386,24 @@ class ReconcileLoop:
         self._reconciler = reconciler
         self._resync = resync_seconds
         self._retry = retry_seconds
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = WakeableThread(self._run, name="shim-reconcile")
 
     def start(self) -> None:
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._run, name="shim-reconcile", daemon=True)
         self._thread.start()
 
     def trigger(self) -> None:
-        self._wake.set()
+        self._thread.wake()
 
     def stop(self) -> None:
-        self._stopping.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._thread.stop()
 
     def _run(self) -> None:
         timeout = self._resync
         unfinished = 0
-        while not self._stopping.is_set():
-            if self._wake.wait(timeout):
+        while not self._thread.stopping():
+            if self._thread.sleep(timeout):
                 unfinished = 0
-            self._wake.clear()
-            if self._stopping.is_set():
+            if self._thread.stopping():
                 return
             try:
                 report = self._reconciler.run_pass()

@@ -11,10 +11,11 @@ while there is no socket) and decides; it runs on the watcher's thread, also onc
 
 import logging
 import os
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
+
+from driver.daemon.wakeable import WakeableThread
 
 logger = logging.getLogger(__name__)
 
@@ -47,31 +48,22 @@ class KubeletWatcher:
         self._socket = kubelet_socket
         self._interval = interval_seconds
         self._on_tick = on_tick
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = WakeableThread(self._run, name="shim-kubelet-watch")
 
     def start(self) -> None:
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._run, name="shim-kubelet-watch", daemon=True)
         self._thread.start()
 
     def wake(self) -> None:
         """Tick now instead of at the next interval."""
-        self._wake.set()
+        self._thread.wake()
 
     def stop(self) -> None:
-        self._stopping.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._thread.stop()
 
     def _run(self) -> None:
-        while not self._stopping.is_set():
+        while not self._thread.stopping():
             try:
                 self._on_tick(socket_identity(self._socket))
             except Exception:
                 logger.exception("device-plugin maintenance failed; retrying")
-            self._wake.wait(self._interval)
-            self._wake.clear()
+            self._thread.sleep(self._interval)
