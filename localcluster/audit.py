@@ -23,8 +23,9 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Self
+from typing import IO
+
+from driver.closing import ClosedOnExit
 
 AuditSink = Callable[["AuditRecord"], None]
 """Called once per request; must be thread-safe and quick (it runs on the request's thread)."""
@@ -211,7 +212,7 @@ def group_by_user_agent(
     return grouped
 
 
-class JsonLinesAuditFile:
+class JsonLinesAuditFile(ClosedOnExit):
     """Appends each record as one JSON line (flushed, so ``tail -f`` shows it); close it."""
 
     def __init__(self, path: Path) -> None:
@@ -229,17 +230,6 @@ class JsonLinesAuditFile:
     def close(self) -> None:
         with self._lock:
             self._file.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def read_json_lines(path: Path) -> list[AuditRecord]:

@@ -13,8 +13,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import urllib3
 from kubernetes import client as k8s_client
@@ -22,6 +21,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
+from driver.closing import ClosedOnExit
 from driver.cluster.clock import Clock, SystemClock
 from driver.cluster.port import (
     JsonObject,
@@ -97,7 +97,7 @@ def connect(
     return KubeClusterApi(configuration=configuration, settings=settings)
 
 
-class KubeClusterApi:
+class KubeClusterApi(ClosedOnExit):
     """``ClusterApi`` over HTTP. Thread-safe; close it (or use ``with``) to drop its connections."""
 
     def __init__(
@@ -126,17 +126,6 @@ class KubeClusterApi:
 
     def close(self) -> None:
         self._client.close()  # type: ignore[no-untyped-call]
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- ClusterApi -------------------------------------------------------------------------
 
@@ -319,7 +308,7 @@ class KubeClusterApi:
             raise ClusterError(f"{method} {path}: {exc}") from exc
 
 
-class KubeWatchStream:
+class KubeWatchStream(ClosedOnExit):
     """One watch response read line by line; ``close`` from any thread ends the iteration."""
 
     def __init__(self, *, resource: Resource, response: Any, path: str) -> None:
@@ -413,17 +402,6 @@ class KubeWatchStream:
         self._released = True
         self._raw.close()
         self._raw.release_conn()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _drain(response: Any) -> bytes:

@@ -6,9 +6,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from types import TracebackType
-from typing import Self
 
+from driver.closing import ClosedOnExit
 from driver.cluster.port import JsonObject, ObjectList, WatchEvent
 
 
@@ -34,7 +33,7 @@ class FakeClock:
             self._wall += timedelta(seconds=seconds)
 
 
-class ScriptedStream:
+class ScriptedStream(ClosedOnExit):
     """A watch stream that yields given events then ends (or raises ``error`` at the end)."""
 
     def __init__(self, events: list[WatchEvent], *, error: Exception | None = None) -> None:
@@ -49,17 +48,6 @@ class ScriptedStream:
 
     def close(self) -> None:
         self.closed = True
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 class ScriptedListerWatcher:
