@@ -46,6 +46,14 @@ def client(server: LocalApiServer, *, workers: int = 8) -> KubeClusterApi:
     return KubeClusterApi(configuration=configuration_for_url(server.url), settings=settings)
 
 
+def cluster_api(server: LocalApiServer, stack: ExitStack, *, workers: int = 8) -> KubeClusterApi:
+    """A client closed with ``stack``, on a cluster that has our DeviceClasses (the setup every
+    in-process controller test starts from; tests publish their own nodes)."""
+    api = stack.enter_context(client(server, workers=workers))
+    create_device_classes(api)
+    return api
+
+
 # -- objects -----------------------------------------------------------------------------------
 
 

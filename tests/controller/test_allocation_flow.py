@@ -3,7 +3,6 @@ first, timestamp in), pods ungated, capacity respected and waited for, constrain
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from contextlib import ExitStack
 from datetime import UTC, datetime
 from functools import partial
@@ -23,9 +22,8 @@ from tests.controller.harness import (
     allocated_claims,
     assert_no_overlap,
     claim_object,
-    client,
+    cluster_api,
     condition_reason,
-    create_device_classes,
     create_pod_with_claim,
     pod_object,
     publish_node,
@@ -38,16 +36,8 @@ from tests.controller.harness import (
 
 
 @pytest.fixture
-def stack() -> Iterator[ExitStack]:
-    with ExitStack() as stack:
-        yield stack
-
-
-@pytest.fixture
 def api(apiserver: LocalApiServer, stack: ExitStack) -> KubeClusterApi:
-    api = stack.enter_context(client(apiserver))
-    create_device_classes(api)
-    return api
+    return cluster_api(apiserver, stack)
 
 
 def test_single_pod_gets_an_allocation_with_finalizer_and_timestamp_then_is_ungated(

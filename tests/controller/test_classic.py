@@ -4,7 +4,6 @@ ungated; and shadow claims of finished pods released by us."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from contextlib import ExitStack
 
 import pytest
@@ -23,8 +22,7 @@ from localcluster.apiserver import LocalApiServer
 from tests.controller.harness import (
     NS,
     assert_no_overlap,
-    client,
-    create_device_classes,
+    cluster_api,
     get_pod,
     pod_object,
     publish_node,
@@ -35,15 +33,8 @@ from tests.controller.harness import (
 
 
 @pytest.fixture
-def stack() -> Iterator[ExitStack]:
-    with ExitStack() as stack:
-        yield stack
-
-
-@pytest.fixture
 def api(apiserver: LocalApiServer, stack: ExitStack) -> KubeClusterApi:
-    api = stack.enter_context(client(apiserver))
-    create_device_classes(api)
+    api = cluster_api(apiserver, stack)
     publish_node(api, "node-a", gpus=1, labels={"kubernetes.io/hostname": "host-a"})
     return api
 

@@ -3,7 +3,6 @@ disturb no other pod; foreign gates are respected; pods that need nothing of our
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from contextlib import ExitStack
 
 import pytest
@@ -25,9 +24,8 @@ from tests.controller.harness import (
     NS,
     assert_no_overlap,
     claim_object,
-    client,
+    cluster_api,
     condition_reason,
-    create_device_classes,
     create_pod_with_claim,
     get_pod,
     placement_condition,
@@ -41,15 +39,8 @@ from tests.controller.harness import (
 
 
 @pytest.fixture
-def stack() -> Iterator[ExitStack]:
-    with ExitStack() as stack:
-        yield stack
-
-
-@pytest.fixture
 def api(apiserver: LocalApiServer, stack: ExitStack) -> KubeClusterApi:
-    api = stack.enter_context(client(apiserver))
-    create_device_classes(api)
+    api = cluster_api(apiserver, stack)
     publish_node(api, "node-a", gpus=2)
     return api
 

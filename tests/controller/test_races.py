@@ -3,7 +3,6 @@ placement is used twice and every pod that fits is placed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 
@@ -17,8 +16,7 @@ from localcluster.apiserver import LocalApiServer
 from tests.controller.harness import (
     NS,
     assert_no_overlap,
-    client,
-    create_device_classes,
+    cluster_api,
     create_pod_with_claim,
     publish_node,
     start_controller,
@@ -30,15 +28,8 @@ PODS_AT_ONCE = 500
 
 
 @pytest.fixture
-def stack() -> Iterator[ExitStack]:
-    with ExitStack() as stack:
-        yield stack
-
-
-@pytest.fixture
 def api(apiserver: LocalApiServer, stack: ExitStack) -> KubeClusterApi:
-    api = stack.enter_context(client(apiserver, workers=16))
-    create_device_classes(api)
+    api = cluster_api(apiserver, stack, workers=16)
     for i in range(NODES):
         publish_node(api, f"node-{i:02d}", gpus=8)
     return api

@@ -5,7 +5,6 @@ templates and claims from the controller's caches."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from contextlib import ExitStack
 from functools import partial
 
@@ -23,8 +22,7 @@ from tests.controller.harness import (
     NS,
     assert_no_overlap,
     claim_object,
-    client,
-    create_device_classes,
+    cluster_api,
     get_pod,
     pod_object,
     publish_node,
@@ -36,15 +34,8 @@ from tests.controller.harness import (
 
 
 @pytest.fixture
-def stack() -> Iterator[ExitStack]:
-    with ExitStack() as stack:
-        yield stack
-
-
-@pytest.fixture
 def api(apiserver: LocalApiServer, stack: ExitStack) -> KubeClusterApi:
-    api = stack.enter_context(client(apiserver))
-    create_device_classes(api)
+    api = cluster_api(apiserver, stack)
     publish_node(api, "node-a", gpus=2)
     return api
 
