@@ -175,10 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
         help_text="host:port of /healthz and /readyz; empty disables it",
         default=DEFAULT_HEALTHZ_ADDRESS,
     )
-    _add(
-        parser, "--log-level", help_text="log level", default="INFO", choices=LOG_LEVELS, upper=True
-    )
-    _add(parser, "--log-format", help_text="log format", default="text", choices=LOG_FORMATS)
+    flags.add_log_flags(parser, show_default=True)
     return parser
 
 

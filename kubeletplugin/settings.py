@@ -181,10 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
         help_text="extended-resource name prefix of the classic shim; '+' in profiles becomes '-'",
         default=DEFAULT_CLASSIC_RESOURCE_PREFIX,
     )
-    add_flag(
-        parser, "--log-level", help_text="log level", choices=LOG_LEVELS, default="INFO", upper=True
-    )
-    add_flag(parser, "--log-format", help_text="log format", choices=LOG_FORMATS, default="text")
+    flags.add_log_flags(parser)
     return parser
 
 

@@ -48,6 +48,27 @@ def add_flag(
     )
 
 
+def add_log_flags(parser: argparse.ArgumentParser, *, show_default: bool = False) -> None:
+    """``--log-level`` (any case) and ``--log-format``, the same in every daemon."""
+    add_flag(
+        parser,
+        "--log-level",
+        help_text="log level",
+        default="INFO",
+        choices=LOG_LEVELS,
+        upper=True,
+        show_default=show_default,
+    )
+    add_flag(
+        parser,
+        "--log-format",
+        help_text="log format",
+        default="text",
+        choices=LOG_FORMATS,
+        show_default=show_default,
+    )
+
+
 def parse_bool(text: str) -> bool | None:
     """``true``/``1``/``yes``/``on`` → True, their opposites → False, anything else → None."""
     lowered = text.strip().lower()

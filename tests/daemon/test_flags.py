@@ -8,7 +8,10 @@ import argparse
 import pytest
 
 from driver.daemon.flags import (
+    LOG_FORMATS,
+    LOG_LEVELS,
     add_flag,
+    add_log_flags,
     check_addresses,
     check_choices,
     env_var,
@@ -172,3 +175,25 @@ def test_check_addresses_names_the_flag_and_skips_empty_ones(
     assert (
         "--healthz-address: address 'nonsense' must look like host:port" in capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize("show_default", [False, True], ids=["env-only", "with-default"])
+def test_log_flags_are_the_same_in_every_daemon(show_default: bool) -> None:
+    parser = argparse.ArgumentParser(prog="daemon")
+    add_log_flags(parser, show_default=show_default)
+    actions = {a.dest: a for a in parser._actions if a.dest != "help"}
+    assert (actions["log_level"].choices, actions["log_format"].choices) == (
+        LOG_LEVELS,
+        LOG_FORMATS,
+    )
+    assert actions["log_format"].help == (
+        "log format (env INSTASLICE_LOG_FORMAT; default 'text')"
+        if show_default
+        else "log format (env INSTASLICE_LOG_FORMAT)"
+    )
+    defaults = parse_args_with_env(parser, [], environ={})
+    assert (defaults.log_level, defaults.log_format) == ("INFO", "text")
+    given = parse_args_with_env(
+        parser, ["--log-level", "warning"], environ={"INSTASLICE_LOG_FORMAT": "json"}
+    )
+    assert (given.log_level, given.log_format) == ("WARNING", "json")
