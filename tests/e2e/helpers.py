@@ -43,7 +43,7 @@ SAMPLES_NS = "instaslice-demo"
 QUOTA_NS = "instaslice-quota-demo"
 KUEUE_GATE = "kueue.x-k8s.io/admission"
 RUN_SECONDS_ANNOTATION = "localcluster.instaslice.dev/run-seconds"
-WAIT_S = 30.0
+WAIT_S = 20.0
 
 
 # --- objects ----------------------------------------------------------------------------------
