@@ -5,11 +5,12 @@
   file name in the same directory), asks ``GetDevicePluginOptions`` and opens ``ListAndWatch``; each
   list replaces the resource's devices. Node capacity is the device count, allocatable the healthy
   ones; a plugin whose stream ends has all its devices counted unhealthy until it registers again.
-* Admission allocates per container (init containers first) for every extended resource in its
-  limits that a plugin serves: ``GetPreferredAllocation`` when the plugin offers it, then
-  ``Allocate`` with the chosen ids. Not enough healthy free devices or a failing ``Allocate`` rejects
-  the pod (``UnexpectedAdmissionError``). The assignment is visible through pod-resources as soon
-  as ``Allocate`` has answered. ``PreStartContainer`` runs before each container start when the
+* Admission (one pod at a time) allocates per container (init containers first) for every
+  extended resource in its limits that a plugin serves: ``GetPreferredAllocation`` when the plugin
+  offers it, then ``Allocate`` with the chosen ids. Not enough healthy free devices or a failing
+  ``Allocate`` rejects the pod (``UnexpectedAdmissionError``). The pod is listed by pod-resources
+  from the start of its own admission turn (without devices), and the assignment as soon as
+  ``Allocate`` has answered. ``PreStartContainer`` runs before each container start when the
   plugin asks for it.
 * ``restart`` is a kubelet restart as plugins see it: the registration socket and every other
   socket in the directory are removed (``CleanupPluginDirectory``) and ``kubelet.sock`` created
@@ -235,12 +236,19 @@ class DeviceManager:
 
     # --- admission and container start ----------------------------------------------------------
 
-    def allocate(self, pod: JsonObject) -> None:
-        """Allocate for every container of the pod; ``AdmissionError`` (nothing kept) on failure."""
+    def allocate(self, pod: JsonObject, *, admitting: Callable[[], None] | None = None) -> None:
+        """Allocate for every container of the pod; ``AdmissionError`` (nothing kept) on failure.
+
+        ``admitting`` runs first, inside the admission turn: where the kubelet adds the pod to its
+        pod manager (``HandlePodAdditions``: add, then admit, one pod at a time), so that
+        pod-resources lists a pod from its own admission on, never while it waits for its turn.
+        """
         uid = uid_of(pod)
         spec = pod.get("spec") or {}
         containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
         with self._admission_lock:
+            if admitting is not None:
+                admitting()
             try:
                 for container in containers:
                     for resource, amount in sorted(container_limits(container).items()):

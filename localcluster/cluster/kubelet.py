@@ -6,8 +6,12 @@ Its root holds the kubelet's directories: ``plugins_registry/`` (watched for DRA
 ``pod-resources/`` (``kubelet.sock``). For each pod bound to the node it does what the kubelet does
 before and after the containers run:
 
-1. admit: device-plugin ``Allocate`` per container; not enough devices or a failing plugin
-   rejects the pod (phase ``Failed``, reason ``UnexpectedAdmissionError``);
+1. admit, one pod at a time as ``HandlePodAdditions`` does: the pod joins the "pod manager" (the
+   pods pod-resources lists) at the start of its own admission turn, not when it is bound, then
+   device-plugin ``Allocate`` per container; not enough devices or a failing plugin rejects the
+   pod (phase ``Failed``, reason ``UnexpectedAdmissionError``). So while a plugin serves a pod's
+   ``Allocate``, pod-resources lists that pod (the container still without devices) and no pod
+   admitted after it;
 2. ``NodePrepareResources`` for its DRA claims, retried with backoff while the pod waits in
    ``ContainerCreating``;
 3. "start" the containers: ``PreStartContainer`` where asked, the CDI ids and environment each
@@ -87,7 +91,7 @@ class ContainerDevices:
 class _PodState:
     uid: str
     key: str
-    phase: str = "admitted"  # admitted | running | done
+    phase: str = "pending"  # pending (bound, not admitted yet) | admitted | running | done
     waiting_written: bool = False
     finish_at: float | None = None
     containers: dict[str, ContainerDevices] = field(default_factory=dict)
@@ -208,14 +212,20 @@ class Kubelet:
         raise KeyError(f"pod {pod_uid} has no started container {container!r} on {self.name}")
 
     def active_pods(self) -> list[JsonObject]:
+        """The pod manager's live pods: admitted (or being admitted), not finished."""
         with self._lock:
-            admitted = {s.uid for s in self._states.values() if s.phase != "done"}
+            admitted = {s.uid for s in self._states.values() if s.phase in ("admitted", "running")}
         pods = [
             p
             for p in self._pods.list()
             if uid_of(p) in admitted and not is_terminal(p) and not is_deleting(p)
         ]
         return sorted(pods, key=object_key)
+
+    def waiting_for_admission(self) -> list[str]:
+        """Keys (``namespace/name``) of pods bound here that wait for their admission turn."""
+        with self._lock:
+            return sorted(s.key for s in self._states.values() if s.phase == "pending")
 
     def device_allocations(self, pod_uid: str, container: str) -> list[ContainerAllocation]:
         return self.device_manager.container_allocations(pod_uid, container)
@@ -297,8 +307,8 @@ class Kubelet:
             state = _PodState(uid=uid_of(pod), key=key)
             with self._lock:
                 self._states[key] = state
-            if not self._admit(pod, state):
-                return
+        if state.phase == "pending" and not self._admit(pod, state):
+            return
         if state.phase == "admitted":
             self._start(pod, state)
         if state.phase == "running" and state.finish_at is not None:
@@ -309,8 +319,12 @@ class Kubelet:
                 self._finish(pod, state)
 
     def _admit(self, pod: JsonObject, state: _PodState) -> bool:
+        def admitting() -> None:
+            with self._lock:
+                state.phase = "admitted"
+
         try:
-            self.device_manager.allocate(pod)
+            self.device_manager.allocate(pod, admitting=admitting)
         except AdmissionError as exc:
             message = f"Allocate failed due to {exc}, which is unexpected"
             log.info("pod %s rejected: %s", state.key, message)
@@ -325,6 +339,10 @@ class Kubelet:
                 pod, event_type=WARNING, reason="UnexpectedAdmissionError", message=message
             )
             return False
+        except Exception:
+            with self._lock:
+                state.phase = "pending"  # not admitted after all: the next sync tries again
+            raise
         return True
 
     def _start(self, pod: JsonObject, state: _PodState) -> None:

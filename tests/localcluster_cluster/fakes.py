@@ -146,6 +146,11 @@ class FakeDevicePlugin(dp_grpc.DevicePluginServicer):
         self.pod_resources_socket = kubelet_root / "pod-resources" / "kubelet.sock"
         self.seen_at_pre_start: list[list[tuple[str, str, tuple[str, ...]]]] = []
         """What pod-resources said at each PreStartContainer: (pod, container, device ids)."""
+        self.seen_at_allocate: list[list[tuple[str, str, tuple[str, ...]]]] = []
+        """What pod-resources said at each Allocate, before answering."""
+        self.allocate_gate: threading.Event | None = None
+        """When set to an event: each Allocate waits for it (up to 8 s) before answering."""
+        self.allocate_started = threading.Event()
         self.resource = resource
         self.directory = kubelet_root / "device-plugins"
         self.endpoint = endpoint
@@ -229,6 +234,10 @@ class FakeDevicePlugin(dp_grpc.DevicePluginServicer):
     def Allocate(self, request: dp.AllocateRequest, context: Any) -> dp.AllocateResponse:
         if self.fail_allocate:
             context.abort(grpc.StatusCode.INTERNAL, "injected Allocate failure")
+        self.seen_at_allocate.append(self.listed())
+        self.allocate_started.set()
+        if self.allocate_gate is not None:
+            self.allocate_gate.wait(timeout=8)
         response = dp.AllocateResponse()
         for container in request.container_requests:
             ids = tuple(container.devices_ids)
@@ -243,6 +252,11 @@ class FakeDevicePlugin(dp_grpc.DevicePluginServicer):
         self, request: dp.PreStartContainerRequest, context: Any
     ) -> dp.PreStartContainerResponse:
         self.pre_starts.append(tuple(request.devices_ids))
+        self.seen_at_pre_start.append(self.listed())
+        return dp.PreStartContainerResponse()
+
+    def listed(self) -> list[tuple[str, str, tuple[str, ...]]]:
+        """The kubelet's pod-resources ``List`` now: (pod, container, device ids)."""
         channel = grpc.insecure_channel(f"unix:{self.pod_resources_socket}")
         try:
             listed = pr_grpc.PodResourcesListerStub(channel).List(
@@ -250,11 +264,8 @@ class FakeDevicePlugin(dp_grpc.DevicePluginServicer):
             )
         finally:
             channel.close()
-        self.seen_at_pre_start.append(
-            [
-                (p.name, c.name, tuple(i for d in c.devices for i in d.device_ids))
-                for p in listed.pod_resources
-                for c in p.containers
-            ]
-        )
-        return dp.PreStartContainerResponse()
+        return [
+            (p.name, c.name, tuple(i for d in c.devices for i in d.device_ids))
+            for p in listed.pod_resources
+            for c in p.containers
+        ]

@@ -3,6 +3,7 @@ node allocatable, Allocate per container, pod-resources, admission failures and 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -162,6 +163,35 @@ def test_allocate_per_container_and_pod_resources(
     cluster.api.delete(PODS, name="p", namespace=NS)
     cluster.wait_for(lambda: _pod(cluster, "p") is None)
     assert _list(cluster).pod_resources == []
+
+
+def test_pod_resources_lists_a_pod_from_its_own_admission_turn_not_while_it_waits(
+    cluster: LocalCluster, plugin_factory: Callable[..., FakeDevicePlugin]
+) -> None:
+    # The kubelet adds a pod to its pod manager right before admitting it, one pod at a time: a
+    # plugin's Allocate sees the pod it serves (no devices yet) and no pod admitted after it.
+    plugin = plugin_factory(devices=("d0", "d1"))
+    gate = threading.Event()
+    plugin.allocate_gate = gate
+    cluster.wait_for(lambda: _allocatable(cluster) == ("2", "2"))
+    assert cluster.api is not None
+    kubelet = cluster.kubelet("node-a")
+    try:
+        cluster.api.create(PODS, pod("first", limits={RESOURCE: "1"}, nodeName="node-a"))
+        assert plugin.allocate_started.wait(timeout=10)
+        cluster.api.create(PODS, pod("second", limits={RESOURCE: "1"}, nodeName="node-a"))
+        cluster.wait_for(lambda: kubelet.waiting_for_admission() == [f"{NS}/second"])
+        assert plugin.listed() == [("first", "c", ())]
+    finally:
+        gate.set()
+    for name in ("first", "second"):
+        cluster.wait_for(
+            lambda n=name: (_pod(cluster, n) or {}).get("status", {}).get("phase") == "Running"  # type: ignore[misc]
+        )
+    (first_ids,), second_call = plugin.allocations[0], plugin.seen_at_allocate[1]
+    assert plugin.seen_at_allocate[0] == [("first", "c", ())]
+    assert second_call == [("first", "c", (first_ids,)), ("second", "c", ())]
+    assert kubelet.waiting_for_admission() == []
 
 
 def test_not_enough_devices_rejects_the_pod(
