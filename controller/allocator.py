@@ -4,9 +4,11 @@ Handlers only update the shared state and enqueue keys:
 
 - pods: a pod carrying our gate is enqueued on every change (it is acted on only when ours is its
   *only* gate — Kueue's and anyone else's are lifted first, so quota is decided before placement);
-  a classic pod that finished is enqueued to release its shadow claims;
+  a classic pod that finished is enqueued to release its shadow claims, a deleted one's UID is
+  enqueued to release them once the API confirms it gone (``shadowrelease``);
 - claims: occupancy is updated; the pods using the claim (by name, by owner, by shadow label) are
-  enqueued; freed slices wake the pods waiting for capacity;
+  enqueued; freed slices wake the pods waiting for capacity; a shadow claim whose pod the cache
+  does not know has that pod's UID enqueued (``shadowrelease``);
 - slices, DeviceClasses, nodes: the inventory / node filter changes; every waiting pod is woken.
 
 Retries are event driven: a pod that cannot be placed now waits for one of those events, never for
@@ -14,7 +16,8 @@ a timer. Workers take keys and run ``sync.PodSync`` (N of them, so API writes of
 out concurrently; decisions are serialized by the state's lock).
 
 Leadership: ``start_leading`` (on its own thread, after caches synced) rebuilds the state from the
-informers' copies of the API, then lets workers act and enqueues every gated pod;
+informers' copies of the API, then lets workers act and enqueues every gated pod, every finished
+classic pod and every pod UID that shadow claims name but the pod cache does not know;
 ``stop_leading`` stops them at once (and every write checks ``is_leader`` too).
 """
 
@@ -27,11 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from api.names import CLASSIC_RESOURCE_PREFIX, SCHEDULING_GATE
-from controller import classic
 from controller.conditions import ConditionReporter
-from controller.informers import BY_SHADOW_POD, BY_UID, ClusterInformers
+from controller.informers import BY_UID, ClusterInformers
 from controller.metrics import ControllerMetrics
 from controller.nodefilter import node_info
+from controller.shadowrelease import ShadowReleaser, gone_key, is_terminal, pod_uid_of_key
 from controller.state import AllocationState
 from controller.sync import Outcome, PodSync, SyncConfig
 from driver.cluster.clock import Clock, SystemClock
@@ -52,8 +55,6 @@ from driver.errors import ClusterError
 
 logger = logging.getLogger(__name__)
 
-_TERMINAL = frozenset({"Succeeded", "Failed"})
-
 
 @dataclass(frozen=True, slots=True)
 class AllocatorConfig:
@@ -63,10 +64,6 @@ class AllocatorConfig:
     """Prefix of the worker threads' names (several controllers in one process: tests)."""
     sync: SyncConfig = field(default_factory=SyncConfig)
     cache_sync_timeout: float = 60.0
-
-
-def _is_terminal(pod: JsonObject) -> bool:
-    return (pod.get("status") or {}).get("phase") in _TERMINAL
 
 
 def _has_classic(pod: JsonObject) -> bool:
@@ -120,6 +117,9 @@ class Allocator:
             is_leader=self.is_acting,
             latency=self._latency,
             config=self.config.sync,
+        )
+        self._shadows = ShadowReleaser(
+            api=api, informers=informers, metrics=metrics, is_leader=self.is_acting
         )
         self._register()
 
@@ -182,7 +182,7 @@ class Allocator:
     def _pod_updated(self, pod: JsonObject) -> None:
         if self.state.nodes.pod_changed(pod):
             self._wake(everyone=False)  # it finished: its CPU, memory, ... are free again
-        if SCHEDULING_GATE in gate_names(pod) or (_is_terminal(pod) and _has_classic(pod)):
+        if SCHEDULING_GATE in gate_names(pod) or (is_terminal(pod) and _has_classic(pod)):
             self.queue.add(object_key(pod))
 
     def _pod_deleted(self, pod: JsonObject) -> None:
@@ -194,10 +194,15 @@ class Allocator:
             self._waiting_capacity.discard(key)
             self._waiting_change.discard(key)
         self._reporter.forget(uid_of(pod))
+        if self._shadows.has_claims(uid_of(pod)):
+            self.queue.add(gone_key(uid_of(pod)))
 
     def _claim_changed(self, claim: JsonObject) -> None:
         freed = self.state.claim_changed(claim)
         self._enqueue_users(claim)
+        pod_uid = self._shadows.suspect(claim)
+        if pod_uid is not None:
+            self.queue.add(gone_key(pod_uid))
         if freed:
             self._wake(everyone=False)
 
@@ -275,6 +280,10 @@ class Allocator:
     def _process(self, key: str) -> None:
         if not self._active.is_set():
             return  # start_leading enqueues every gated pod again
+        pod_uid = pod_uid_of_key(key)
+        if pod_uid is not None:
+            self._release_if_gone(key, pod_uid)
+            return
         pod = self._informers.pods.get_by_key(key)
         with self._lock:
             self._waiting_capacity.discard(key)
@@ -282,7 +291,7 @@ class Allocator:
         if pod is None:
             self.queue.forget(key)
             return
-        if _is_terminal(pod):
+        if is_terminal(pod):
             self._release_shadow_claims(pod)
             return
         gates = gate_names(pod)
@@ -310,17 +319,23 @@ class Allocator:
             self.queue.add_rate_limited(key)
 
     def _release_shadow_claims(self, pod: JsonObject) -> None:
-        if not self.is_acting():
+        key = object_key(pod)
+        try:
+            self._shadows.release_finished(pod)
+        except ClusterError as exc:
+            logger.info("cannot release the shadow claims of pod %s yet: %s", key, exc)
+            self.queue.add_rate_limited(key)
             return
-        for claim in self._informers.claims.by_index(BY_SHADOW_POD, uid_of(pod)):
-            try:
-                if classic.release(self._api, claim):
-                    self._metrics.shadow_released()
-            except ClusterError as exc:
-                logger.info("cannot release shadow claim %s yet: %s", name_of(claim), exc)
-                self.queue.add_rate_limited(object_key(pod))
-                return
-        self.queue.forget(object_key(pod))
+        self.queue.forget(key)
+
+    def _release_if_gone(self, key: str, pod_uid: str) -> None:
+        try:
+            self._shadows.release_if_gone(pod_uid)
+        except ClusterError as exc:
+            logger.info("cannot release the shadow claims of pod %s yet: %s", pod_uid, exc)
+            self.queue.add_rate_limited(key)
+            return
+        self.queue.forget(key)
 
     # -- leadership ----------------------------------------------------------------------------
 
@@ -343,8 +358,10 @@ class Allocator:
         self._active.set()
         logger.info("allocating as leader")
         for pod in informers.pods.list():
-            if SCHEDULING_GATE in gate_names(pod) or (_is_terminal(pod) and _has_classic(pod)):
+            if SCHEDULING_GATE in gate_names(pod) or (is_terminal(pod) and _has_classic(pod)):
                 self.queue.add(object_key(pod))
+        for pod_uid in sorted(self._shadows.suspects()):
+            self.queue.add(gone_key(pod_uid))
 
     def stop_leading(self) -> None:
         if self._active.is_set():
