@@ -65,6 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("cannot configure the Kubernetes client: %s", exc)
         backend.close()
         return 1
+    events = EventRecorder(api=api, component=COMPONENT, host=settings.node_name)
     try:
         plugin = KubeletPlugin(
             config=PluginConfig(
@@ -81,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             backend=backend,
             api=api,
             boot_id=read_boot_id(),
-            events=EventRecorder(api=api, component=COMPONENT, host=settings.node_name),
+            events=events,
             majors=None if settings.gpu_backend == "emulated" else cdi.read_device_majors(),
         )
     except DriverError as exc:
@@ -101,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             checkpoint=plugin.store,
             api=api,
             inventory=lambda: plugin.publisher.inventory,
+            events=events,
         )
         if settings.classic_shim
         else None

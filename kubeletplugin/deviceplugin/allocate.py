@@ -6,12 +6,17 @@ N devices is given one *reservation* — the unbound claims of one (pod, contain
 together (one ``count: N`` claim or N claims of one) — never slices of two reservations, and never a
 slice no claim accounts for: with no such reservation ``Allocate`` fails with a message saying so.
 
-Which reservation, when several fit (the kubelet does not say which pod asks): the kubelet lists a
-pod in its pod-resources API as soon as it starts admitting it, and records the pod's devices only
-after ``Allocate`` answers, so reservations of containers the kubelet lists without devices of this
-resource come first (in practice the pod being admitted); then the oldest reservation. A wrong
-guess (two identical pods admitted at once) is corrected afterwards by ``reconcile``, which makes
-each claim stand for the container that really holds its ids.
+Which reservation (the kubelet does not say which pod asks): the kubelet admits pods one at a time
+and adds each to its pod manager — what its pod-resources API lists — right before admitting it,
+while it records the pod's devices only after ``Allocate`` answers. So during the ``Allocate`` of
+pod X, pod-resources lists X with the asking container still lacking devices of this resource, and
+no pod admitted after X. That decides: if the fitting reservations of listed containers lacking
+devices of this resource all belong to one pod, one of that pod's reservations is taken (in its own
+namespace; containers in listed order). Otherwise — none (kubelet unreachable, a pod admitted
+without its reservation) or several (a kubelet that lists pods earlier) — the fallback is logged and
+ranks: listed-without-devices first, then the oldest reservation. A wrong guess there is corrected
+afterwards by ``reconcile``, which makes each claim stand for the container that really holds its
+ids (within a namespace; a crossing between namespaces is only reported).
 
 The slices are made by the plugin's own prepare path (``DeviceState.prepare_claim``: checkpoint
 first, slice at the allocated placement, CDI spec, rollback on failure), with the CDI specs'
@@ -149,16 +154,49 @@ def choose(
         listed = -1
         order = 1
         if holdings is not None:
-            key = ContainerKey(
-                namespace=slot.namespace, pod=slot.pod_name, container=slot.container
-            )
-            position = holdings.position(key)
+            position = holdings.position(_key(slot))
             if position is not None:
                 listed = position
-                order = 2 if holdings.holds(key, resource) else 0
+                order = 2 if holdings.holds(_key(slot), resource) else 0
         return (order, pod_created[(slot.namespace, slot.pod_uid)], listed, slot)
 
-    return min(fitting, key=rank)
+    asking = [] if holdings is None else asking_reservations(fitting, resource, holdings)
+    pods = sorted({(r.slot.namespace, r.slot.pod_name, r.slot.pod_uid) for r in asking})
+    if len(pods) == 1:
+        return min(asking, key=rank)
+    chosen = min(fitting, key=rank)
+    if holdings is None:
+        why = "the kubelet's pod list is unavailable"
+    elif pods:
+        why = "pod-resources lists several pods waiting for it: " + ", ".join(
+            f"{namespace}/{name}" for namespace, name, _ in pods
+        )
+    else:
+        why = "pod-resources lists no container with a reservation of it still lacking devices"
+    logger.info(
+        "Allocate of %d x %s: cannot tell which pod asks (%s); taking %s",
+        count,
+        resource,
+        why,
+        chosen,
+    )
+    return chosen
+
+
+def asking_reservations(
+    fitting: Sequence[Reservation], resource: str, holdings: Holdings
+) -> list[Reservation]:
+    """Reservations of containers the kubelet lists without devices of ``resource`` yet."""
+    return [
+        r
+        for r in fitting
+        if holdings.position(_key(r.slot)) is not None
+        and not holdings.holds(_key(r.slot), resource)
+    ]
+
+
+def _key(slot: Slot) -> ContainerKey:
+    return ContainerKey(namespace=slot.namespace, pod=slot.pod_name, container=slot.container)
 
 
 def answer(entries: Sequence[PreparedClaim]) -> ContainerAnswer:

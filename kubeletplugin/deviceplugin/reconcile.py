@@ -8,6 +8,9 @@ lock (no ``Allocate`` interleaves):
    those ids is recorded in the checkpoint binding, and the claim is moved to stand for it if it
    stood for another one (``moves``: with a spare claim given back to the container that lost it).
    So deleting pod A frees the slices pod A uses, never those pod B got from A's reservation.
+   A claim held by a pod of another namespace cannot be moved (owner references do not cross
+   namespaces): it is logged and reported with a Warning event on both pods, and step 2 keeps its
+   slices while that container holds them.
 2. **Release.** A bound claim whose ids no container holds and whose shadow claim is gone from
    this node (deleted, being deleted, deallocated, or allocated elsewhere — the pod was deleted and
    garbage-collected, or the controller released a finished pod's claim) is unprepared through
@@ -32,7 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from api.checkpoint import PreparedClaim, PrepareState, ShimBinding
-from driver.cluster.port import RESOURCE_CLAIMS, ClusterApi, metadata
+from driver.cluster.events import WARNING, EventRecorder
+from driver.cluster.port import PODS, RESOURCE_CLAIMS, ClusterApi, JsonObject, metadata
 from driver.daemon.wakeable import WakeableThread
 from driver.errors import ApiNotFoundError, ClusterError, DriverError
 from driver.ids import ClaimUid, PodUid
@@ -57,6 +61,9 @@ from kubeletplugin.deviceplugin.shadow import (
 from kubeletplugin.inventory import NodeInventory
 
 logger = logging.getLogger(__name__)
+
+CROSSED_NAMESPACES_REASON = "ClassicSliceCrossedNamespaces"
+"""Event reason on both pods when a container holds the slices of another namespace's claim."""
 
 
 @dataclass(slots=True)
@@ -93,8 +100,10 @@ class Reconciler:
         resource_for: Callable[[str], str],
         unheld_grace_seconds: float,
         clock: Callable[[], float] = time.monotonic,
+        events: EventRecorder | None = None,
     ) -> None:
         self._node = node_name
+        self._events = events
         self._state = state
         self._checkpoint = checkpoint
         self._api = api
@@ -251,13 +260,14 @@ class Reconciler:
         )
         for claim, holder in plan.cross_namespace:
             report.cross_namespace.append(claim.uid)
-            self._warn_once(
+            if self._warn_once(
                 claim.uid,
                 "shadow claim %s is held by %s in another namespace; it cannot be moved there, "
                 "its slices stay until that container is gone",
                 claim,
                 holder,
-            )
+            ):
+                self._report_crossing(claim, holder)
         for move in plan.unrepaid:
             logger.warning(
                 "%s got the slices reserved for %s, and had no reservation of its own to give "
@@ -365,10 +375,51 @@ class Reconciler:
         )
         return None
 
-    def _warn_once(self, key: str, message: str, *args: object) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            logger.warning(message, *args)
+    def _report_crossing(self, claim: ShadowClaim, holder: Slot) -> None:
+        """A Warning event on both pods: the one whose reservation went across, and the holder."""
+        if self._events is None:
+            return
+        owner = claim.slot
+        owner_text = f"pod {owner.namespace}/{owner.pod_name}" if owner else "no pod"
+        self._events.record(
+            _pod_ref(holder),
+            event_type=WARNING,
+            reason=CROSSED_NAMESPACES_REASON,
+            message=(
+                f"container {holder.container} was given the MIG slices of shadow claim "
+                f"{claim.namespace}/{claim.name}, reserved for {owner_text} of another namespace "
+                "(the device-plugin Allocate does not say which pod asks). A claim cannot move "
+                "between namespaces: the slices stay in use here until this container is gone."
+            ),
+        )
+        if owner is not None:
+            self._events.record(
+                _pod_ref(owner),
+                event_type=WARNING,
+                reason=CROSSED_NAMESPACES_REASON,
+                message=(
+                    f"the MIG slices of this pod's shadow claim {claim.namespace}/{claim.name} "
+                    f"were given to container {holder} of another namespace; they stay in use "
+                    "there until that container is gone, and are not destroyed with this pod."
+                ),
+            )
+
+    def _warn_once(self, key: str, message: str, *args: object) -> bool:
+        """Log once per key; True the first time."""
+        if key in self._warned:
+            return False
+        self._warned.add(key)
+        logger.warning(message, *args)
+        return True
+
+
+def _pod_ref(slot: Slot) -> JsonObject:
+    """Enough of a pod for an event's ``involvedObject``."""
+    return {
+        "apiVersion": PODS.api_version,
+        "kind": PODS.kind,
+        "metadata": {"name": slot.pod_name, "namespace": slot.namespace, "uid": slot.pod_uid},
+    }
 
 
 def _constant(binding: ShimBinding) -> Callable[[ShimBinding | None], ShimBinding]:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from driver.cluster.events import EventRecorder
 from driver.cluster.port import ClusterApi
 from driver.errors import DriverError
 from kubeletplugin.deviceplugin.advertise import advertised_counts, device_ids
@@ -70,6 +71,7 @@ class Shim:
         inventory: Callable[[], NodeInventory],
         pod_resources: PodResourcesSource | None = None,
         clock: Callable[[], float] = time.monotonic,
+        events: EventRecorder | None = None,
     ) -> None:
         check_prefix(config.resource_prefix)
         self.config = config
@@ -90,6 +92,7 @@ class Shim:
             resource_for=lambda profile: resource_name(profile, prefix=config.resource_prefix),
             unheld_grace_seconds=config.unheld_grace_seconds,
             clock=clock,
+            events=events,
         )
         self._loop = ReconcileLoop(self.reconciler, resync_seconds=config.resync_seconds)
         self.allocator = Allocator(

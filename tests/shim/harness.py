@@ -25,6 +25,7 @@ from api.names import (
     profile_device_class,
 )
 from driver.checkpoint import CheckpointStore
+from driver.cluster.events import EventRecorder
 from driver.cluster.ops import owner_reference, pod_reference
 from driver.cluster.port import PODS, RESOURCE_CLAIMS, JsonObject
 from driver.errors import ApiNotFoundError
@@ -80,6 +81,7 @@ class ShimNode:
         step_hook: Callable[[str], None] | None = None,
         watch_seconds: float = 0.05,
         inventory: Callable[[], NodeInventory] | None = None,
+        events: EventRecorder | None = None,
     ) -> Shim:
         """Start the plugin (recovery first) and a shim on it, as ``__main__`` does; the shim
         reads the plugin's inventory unless ``inventory`` is given."""
@@ -98,6 +100,7 @@ class ShimNode:
             checkpoint=plugin.store,
             api=self.api,
             inventory=inventory or (lambda: plugin.publisher.inventory),
+            events=events,
         )
         self.shim.start()
         shim = self.shim

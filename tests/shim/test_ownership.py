@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from api.names import SHADOW_CLAIM_LABEL
 from driver.cdi import VISIBLE_DEVICES_ENV
+from driver.cluster.events import EventRecorder
 from driver.cluster.ops import clear_claim_allocation
+from driver.cluster.port import EVENTS
+from kubeletplugin.deviceplugin.reconcile import CROSSED_NAMESPACES_REASON
 from tests.shim.fake_kubelet import Admitted
 from tests.shim.harness import R_1G, Reserved, ShimNode, devices_of
 
@@ -72,6 +75,26 @@ def test_pods_admitted_in_the_opposite_order_own_the_slices_they_got(node: ShimN
     assert shim.reconcile_now().moved == []  # settled
 
 
+def test_pods_of_two_namespaces_admitted_in_the_opposite_order_each_get_their_own_reservation(
+    node: ShimNode,
+) -> None:
+    # A real kubelet lists a pod from its own admission on, one pod at a time: B's Allocate sees B
+    # (without devices) and not A, so B gets its own reservation although A's is older — a claim
+    # could not be moved to a pod of another namespace afterwards.
+    shim = node.start()
+    a = node.reserve([("main", "1g.5gb", [["gpu-0-1g-5gb-0"]])], name="web", namespace="team-a")
+    b = node.reserve([("main", "1g.5gb", [["gpu-1-1g-5gb-6"]])], name="web", namespace="team-b")
+    got_b = node.kubelet.admit(b.pod)
+    got_a = node.kubelet.admit(a.pod)
+    assert device_of(node, got_b) == "gpu-1-1g-5gb-6"
+    assert device_of(node, got_a) == "gpu-0-1g-5gb-0"
+
+    report = shim.reconcile_now()
+    assert (report.moved, report.cross_namespace) == ([], [])
+    assert owned_devices(node, a) == ["gpu-0-1g-5gb-0"]
+    assert owned_devices(node, b) == ["gpu-1-1g-5gb-6"]
+
+
 def test_the_pod_that_lost_its_reservation_gets_the_other_one_back_before_it_is_admitted(
     node: ShimNode,
 ) -> None:
@@ -118,6 +141,38 @@ def test_deleting_a_pod_destroys_its_slice_and_leaves_the_other_pods_alone(
     assert node.instances() == []
     assert node.cdi_files() == 0
     assert node.checkpoint().claims == {}
+
+
+def test_a_crossing_between_namespaces_is_reported_on_both_pods_and_no_used_slice_is_freed(
+    node: ShimNode,
+) -> None:
+    # A kubelet that lists both pods before admitting either (e.g. restarted with both pending):
+    # B's Allocate cannot tell, takes A's older reservation, and a claim cannot move namespaces.
+    shim = node.start(events=EventRecorder(api=node.api, component="test-plugin"))
+    a = node.reserve([("main", "1g.5gb", [["gpu-0-1g-5gb-0"]])], name="web", namespace="team-a")
+    b = node.reserve([("main", "1g.5gb", [["gpu-1-1g-5gb-6"]])], name="web", namespace="team-b")
+    got_a, got_b = admit_crossed(node, a, b)
+    report = shim.reconcile_now()
+    claim_uids = {node.claim(r, r.claims[0])["metadata"]["uid"] for r in (a, b)}
+    assert set(report.cross_namespace) == claim_uids
+    assert report.moved == []
+    shim.reconcile_now()  # reported once, not on every pass
+    for reserved, other in ((a, b), (b, a)):
+        events = node.api.list_objects(EVENTS, namespace=reserved.pod.namespace).items
+        crossed = [e for e in events if e["reason"] == CROSSED_NAMESPACES_REASON]
+        assert len(crossed) == 2  # as the holder of one claim and the owner of the other
+        for event in crossed:
+            assert event["type"] == "Warning"
+            assert event["involvedObject"]["uid"] == reserved.pod.uid
+            assert event["count"] == 1
+        assert any(f"{other.pod.namespace}/{other.claims[0]}" in e["message"] for e in crossed)
+
+    node.delete_pod(a.pod)  # A's claim goes; its slices are in B's container
+    node.kubelet.remove_pod(a.pod)
+    assert shim.reconcile_now().released == []
+    assert device_of(node, got_b) == "gpu-0-1g-5gb-0"
+    assert node.instances() == [(0, "1g.5gb", 0), (1, "1g.5gb", 6)]
+    assert device_of(node, got_a) == "gpu-1-1g-5gb-6"
 
 
 def test_a_finished_pod_is_released_when_the_controller_deallocates_its_claim(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from api.names import classic_resource_name
@@ -162,6 +164,43 @@ def test_choose_prefers_a_listed_container_without_devices_over_an_older_reserva
     assert choose([old, new], count=1, resource=R, node_name="n", holdings=both) is old
     a_has_its_devices = listing((slot("a"), ("x",)), (slot("b"), ()))
     assert choose([old, new], count=1, resource=R, node_name="n", holdings=a_has_its_devices) is new
+
+
+def test_choose_takes_the_reservation_of_the_one_pod_being_admitted_in_its_namespace(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Same pod name in two namespaces; team-a's reservation is older. The kubelet admits team-b's
+    # pod (listed, without devices): its containers get its reservations, in listed order.
+    other = reservation(shadow("a", slot("web", namespace="team-a"), created="1"))
+    main = reservation(shadow("bm", slot("web", namespace="team-b"), created="3"))
+    side = reservation(shadow("bs", slot("web", "side", namespace="team-b"), created="2"))
+    web_b, side_b = slot("web", namespace="team-b"), slot("web", "side", namespace="team-b")
+    fitting = [other, side, main]
+    caplog.set_level(logging.INFO, logger="kubeletplugin.deviceplugin.allocate")
+    admitting = listing((web_b, ()), (side_b, ()))
+    assert choose(fitting, count=1, resource=R, node_name="n", holdings=admitting) is main
+    main_done = listing((web_b, ("x",)), (side_b, ()))
+    assert choose(fitting, count=1, resource=R, node_name="n", holdings=main_done) is side
+    assert "cannot tell" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("listed", "why"),
+    [
+        ((), "lists no container with a reservation of it still lacking devices"),
+        (("a", "b"), "lists several pods waiting for it: ns/a, ns/b"),
+    ],
+    ids=["none-listed", "several-listed"],
+)
+def test_choose_logs_when_it_cannot_tell_which_pod_asks(
+    caplog: pytest.LogCaptureFixture, listed: tuple[str, ...], why: str
+) -> None:
+    old = reservation(shadow("a", slot("a"), created="1"))
+    new = reservation(shadow("b", slot("b"), created="2"))
+    caplog.set_level(logging.INFO, logger="kubeletplugin.deviceplugin.allocate")
+    held = listing(*((slot(p), ()) for p in listed))
+    assert choose([old, new], count=1, resource=R, node_name="n", holdings=held) is old
+    assert f"cannot tell which pod asks (pod-resources {why})" in caplog.text
 
 
 def test_choose_matches_the_whole_count_with_one_containers_claims() -> None:
