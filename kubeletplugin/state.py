@@ -7,7 +7,8 @@ For one claim, prepare is (DESIGN "the node agent executes, idempotently"):
 2. a claim already ``PrepareCompleted`` with the same devices is answered from the checkpoint,
    without touching the GPU;
 3. checkpoint ``PrepareStarted`` with the intended placements (refused if another prepared claim
-   on this node holds an overlapping placement);
+   on this node holds an overlapping placement — unless the installed ``StaleSliceJudge`` calls
+   that claim stale, which is then released first: ``overlaps``);
 4. create each slice (GI + default CI) at exactly the allocated placement — an instance the
    claim's own earlier, unfinished attempt left there is adopted;
 5. write the claim's CDI spec, then checkpoint ``PrepareCompleted`` with the GI/CI ids, MIG UUIDs
@@ -42,6 +43,12 @@ from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.journal import CheckpointJournal
 from kubeletplugin.metrics import PluginMetrics
 from kubeletplugin.model import ClaimRef, PreparedDevice, PrepareResult
+from kubeletplugin.overlaps import (
+    StaleSliceJudge,
+    StaleSliceUnknownError,
+    clashes,
+    release_stale,
+)
 from kubeletplugin.slices import SliceOperations
 
 logger = logging.getLogger(__name__)
@@ -49,6 +56,8 @@ logger = logging.getLogger(__name__)
 StepHook = Callable[[str], None]
 STEPS: Final = ("after-started", "after-cdi", "after-checkpoint")
 """Points of ``prepare_claim`` where an injected ``step_hook`` is called (crash tests)."""
+CLAIM_LOCK_WAIT_SECONDS: Final = 30.0
+"""How long a prepare waits for another claim's lock to release that claim's stale slices."""
 
 
 def answer(entry: PreparedClaim) -> tuple[PreparedDevice, ...]:
@@ -122,6 +131,12 @@ class DeviceState:
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="prepare")
         self._claim_locks: dict[str, threading.Lock] = {}
         self._claim_locks_guard = threading.Lock()
+        self._stale_judge: StaleSliceJudge | None = None
+
+    def set_stale_judge(self, judge: StaleSliceJudge | None) -> None:
+        """Who may call a prepared claim in a new prepare's way stale (``overlaps``); None: no one,
+        every overlap is refused."""
+        self._stale_judge = judge
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -266,7 +281,8 @@ class DeviceState:
         stale = [d for d in leftovers if d.device not in {i.device for i in intended}]
         if stale:
             self.slices.destroy_recorded(stale, claim_uid=ref.uid, checkpoint=self._store.load())
-        self._update(lambda checkpoint: _start(checkpoint, started, ref=ref))
+        kept = self._release_stale(ref, intended)
+        self._update(lambda checkpoint: _start(checkpoint, started, ref=ref, kept=kept))
         self._step("after-started")
         made: list[MigInstance] = []
         try:
@@ -373,6 +389,28 @@ class DeviceState:
         else:
             logger.info("rolled back claim %s", ref, extra=_ids(ref))
 
+    def _release_stale(self, ref: ClaimRef, intended: Sequence[CheckpointDevice]) -> dict[str, str]:
+        """Release the prepared claims in ``intended``'s way that the judge calls stale; returns
+        the judge's reasons for those it keeps (claim UID → reason)."""
+        if self._stale_judge is None:
+            return {}
+        return release_stale(
+            clashes(self._store.load(), intended, uid=ref.uid),
+            judge=self._stale_judge,
+            preparing=str(ref),
+            release=self._release_other,
+        )
+
+    def _release_other(self, entry: PreparedClaim) -> None:
+        """Release another claim than the one being prepared (its lock, bounded wait)."""
+        lock = self._claim_lock(entry.uid)
+        if not lock.acquire(timeout=CLAIM_LOCK_WAIT_SECONDS):
+            raise StaleSliceUnknownError(f"claim {entry.namespace}/{entry.name} is busy; retry")
+        try:
+            self._release(entry.uid)
+        finally:
+            lock.release()
+
     def _release(self, uid: str) -> None:
         checkpoint = self._store.load()
         entry = checkpoint.claim(uid)
@@ -403,21 +441,22 @@ class DeviceState:
             return self._claim_locks.setdefault(uid, threading.Lock())
 
 
-def _start(checkpoint: Checkpoint, started: PreparedClaim, *, ref: ClaimRef) -> Checkpoint:
-    """``started`` added, unless another claim prepared here holds an overlapping placement."""
-    for other in checkpoint.claims.values():
-        if other.uid == started.uid:
-            continue
-        for theirs in other.devices:
-            for mine in started.devices:
-                if mine.gpu_index == theirs.gpu_index and (
-                    mine.placement_start < theirs.placement_start + theirs.placement_size
-                    and theirs.placement_start < mine.placement_start + mine.placement_size
-                ):
-                    raise ClaimRejectedError(
-                        f"claim {ref}: device {mine.device} overlaps {theirs.device} of claim "
-                        f"{other.namespace}/{other.name} ({other.uid}), prepared on this node"
-                    )
+def _start(
+    checkpoint: Checkpoint,
+    started: PreparedClaim,
+    *,
+    ref: ClaimRef,
+    kept: Mapping[str, str],
+) -> Checkpoint:
+    """``started`` added, unless another claim prepared here holds an overlapping placement
+    (``kept``: why the stale-slice judge keeps a claim, for the message)."""
+    for clash in clashes(checkpoint, started.devices, uid=started.uid):
+        other = clash.other
+        why = f" ({kept[other.uid]})" if other.uid in kept else ""
+        raise ClaimRejectedError(
+            f"claim {ref}: device {clash.mine.device} overlaps {clash.theirs.device} of claim "
+            f"{other.namespace}/{other.name} ({other.uid}), prepared on this node{why}"
+        )
     return checkpoint.with_claim(started)
 
 

@@ -19,7 +19,9 @@ afterwards by ``reconcile``, which makes each claim stand for the container that
 ids (within a namespace; a crossing between namespaces is only reported).
 
 The slices are made by the plugin's own prepare path (``DeviceState.prepare_claim``: checkpoint
-first, slice at the allocated placement, CDI spec, rollback on failure), with the CDI specs'
+first, slice at the allocated placement, CDI spec, rollback on failure; a stale shim claim still
+prepared at that placement — its shadow claim released, no container holding its ids — is released
+first, ``staleness``; if the kubelet cannot be asked, the ``Allocate`` fails as retryable), with the CDI specs'
 ``NVIDIA_VISIBLE_DEVICES`` left out: the answer's ``envs`` carries the complete list for the
 container, which CDI edits would otherwise override (``driver.cdi`` docstring).
 
@@ -51,12 +53,19 @@ from kubeletplugin.deviceplugin.resources import ResourceSpec
 from kubeletplugin.deviceplugin.shadow import ShadowClaim, Slot, list_shadow_claims
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.model import ClaimRef
+from kubeletplugin.overlaps import StaleSliceJudge
 
 logger = logging.getLogger(__name__)
 
 
 class AllocateError(DriverError):
     """``Allocate`` cannot be served; the message is what the kubelet reports on the pod."""
+
+
+class AllocateLaterError(AllocateError):
+    """``Allocate`` cannot be served now but may be later (the kubelet could not be asked)."""
+
+    retryable = True
 
 
 class NoReservationError(AllocateError):
@@ -71,6 +80,10 @@ class SlicePreparer(Protocol):
     ) -> PreparedClaim: ...
 
     def unprepare_claim(self, ref: ClaimRef) -> None: ...
+
+    def set_stale_judge(self, judge: StaleSliceJudge | None) -> None:
+        """Who may release a prepared claim in a new prepare's way (``kubeletplugin.overlaps``)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,9 +370,8 @@ class Allocator:
                 entries.append(entry)
         except Exception as exc:
             self._undo(done, resource)
-            raise AllocateError(
-                f"cannot prepare the slices of {chosen} for {resource}: {exc}"
-            ) from exc
+            error = AllocateLaterError if getattr(exc, "retryable", False) else AllocateError
+            raise error(f"cannot prepare the slices of {chosen} for {resource}: {exc}") from exc
         return entries
 
     def _undo(

@@ -36,11 +36,10 @@ from dataclasses import dataclass, field
 
 from api.checkpoint import PreparedClaim, PrepareState, ShimBinding
 from driver.cluster.events import WARNING, EventRecorder
-from driver.cluster.port import PODS, RESOURCE_CLAIMS, ClusterApi, JsonObject, metadata
+from driver.cluster.port import PODS, ClusterApi, JsonObject
 from driver.daemon.wakeable import WakeableThread
-from driver.errors import ApiNotFoundError, ClusterError, DriverError
+from driver.errors import ClusterError, DriverError
 from driver.ids import ClaimUid, PodUid
-from kubeletplugin.claims import ClaimRejectedError, check_claim
 from kubeletplugin.deviceplugin import bindings
 from kubeletplugin.deviceplugin.allocate import SlicePreparer, claim_ref
 from kubeletplugin.deviceplugin.moves import Move, plan_moves
@@ -58,6 +57,7 @@ from kubeletplugin.deviceplugin.shadow import (
     list_shadow_claims,
     move_claim,
 )
+from kubeletplugin.deviceplugin.staleness import claim_gone
 from kubeletplugin.inventory import NodeInventory
 
 logger = logging.getLogger(__name__)
@@ -355,25 +355,18 @@ class Reconciler:
         """Why the claim no longer holds its slices here, confirmed by reading it (the list may
         have skipped it for another reason, e.g. an inventory being re-read); None if it does."""
         try:
-            obj = self._api.get(RESOURCE_CLAIMS, name=entry.name, namespace=entry.namespace)
-        except ApiNotFoundError:
-            return "the claim was deleted"
+            gone = claim_gone(self._api, entry, node_name=self._node, deleting_is_gone=True)
         except ClusterError as exc:
             logger.warning("cannot read claim %s/%s: %s", entry.namespace, entry.name, exc)
             return None
-        if metadata(obj).get("deletionTimestamp"):
-            return "the claim is being deleted"
-        try:
-            check_claim(obj, ref=claim_ref(entry), node_name=self._node)
-        except ClaimRejectedError as exc:
-            return str(exc)
-        logger.warning(
-            "shadow claim %s/%s is allocated here but was not listed as a shadow claim of this "
-            "node; keeping its slices",
-            entry.namespace,
-            entry.name,
-        )
-        return None
+        if gone is None:
+            logger.warning(
+                "shadow claim %s/%s is allocated here but was not listed as a shadow claim of "
+                "this node; keeping its slices",
+                entry.namespace,
+                entry.name,
+            )
+        return gone
 
     def _report_crossing(self, claim: ShadowClaim, holder: Slot) -> None:
         """A Warning event on both pods: the one whose reservation went across, and the holder."""

@@ -175,7 +175,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 answer = self._allocator.allocate(self._spec, ids)
             except AllocateError as exc:
                 logger.warning("Allocate of %s refused: %s", self._spec.resource_name, exc)
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+                refused = grpc.StatusCode.FAILED_PRECONDITION
+                context.abort(grpc.StatusCode.UNAVAILABLE if exc.retryable else refused, str(exc))
             except DriverError as exc:
                 logger.warning("Allocate of %s failed: %s", self._spec.resource_name, exc)
                 context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))

@@ -1,7 +1,9 @@
 """The classic-resource shim as one object the kubelet plugin starts and stops.
 
 ``Shim.start`` (after the plugin has recovered its checkpoint and published its inventory):
-one reconcile pass (releases what finished while the plugin was down, records holders), then the
+installs its stale-slice judge in the plugin's ``DeviceState`` (a prepare — ``Allocate`` or DRA —
+finding a released shadow claim's slice still at its placement releases it first), one reconcile
+pass (releases what finished while the plugin was down, records holders), then the
 watcher thread — which at once, and then every ``watch_seconds``, serves one device-plugin socket
 per profile of the inventory, keeps each resource's advertised devices current, re-serves sockets
 the kubelet removed, and registers every resource whose registration the current ``kubelet.sock``
@@ -38,6 +40,7 @@ from kubeletplugin.deviceplugin.server import (
     DevicePluginService,
     ResourceServer,
 )
+from kubeletplugin.deviceplugin.staleness import ShimSliceJudge
 from kubeletplugin.deviceplugin.watcher import KubeletWatcher, SocketIdentity, socket_identity
 from kubeletplugin.inventory import NodeInventory
 
@@ -95,6 +98,10 @@ class Shim:
             events=events,
         )
         self._loop = ReconcileLoop(self.reconciler, resync_seconds=config.resync_seconds)
+        self._state = state
+        self.judge = ShimSliceJudge(
+            node_name=config.node_name, api=api, pod_resources=self._pod_resources
+        )
         self.allocator = Allocator(
             node_name=config.node_name,
             state=state,
@@ -122,6 +129,7 @@ class Shim:
     # -- life cycle -------------------------------------------------------------------------
 
     def start(self) -> None:
+        self._state.set_stale_judge(self.judge)
         try:
             self.reconciler.run_pass()
         except Exception:
@@ -141,6 +149,7 @@ class Shim:
                 server.stop()
             self._servers.clear()
             self._registered.clear()
+        self._state.set_stale_judge(None)
         if self._owns_pod_resources:
             self._pod_resources.close()
 

@@ -259,6 +259,13 @@ class FakeKubelet:
                     )
         return Admitted(ids=dict(self._ids[pod.uid]), answers=answers)
 
+    def hold(self, pod: FakePod, ids: Mapping[tuple[str, str], Sequence[str]]) -> None:
+        """The pod runs here holding ``ids`` ((container, resource) → ids) without an ``Allocate``
+        now — as a kubelet restored from its checkpoint."""
+        with self._lock:
+            self._pods.setdefault(pod.uid, pod)
+            self._ids.setdefault(pod.uid, {}).update({k: tuple(v) for k, v in ids.items()})
+
     def remove_pod(self, pod: FakePod) -> None:
         """The pod is no longer running here: not listed, its ids free."""
         with self._lock:
