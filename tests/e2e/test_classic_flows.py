@@ -173,10 +173,10 @@ def test_classic_pods_of_two_namespaces_started_together_each_use_their_own_slic
 def test_a_placement_freed_by_a_deleted_classic_pod_is_not_handed_out_before_its_slice_is_gone(
     classic: InstaSliceStack,
 ) -> None:
-    # Known failure (see the coordinator's report): the controller frees the placement as soon as
-    # the shadow claim is garbage-collected, while the shim destroys the old slice only on its next
-    # reconcile; the new pod's Allocate then finds the placement occupied and the pod fails
-    # admission (UnexpectedAdmissionError). A Deployment scaled down and up hits it every time.
+    # The controller frees the placement as soon as the shadow claim is released, while the shim
+    # destroys the old slice only on its next reconcile; the new pod's Allocate must release that
+    # stale slice first (kubeletplugin/overlaps.py) instead of failing admission
+    # (UnexpectedAdmissionError), which a Deployment scaled down and up used to hit every time.
     apply(classic, [classic_pod("first", profile="1g.5gb", namespace=E2E_NS)])
     wait_pod_running(classic, E2E_NS, "first")
     classic.api.delete(PODS, name="first", namespace=E2E_NS)
