@@ -13,19 +13,14 @@ handle (walking every MIG device is O(10 s) on big nodes).
 - If the compute instance cannot be created, the GPU instance is destroyed before raising.
 - MIG mode is only read, never changed: a GPU with MIG off is reported (``GpuInfo.mig_enabled``)
   and creating on it is a ``ConfigError`` that says so.
-- Health, read-only, in ``gpus()``: a GPU whose ordinary queries fail with ``GPU_IS_LOST`` or
-  ``UNKNOWN`` is reported unhealthy (as last seen, or with an ``GPU-unknown-<index>`` identity if it
-  never answered) instead of failing the whole list; so is one with retired pages pending a reset
-  (``nvmlDeviceGetRetiredPagesPendingStatus``) or with remapped rows pending or failed
-  (``nvmlDeviceGetRemappedRows``). Those two are skipped when pynvml or the driver lacks them or
-  the GPU answers ``NOT_SUPPORTED``: no information is not bad health.
+- Health, read-only, in ``gpus()``: a lost GPU or one whose memory needs a reset is reported
+  unhealthy instead of failing the list; the probes live in ``driver.gpu.nvml_health``.
 """
 
 import ctypes
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final, ParamSpec, TypeVar
 
@@ -39,9 +34,13 @@ from driver.errors import (
 from driver.gpu import caps
 from driver.gpu import nvml_api as api
 from driver.gpu.backend import GpuInfo, MigInstance
+from driver.gpu.nvml_call import NvmlCallError, call_nvml
+from driver.gpu.nvml_health import NvmlGpuHealth
 from driver.gpu.rules import slice_range
 from driver.ids import GpuUuid, MigUuid
 from driver.mig.model import MIB, GpuModel, MigProfile, Placement
+
+__all__ = ["NvmlCallError", "NvmlGpuBackend"]  # NvmlCallError: where callers have always found it
 
 log = logging.getLogger(__name__)
 
@@ -50,17 +49,6 @@ R = TypeVar("R")
 
 _GIB: Final = 1024 * MIB
 _NAME_PREFIX: Final = "MIG "
-_LOST_CODES: Final = (api.NVML_ERROR_GPU_IS_LOST, api.NVML_ERROR_UNKNOWN)
-"""Codes of a read-only query that mean the GPU itself is gone or broken."""
-_NO_INFO_CODES: Final = (api.NVML_ERROR_NOT_SUPPORTED, api.NVML_ERROR_FUNCTION_NOT_FOUND)
-
-
-class NvmlCallError(BackendError):
-    """An NVML call failed; ``code`` is its ``NVML_ERROR_*`` value (``None`` if it had none)."""
-
-    def __init__(self, message: str, *, code: int | None) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def _default_library() -> api.NvmlLibrary:
@@ -82,7 +70,7 @@ class NvmlGpuBackend:
         self._models: dict[GpuUuid, GpuModel] = {}
         self._state_lock = threading.Lock()
         self._gpu_locks: dict[int, threading.Lock] = {}
-        self._last_seen: dict[int, GpuInfo] = {}
+        self._health = NvmlGpuHealth(nvml=self._nvml)
         self._closed = False
         self._call("nvmlInit", self._nvml.nvmlInit)
 
@@ -91,7 +79,10 @@ class NvmlGpuBackend:
     def gpus(self) -> tuple[GpuInfo, ...]:
         self._check_open()
         count = self._call("nvmlDeviceGetCount", self._nvml.nvmlDeviceGetCount)
-        return tuple(self._gpu_and_health(index) for index in range(count))
+        return tuple(
+            self._health.gpu_and_health(index, read_gpu=self._gpu, handle=self._handle)
+            for index in range(count)
+        )
 
     def instances(self, *, gpu_index: int | None = None) -> tuple[MigInstance, ...]:
         self._check_open()
@@ -199,71 +190,6 @@ class NvmlGpuBackend:
             minor=None if minor is None else int(minor),
             model=model,
         )
-
-    def _gpu_and_health(self, index: int) -> GpuInfo:
-        """``_gpu(index)`` with its health; a lost GPU is reported unhealthy, not raised."""
-        try:
-            gpu = self._gpu(index)
-            reason = self._memory_health(self._handle(index))
-        except NvmlCallError as exc:
-            if exc.code not in _LOST_CODES:
-                raise
-            return self._lost(index, exc)
-        with self._state_lock:
-            self._last_seen[index] = gpu
-        if reason is None:
-            return gpu
-        return replace(gpu, healthy=False, health_reason=reason)
-
-    def _lost(self, index: int, exc: NvmlCallError) -> GpuInfo:
-        reason = f"the GPU stopped answering: {exc}"
-        log.debug("GPU %s is unhealthy: %s", index, reason)
-        with self._state_lock:
-            last = self._last_seen.get(index)
-        if last is not None:
-            return replace(last, healthy=False, health_reason=reason)
-        return GpuInfo(
-            index=index,
-            uuid=GpuUuid(f"GPU-unknown-{index}"),
-            product_name="unknown",
-            memory_bytes=0,
-            multiprocessors=0,
-            mig_enabled=False,
-            mig_pending=None,
-            minor=None,
-            model=None,
-            healthy=False,
-            health_reason=reason,
-        )
-
-    def _memory_health(self, handle: Any) -> str | None:
-        """Why the GPU's memory needs a reset before new slices go on it; ``None`` if fine."""
-        reasons: list[str] = []
-        pending_pages = self._health_query("nvmlDeviceGetRetiredPagesPendingStatus", handle)
-        if pending_pages is not None and int(pending_pages) == api.NVML_FEATURE_ENABLED:
-            reasons.append("retired memory pages are pending a GPU reset")
-        rows = self._health_query("nvmlDeviceGetRemappedRows", handle)
-        if rows is not None:
-            _corrected, _uncorrected, rows_pending, rows_failed = (int(v) for v in rows)
-            if rows_failed:
-                reasons.append("remapping a faulty memory row failed")
-            if rows_pending:
-                reasons.append("remapped memory rows are pending a GPU reset")
-        return "; ".join(reasons) or None
-
-    def _health_query(self, name: str, handle: Any) -> Any:
-        """A read-only health query, or ``None`` when pynvml, the driver or the GPU lacks it."""
-        fn = getattr(self._nvml, name, None)
-        if fn is None:
-            return None
-        try:
-            return self._call(name, fn, handle)
-        except NvmlCallError as exc:
-            if exc.code in _LOST_CODES:
-                raise
-            if exc.code not in _NO_INFO_CODES:
-                log.debug("health query %s gave no answer: %s", name, exc)
-            return None
 
     def _model(self, handle: Any, *, uuid: GpuUuid, name: str, memory: int) -> GpuModel:
         """The GPU's MIG profiles as NVML reports them; fixed while MIG mode stays on, so cached."""
@@ -473,14 +399,7 @@ class NvmlGpuBackend:
     # -- helpers ----------------------------------------------------------------------------
 
     def _call(self, what: str, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return fn(*args, **kwargs)
-        except self._nvml.NVMLError as exc:
-            code = getattr(exc, "value", None)
-            raise NvmlCallError(
-                f"NVML {what} failed: {exc} (code {code})",
-                code=code if isinstance(code, int) else None,
-            ) from exc
+        return call_nvml(self._nvml, what, fn, *args, **kwargs)
 
     def _optional(self, fn: Callable[[Any], R], handle: Any) -> R | None:
         """``fn(handle)``, or ``None`` when the GPU does not support the query."""
