@@ -3,7 +3,9 @@
 We use the client for what it does well (kubeconfig / in-cluster loading, TLS and token auth, the
 urllib3 connection pool) and talk to the REST paths ourselves through ``ApiClient.call_api``: the
 bodies stay the wire JSON (no round trip through generated models that drop fields they do not
-know, like newer ``resource.k8s.io/v1`` ones), and one code path serves every resource.
+know, like newer ``resource.k8s.io/v1`` ones), and one code path serves every resource. A watch
+response is read by ``kube_watch.KubeWatchStream``; Status bodies become our errors in ``kube_wire``
+(both plain Python, no ``kubernetes`` import).
 """
 
 from __future__ import annotations
@@ -11,8 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import urllib3
@@ -23,34 +23,25 @@ from kubernetes.config.config_exception import ConfigException
 
 from driver.closing import ClosedOnExit
 from driver.cluster.clock import Clock, SystemClock
+from driver.cluster.kube_watch import KubeWatchStream
+from driver.cluster.kube_wire import status_error, with_kind
 from driver.cluster.port import (
     JsonObject,
     ObjectList,
     PatchType,
     Resource,
-    WatchEvent,
-    WatchEventType,
     name_of,
     namespace_of,
     resource_version_of,
 )
 from driver.cluster.throttle import ClientSettings, TokenBucket
-from driver.errors import (
-    AlreadyExistsError,
-    ApiNotFoundError,
-    ClusterError,
-    ConfigError,
-    ConflictError,
-    GoneError,
-    InvalidError,
-)
+from driver.errors import ClusterError, ConfigError
 
 logger = logging.getLogger(__name__)
 
 _SERVICE_HOST_ENV = "KUBERNETES_SERVICE_HOST"
 _WATCH_READ_SLACK_S = 30.0
 _WATCH_DEFAULT_TIMEOUT_S = 300
-_READ_SIZE = 65536
 
 
 def load_configuration(*, kubeconfig: str | None = None, context: str | None = None) -> Any:
@@ -131,7 +122,7 @@ class KubeClusterApi(ClosedOnExit):
 
     def get(self, resource: Resource, *, name: str, namespace: str | None = None) -> JsonObject:
         path = resource.path(namespace=namespace, name=name)
-        return _with_kind(resource, self._json("GET", path))
+        return with_kind(resource, self._json("GET", path))
 
     def list_objects(
         self,
@@ -154,7 +145,7 @@ class KubeClusterApi(ClosedOnExit):
             list_meta = page.get("metadata") or {}
             if not list_version:
                 list_version = str(list_meta.get("resourceVersion", ""))
-            items.extend(_with_kind(resource, item) for item in page.get("items") or [])
+            items.extend(with_kind(resource, item) for item in page.get("items") or [])
             continue_token = str(list_meta.get("continue") or "")
             if not continue_token:
                 return ObjectList(items=items, resource_version=list_version)
@@ -188,7 +179,7 @@ class KubeClusterApi(ClosedOnExit):
         )
         if not 200 <= response.status <= 299:
             body = _drain(response)
-            raise _status_error("GET", path, response.status, body)
+            raise status_error("GET", path, response.status, body)
         return KubeWatchStream(resource=resource, response=response, path=path)
 
     def create(
@@ -196,7 +187,7 @@ class KubeClusterApi(ClosedOnExit):
     ) -> JsonObject:
         namespace = namespace if namespace is not None else _namespace_for(resource, obj)
         path = resource.path(namespace=namespace)
-        return _with_kind(resource, self._json("POST", path, body=_with_kind(resource, obj)))
+        return with_kind(resource, self._json("POST", path, body=with_kind(resource, obj)))
 
     def update(self, resource: Resource, obj: JsonObject) -> JsonObject:
         return self._put(resource, obj, subresource=None)
@@ -218,7 +209,7 @@ class KubeClusterApi(ClosedOnExit):
             raise ValueError("a JSON patch is a list of operations; merge patches are objects")
         path = resource.path(namespace=namespace, name=name, subresource=subresource)
         result = self._json("PATCH", path, body=patch, content_type=patch_type.value)
-        return _with_kind(resource, result)
+        return with_kind(resource, result)
 
     def delete(
         self,
@@ -250,7 +241,7 @@ class KubeClusterApi(ClosedOnExit):
         path = resource.path(
             namespace=_namespace_for(resource, obj), name=name_of(obj), subresource=subresource
         )
-        return _with_kind(resource, self._json("PUT", path, body=_with_kind(resource, obj)))
+        return with_kind(resource, self._json("PUT", path, body=with_kind(resource, obj)))
 
     def _json(
         self,
@@ -271,7 +262,7 @@ class KubeClusterApi(ClosedOnExit):
         )
         data = _drain(response)
         if not 200 <= response.status <= 299:
-            raise _status_error(method, path, response.status, data)
+            raise status_error(method, path, response.status, data)
         try:
             decoded = json.loads(data) if data else {}
         except ValueError as exc:
@@ -308,135 +299,11 @@ class KubeClusterApi(ClosedOnExit):
             raise ClusterError(f"{method} {path}: {exc}") from exc
 
 
-class KubeWatchStream(ClosedOnExit):
-    """One watch response read line by line; ``close`` from any thread ends the iteration."""
-
-    def __init__(self, *, resource: Resource, response: Any, path: str) -> None:
-        self._resource = resource
-        self._raw = response.response
-        self._path = path
-        self._lock = threading.Lock()
-        self._closed = False
-        self._reading = False
-        self._released = False
-
-    def __iter__(self) -> Iterator[WatchEvent]:
-        with self._lock:
-            if self._closed:
-                self._release()
-                return
-            self._reading = True
-        buffer = b""
-        try:
-            while not self._is_closed():
-                try:
-                    chunk = self._raw.read1(_READ_SIZE)
-                except Exception as exc:
-                    # after close() from another thread, http.client fails in assorted ways
-                    if self._is_closed():
-                        return
-                    raise ClusterError(f"watch {self._path}: {exc}") from exc
-                if not chunk:
-                    return
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    event = self._decode(line)
-                    if event is not None:
-                        yield event
-        finally:
-            with self._lock:
-                self._closed = True
-                self._reading = False
-                self._release()
-
-    def _decode(self, line: bytes) -> WatchEvent | None:
-        if not line.strip():
-            return None
-        try:
-            frame = json.loads(line)
-            kind = str(frame["type"])
-            obj = frame["object"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ClusterError(f"watch {self._path}: malformed event {line[:200]!r}") from exc
-        if kind == "ERROR":
-            code = int(obj.get("code") or 500) if isinstance(obj, dict) else 500
-            raise _status_error("WATCH", self._path, code, json.dumps(obj).encode())
-        try:
-            event_type = WatchEventType(kind)
-        except ValueError:
-            logger.warning("watch %s: ignoring event of unknown type %s", self._path, kind)
-            return None
-        if event_type is not WatchEventType.BOOKMARK:
-            obj = _with_kind(self._resource, obj)
-        return WatchEvent(type=event_type, object=obj)
-
-    @property
-    def closed(self) -> bool:
-        return self._is_closed()
-
-    def _is_closed(self) -> bool:
-        with self._lock:
-            return self._closed
-
-    def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            if not self._reading:
-                self._release()
-                return
-        # A reader is blocked in another thread: wake it by shutting the socket down; the reader
-        # then releases the response itself.
-        try:
-            if getattr(self._raw, "_sock_shutdown", None) is not None:
-                self._raw.shutdown()
-        except (OSError, RuntimeError, ValueError):
-            logger.debug("watch %s: socket already gone", self._path)
-
-    def _release(self) -> None:
-        """Close the response (a half-read watch must never go back to the pool); lock held."""
-        if self._released:
-            return
-        self._released = True
-        self._raw.close()
-        self._raw.release_conn()
-
-
 def _drain(response: Any) -> bytes:
     try:
         return bytes(response.read() or b"")
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise ClusterError(f"reading response: {exc}") from exc
-
-
-def _status_error(method: str, path: str, code: int, body: bytes) -> ClusterError:
-    """Map an API ``Status`` to our error tree; the message keeps the server's own words."""
-    reason = ""
-    message = body.decode("utf-8", "replace")[:500]
-    try:
-        status = json.loads(body)
-        if isinstance(status, dict):
-            reason = str(status.get("reason") or "")
-            message = str(status.get("message") or message)
-    except ValueError:
-        pass
-    text = f"{method} {path}: {code} {reason}: {message}".replace(" : ", ": ")
-    error: ClusterError
-    if code == 409:
-        error = AlreadyExistsError(text) if reason == "AlreadyExists" else ConflictError(text)
-    elif code == 404:
-        error = ApiNotFoundError(text)
-    elif code in (400, 422):
-        error = InvalidError(text)
-    elif code == 410:
-        error = GoneError(text)
-    else:
-        error = ClusterError(text)
-        if code in (401, 403, 405, 406, 415):
-            error.retryable = False
-    return error
 
 
 def _selectors(label_selector: str | None, field_selector: str | None) -> list[tuple[str, str]]:
@@ -455,12 +322,3 @@ def _namespace_for(resource: Resource, obj: JsonObject) -> str | None:
     if namespace is None:
         raise ValueError(f"{resource.kind} {name_of(obj)!r} has no metadata.namespace")
     return namespace
-
-
-def _with_kind(resource: Resource, obj: JsonObject) -> JsonObject:
-    """List items come without ``kind``/``apiVersion``; give every object both, as watches do."""
-    if obj.get("kind") != resource.kind or obj.get("apiVersion") != resource.api_version:
-        obj = {"apiVersion": resource.api_version, "kind": resource.kind, **obj}
-        obj["apiVersion"] = resource.api_version
-        obj["kind"] = resource.kind
-    return obj

@@ -1,0 +1,56 @@
+"""The API server's wire JSON as our values: a ``Status`` body as our error tree, objects with kind.
+
+Shared by the request path (``kube``) and the watch stream (``kube_watch``); pure functions, no I/O
+and no ``kubernetes`` import.
+"""
+
+from __future__ import annotations
+
+import json
+
+from driver.cluster.port import JsonObject, Resource
+from driver.errors import (
+    AlreadyExistsError,
+    ApiNotFoundError,
+    ClusterError,
+    ConflictError,
+    GoneError,
+    InvalidError,
+)
+
+
+def status_error(method: str, path: str, code: int, body: bytes) -> ClusterError:
+    """Map an API ``Status`` to our error tree; the message keeps the server's own words."""
+    reason = ""
+    message = body.decode("utf-8", "replace")[:500]
+    try:
+        status = json.loads(body)
+        if isinstance(status, dict):
+            reason = str(status.get("reason") or "")
+            message = str(status.get("message") or message)
+    except ValueError:
+        pass
+    text = f"{method} {path}: {code} {reason}: {message}".replace(" : ", ": ")
+    error: ClusterError
+    if code == 409:
+        error = AlreadyExistsError(text) if reason == "AlreadyExists" else ConflictError(text)
+    elif code == 404:
+        error = ApiNotFoundError(text)
+    elif code in (400, 422):
+        error = InvalidError(text)
+    elif code == 410:
+        error = GoneError(text)
+    else:
+        error = ClusterError(text)
+        if code in (401, 403, 405, 406, 415):
+            error.retryable = False
+    return error
+
+
+def with_kind(resource: Resource, obj: JsonObject) -> JsonObject:
+    """List items come without ``kind``/``apiVersion``; give every object both, as watches do."""
+    if obj.get("kind") != resource.kind or obj.get("apiVersion") != resource.api_version:
+        obj = {"apiVersion": resource.api_version, "kind": resource.kind, **obj}
+        obj["apiVersion"] = resource.api_version
+        obj["kind"] = resource.kind
+    return obj
