@@ -18,6 +18,8 @@ A failure in 3 to 5 rolls back what exists for the claim (instances, CDI spec, e
 itself fails the ``PrepareStarted`` entry stays, so the next attempt or start-up recovery finishes
 it. A crash anywhere leaves the checkpoint saying enough for ``recovery`` to do the same.
 
+The checkpoint records and CDI spec of a claim are built in ``claim_devices``.
+
 Claims of one call are prepared concurrently on a thread pool; per-GPU locks (``slices``) serialise
 one GPU's operations; the checkpoint store serialises its read-modify-write updates.
 """
@@ -25,7 +27,6 @@ one GPU's operations; the checkpoint store serialises its read-modify-write upda
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,14 +36,22 @@ from api.checkpoint import Checkpoint, PreparedClaim, PrepareState, ShimBinding
 from api.checkpoint import PreparedDevice as CheckpointDevice
 from driver import cdi
 from driver.cluster.port import RESOURCE_CLAIMS, ClusterApi, JsonObject
-from driver.errors import ApiNotFoundError, BackendError, DriverError
+from driver.errors import ApiNotFoundError, DriverError
 from driver.gpu.backend import GpuBackend, MigInstance
 from driver.ids import ClaimUid
+from kubeletplugin.claim_devices import (
+    answer,
+    intended_device,
+    same_devices,
+    slices_in_use,
+    start_entry,
+    write_cdi,
+)
 from kubeletplugin.claims import ClaimRejectedError, PlannedDevice, plan_claim
 from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.journal import CheckpointJournal
 from kubeletplugin.metrics import PluginMetrics
-from kubeletplugin.model import ClaimRef, PreparedDevice, PrepareResult
+from kubeletplugin.model import ClaimRef, PrepareResult
 from kubeletplugin.overlaps import (
     StaleSliceJudge,
     StaleSliceUnknownError,
@@ -51,6 +60,8 @@ from kubeletplugin.overlaps import (
 )
 from kubeletplugin.slices import SliceOperations
 
+__all__ = ["CLAIM_LOCK_WAIT_SECONDS", "STEPS", "DeviceState", "StepHook", "answer", "slices_in_use"]
+
 logger = logging.getLogger(__name__)
 
 StepHook = Callable[[str], None]
@@ -58,46 +69,6 @@ STEPS: Final = ("after-started", "after-cdi", "after-checkpoint")
 """Points of ``prepare_claim`` where an injected ``step_hook`` is called (crash tests)."""
 CLAIM_LOCK_WAIT_SECONDS: Final = 30.0
 """How long a prepare waits for another claim's lock to release that claim's stale slices."""
-
-
-def answer(entry: PreparedClaim) -> tuple[PreparedDevice, ...]:
-    """What the kubelet is told about a completed claim."""
-    return tuple(
-        PreparedDevice(
-            request_names=d.request_names,
-            pool_name=d.pool,
-            device_name=d.device,
-            cdi_device_ids=d.cdi_device_ids,
-        )
-        for d in entry.devices
-    )
-
-
-def slices_in_use(checkpoint: Checkpoint) -> Counter[tuple[int, str]]:
-    return Counter(
-        (d.gpu_index, d.profile)
-        for claim in checkpoint.claims.values()
-        if claim.state is PrepareState.PREPARE_COMPLETED
-        for d in claim.devices
-    )
-
-
-def _intended(planned: PlannedDevice, *, pool: str) -> CheckpointDevice:
-    device = planned.device
-    return CheckpointDevice(
-        request_names=planned.request_names,
-        pool=pool,
-        device=device.name,
-        gpu_index=device.gpu_index,
-        gpu_uuid=device.gpu_uuid,
-        profile=device.profile.name,
-        placement_start=device.placement.start,
-        placement_size=device.placement.size,
-    )
-
-
-def _same_devices(entry: PreparedClaim, planned: Sequence[PlannedDevice]) -> bool:
-    return sorted(d.device for d in entry.devices) == sorted(p.device.name for p in planned)
 
 
 class DeviceState:
@@ -185,7 +156,7 @@ class DeviceState:
                 )
             previous = self._store.load().claim(ref.uid)
             if previous is not None and previous.state is PrepareState.PREPARE_COMPLETED:
-                if _same_devices(previous, planned):
+                if same_devices(previous, planned):
                     logger.debug("claim %s already prepared", ref, extra=_ids(ref))
                     return previous
                 logger.warning(
@@ -267,7 +238,7 @@ class DeviceState:
         shim: ShimBinding | None,
         log_ids: dict[str, str],
     ) -> PreparedClaim:
-        intended = tuple(_intended(p, pool=self._node) for p in planned)
+        intended = tuple(intended_device(p, pool=self._node) for p in planned)
         started = PreparedClaim(
             uid=ref.uid,
             namespace=ref.namespace,
@@ -282,7 +253,7 @@ class DeviceState:
         if stale:
             self.slices.destroy_recorded(stale, claim_uid=ref.uid, checkpoint=self._store.load())
         kept = self._release_stale(ref, intended)
-        self._update(lambda checkpoint: _start(checkpoint, started, ref=ref, kept=kept))
+        self._update(lambda checkpoint: start_entry(checkpoint, started, ref=ref, kept=kept))
         self._step("after-started")
         made: list[MigInstance] = []
         try:
@@ -295,7 +266,16 @@ class DeviceState:
                     in adoptable,
                 )
                 made.append(ensured.instance)
-            devices = self._write_cdi(ref, planned, intended, made, visible_devices_env)
+            devices = write_cdi(
+                ref,
+                planned,
+                intended,
+                made,
+                cdi_root=self._cdi_root,
+                emulated=self._emulated,
+                majors=self._majors,
+                visible_devices_env=visible_devices_env,
+            )
             self._step("after-cdi")
             completed = PreparedClaim(
                 uid=ref.uid,
@@ -317,60 +297,6 @@ class DeviceState:
             extra=log_ids,
         )
         return completed
-
-    def _write_cdi(
-        self,
-        ref: ClaimRef,
-        planned: Sequence[PlannedDevice],
-        intended: Sequence[CheckpointDevice],
-        made: Sequence[MigInstance],
-        visible_devices_env: bool,
-    ) -> tuple[CheckpointDevice, ...]:
-        cdi_slices = []
-        for plan, instance in zip(planned, made, strict=True):
-            if instance.mig_uuid is None or instance.ci_id is None:
-                raise BackendError(f"claim {ref}: slice {plan.device.name} has no compute instance")
-            cdi_slices.append(
-                cdi.CdiSlice(
-                    device=plan.device.name,
-                    mig_uuid=instance.mig_uuid,
-                    gpu_minor=self._minor(plan.device.gpu_minor, "GPU", plan),
-                    gi_cap_minor=self._minor(
-                        instance.gi_cap_minor, "GPU-instance capability", plan
-                    ),
-                    ci_cap_minor=self._minor(
-                        instance.ci_cap_minor, "compute-instance capability", plan
-                    ),
-                    env=plan.env,
-                )
-            )
-        spec = cdi.build_claim_spec(
-            claim_uid=ref.uid,
-            slices=cdi_slices,
-            emulated=self._emulated,
-            majors=self._majors,
-            visible_devices_env=visible_devices_env,
-        )
-        cdi.write_spec(self._cdi_root, spec, claim_uid=ref.uid)
-        return tuple(
-            CheckpointDevice(
-                **{
-                    **record.model_dump(),
-                    "gi_id": instance.gi_id,
-                    "ci_id": instance.ci_id,
-                    "mig_uuid": instance.mig_uuid,
-                    "cdi_device_ids": (cdi.claim_cdi_device_id(ref.uid, record.device),),
-                }
-            )
-            for record, instance in zip(intended, made, strict=True)
-        )
-
-    def _minor(self, value: int | None, what: str, plan: PlannedDevice) -> int:
-        if value is not None:
-            return value
-        if self._emulated:
-            return 0
-        raise BackendError(f"the {what} device minor of {plan.device.name} is unknown")
 
     def _roll_back(
         self, ref: ClaimRef, made: Iterable[MigInstance], started: PreparedClaim
@@ -439,25 +365,6 @@ class DeviceState:
     def _claim_lock(self, uid: str) -> threading.Lock:
         with self._claim_locks_guard:
             return self._claim_locks.setdefault(uid, threading.Lock())
-
-
-def _start(
-    checkpoint: Checkpoint,
-    started: PreparedClaim,
-    *,
-    ref: ClaimRef,
-    kept: Mapping[str, str],
-) -> Checkpoint:
-    """``started`` added, unless another claim prepared here holds an overlapping placement
-    (``kept``: why the stale-slice judge keeps a claim, for the message)."""
-    for clash in clashes(checkpoint, started.devices, uid=started.uid):
-        other = clash.other
-        why = f" ({kept[other.uid]})" if other.uid in kept else ""
-        raise ClaimRejectedError(
-            f"claim {ref}: device {clash.mine.device} overlaps {clash.theirs.device} of claim "
-            f"{other.namespace}/{other.name} ({other.uid}), prepared on this node{why}"
-        )
-    return checkpoint.with_claim(started)
 
 
 def _ids(ref: ClaimRef) -> dict[str, str]:
