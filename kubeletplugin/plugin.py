@@ -21,6 +21,7 @@ from driver.cluster.port import ClusterApi
 from driver.daemon.http import HttpEndpoint
 from driver.errors import DriverError
 from driver.gpu.backend import GpuBackend
+from kubeletplugin.devicestatus import DeviceStatusWriter, RecordingPreparer
 from kubeletplugin.dra_service import add_dra_services
 from kubeletplugin.health import HealthChecker
 from kubeletplugin.journal import CheckpointJournal
@@ -101,6 +102,9 @@ class KubeletPlugin:
             metrics=self.metrics,
             step_hook=step_hook,
         )
+        self.device_status = DeviceStatusWriter(
+            api=api, driver=config.driver_name, pool=config.node_name
+        )
         self.recovery = Recovery(
             node_name=config.node_name,
             store=self.store,
@@ -119,7 +123,11 @@ class KubeletPlugin:
         )
         self._dra_server = UnixGrpcServer(
             path=self.dra_socket,
-            register=lambda server: add_dra_services(server, self.state, metrics=self.metrics),
+            register=lambda server: add_dra_services(
+                server,
+                RecordingPreparer(self.state, prepared=self.state, writer=self.device_status),
+                metrics=self.metrics,
+            ),
             name="dra",
         )
         self._registration_server = UnixGrpcServer(
@@ -176,11 +184,13 @@ class KubeletPlugin:
     def stop(self) -> None:
         """Stop serving and remove both sockets; prepared slices and the checkpoint stay."""
         if not self._started:
+            self.device_status.close()
             self.state.close()
             return
         self._started = False
         self._registration_server.stop()
         self._dra_server.stop()
+        self.device_status.close()
         self.publisher.stop()
         for endpoint in self._http:
             endpoint.stop()

@@ -2,9 +2,10 @@
 
 What the server decides rather than the client: status reset on create (status is written through
 ``/status`` only), spec kept on a status write and status kept on a spec write, ``generation``
-bumped on spec change, defaults a reader may rely on (pod ``phase``, ``schedulerName``, …), and
-system metadata carried over from the stored object on update. The functions mutate the object
-passed in; the store hands them a private copy.
+bumped on spec change, a claim's ``status.devices`` of deallocated devices dropped, defaults a
+reader may rely on (pod ``phase``, ``schedulerName``, …), and system metadata carried over from the
+stored object on update. The functions mutate the object passed in; the store hands them a private
+copy.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ def prepare_update(
         result["metadata"] = dict(old.get("metadata") or {})
         if "status" in new:
             result["status"] = new["status"]
+            if (resource.group, resource.plural) == ("resource.k8s.io", "resourceclaims"):
+                _drop_deallocated_device_statuses(result, old)
         return result
     meta = new.setdefault("metadata", {})
     old_meta = old.get("metadata") or {}
@@ -71,6 +74,34 @@ def prepare_update(
     if resource.tracks_generation and new.get("spec") != old.get("spec"):
         meta["generation"] = int(old_meta.get("generation") or 0) + 1
     return new
+
+
+def _allocated(claim: JsonObj) -> set[tuple[Any, ...]]:
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    return {
+        (r.get("driver"), r.get("pool"), r.get("device"), r.get("shareID"))
+        for r in (allocation.get("devices") or {}).get("results") or []
+        if isinstance(r, dict)
+    }
+
+
+def _drop_deallocated_device_statuses(new: JsonObj, old: JsonObj) -> None:
+    """Kube's ``dropDeallocatedStatusDevices``: a status write that removes allocated devices
+    also removes their ``status.devices`` entries (so deallocating never trips validation)."""
+    status = new.get("status")
+    if not isinstance(status, dict) or not status.get("devices"):
+        return
+    gone = _allocated(old) - _allocated(new)
+    if not gone:
+        return
+    status["devices"] = [
+        d
+        for d in status["devices"]
+        if not isinstance(d, dict)
+        or (d.get("driver"), d.get("pool"), d.get("device"), d.get("shareID")) not in gone
+    ]
+    if not status["devices"]:
+        del status["devices"]
 
 
 _OMIT_EMPTY_METADATA = ("labels", "annotations", "finalizers", "ownerReferences")

@@ -1,7 +1,8 @@
 """The ``resource.k8s.io/v1`` rules of kube-apiserver that matter to a DRA driver.
 
 A claim's (and a template's) spec is immutable; a claim's ``status.allocation`` can be set once and
-cleared, never replaced, ``reservedFor`` needs an allocation and each result must name a request;
+cleared, never replaced, ``reservedFor`` needs an allocation and each result must name a request,
+each ``status.devices`` entry must name an allocated device;
 a ResourceSlice holds either ``devices`` or ``sharedCounters``, at most 128 devices (64 when any
 device consumes counters or has taints), and its driver and node are immutable.
 """
@@ -100,6 +101,7 @@ def claim_status_update(old: JsonObj, new: JsonObj) -> list[FieldError]:
                 "TooMany", "status.reservedFor", "must have at most 256 items", len(reserved)
             )
         )
+    errors += _device_statuses(status.get("devices") or [], alloc)
     if isinstance(alloc, dict) and alloc != old_alloc:
         requests = ((new.get("spec") or {}).get("devices") or {}).get("requests") or []
         names = {r.get("name") for r in requests if isinstance(r, dict)}
@@ -117,6 +119,37 @@ def claim_status_update(old: JsonObj, new: JsonObj) -> list[FieldError]:
                         request,
                     )
                 )
+    return errors
+
+
+def _device_statuses(devices: list[Any], alloc: Any) -> list[FieldError]:
+    """``status.devices`` (DRAResourceClaimDeviceStatus): each entry names an allocated device
+    (driver, pool, device, shareID) once; ``data`` is a JSON object."""
+    results = ((alloc or {}).get("devices") or {}).get("results") or []
+    allocated = {
+        (r.get("driver"), r.get("pool"), r.get("device"), r.get("shareID"))
+        for r in results
+        if isinstance(r, dict)
+    }
+    errors: list[FieldError] = []
+    seen: list[tuple[Any, ...]] = []
+    for i, entry in enumerate(devices):
+        path = f"status.devices[{i}]"
+        if not isinstance(entry, dict):
+            errors.append(FieldError("Invalid", path, "must be an object", entry))
+            continue
+        key = (entry.get("driver"), entry.get("pool"), entry.get("device"), entry.get("shareID"))
+        if key not in allocated:
+            errors.append(
+                FieldError("Invalid", path, "must be an allocated device in the claim", key[:3])
+            )
+        elif key in seen:
+            errors.append(FieldError("Duplicate", path, value=key[:3]))
+        seen.append(key)
+        if "data" in entry and not isinstance(entry["data"], dict):
+            errors.append(
+                FieldError("Invalid", f"{path}.data", "must be a valid JSON object", entry["data"])
+            )
     return errors
 
 

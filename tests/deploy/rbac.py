@@ -12,9 +12,11 @@ the groups every ServiceAccount is in.
 Besides the plain check, Kubernetes >= 1.36 (``DRAResourceClaimGranularStatusAuthorization``, beta,
 on by default) authorizes a write of a ResourceClaim's ``status.allocation`` or
 ``status.reservedFor`` a second time, against the synthetic subresource ``resourceclaims/binding``
-(same verb). Every status write our components make changes one of those two fields (allocate,
-deallocate, move a reservation), so :meth:`Authorizer.checks` asks for both. They never write
-``status.devices`` (which would need ``resourceclaims/driver`` with ``associated-node:*`` verbs).
+(same verb). Our components' status writes change one of those two fields (allocate,
+deallocate, move a reservation), so :meth:`Authorizer.checks` asks for both — except the kubelet
+plugin's write of ``status.devices`` (MIG UUIDs), which kube checks against ``resourceclaims/driver``
+(``associated-node:update``) instead; the audit cannot tell the two apart, so that grant is explained
+in ``test_rbac_audit`` rather than checked here.
 
 Non-resource URLs (discovery, ``/healthz``, ``/version``) are allowed to every authenticated user by
 the default ``system:discovery`` / ``system:public-info-viewer`` bindings.

@@ -18,6 +18,7 @@ PLUGIN_CLUSTER_GRANTS: set[Grant] = {
     *(("resource.k8s.io", "resourceclaims", v, None) for v in ("get", "list", "update")),
     ("resource.k8s.io", "resourceclaims/status", "update", None),
     ("resource.k8s.io", "resourceclaims/binding", "update", None),
+    ("resource.k8s.io", "resourceclaims/driver", "associated-node:update", "mig.instaslice.dev"),
     *(
         ("resource.k8s.io", "resourceslices", v, None)
         for v in ("list", "create", "update", "delete")
@@ -96,6 +97,7 @@ def test_kubelet_plugin_grants_are_exactly_claims_slices_nodes_pods_and_events()
         "resourceclaims",
         "resourceclaims/status",
         "resourceclaims/binding",
+        "resourceclaims/driver",
         "resourceslices",
         "nodes",
         "pods",
