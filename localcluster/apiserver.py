@@ -29,6 +29,7 @@ import logging
 import socket
 import sys
 import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -59,6 +60,7 @@ class _HttpServer(ThreadingHTTPServer):
         self.api = api
         self.max_body = max_body
         self._connections: set[socket.socket] = set()
+        self._threads_alive: set[threading.Thread] = set()
         self._conn_lock = threading.Lock()
         self._streams = 0
         self._streams_done = threading.Condition(self._conn_lock)
@@ -66,8 +68,27 @@ class _HttpServer(ThreadingHTTPServer):
         super().__init__(address, _Handler)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
-        threading.current_thread().name = f"localcluster-conn-{client_address[1]}"
-        super().process_request_thread(request, client_address)
+        thread = threading.current_thread()
+        thread.name = f"localcluster-conn-{client_address[1]}"
+        with self._conn_lock:
+            self._threads_alive.add(thread)
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._conn_lock:
+                self._threads_alive.discard(thread)
+
+    def join_connection_threads(self, timeout: float) -> None:
+        """Wait for the connection threads to end.
+
+        ``ThreadingMixIn.server_close`` joins only non-daemon threads, and ours are daemons (a
+        client that never closes its keep-alive connection must not keep the process alive).
+        """
+        deadline = time.monotonic() + timeout
+        with self._conn_lock:
+            threads = list(self._threads_alive)
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that went away is routine; anything else is logged, never printed."""
@@ -332,7 +353,8 @@ class LocalApiServer:
         self.store.close_watches()
         http.wait_streams_ended(_STREAM_END_GRACE_S)
         http.drop_connections()
-        http.server_close()  # joins the connection threads
+        http.server_close()
+        http.join_connection_threads(_STREAM_END_GRACE_S * 5)
         self._gc.stop()
         self._http = self._thread = None
 
