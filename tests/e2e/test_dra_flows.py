@@ -93,6 +93,20 @@ def test_one_pod_gets_three_slices_on_one_gpu_and_sees_all_three(
     assert visible_devices(cluster, pod) == uuids
 
 
+def test_a_4g_and_a_3g_slice_fill_one_gpu(cluster: InstaSliceStack) -> None:
+    # NVIDIA's guide: 4g.20gb (memory slices 0-3) + 3g.20gb (4-7) fill an A100-40GB.
+    apply(cluster, sample("large-profiles/dra-pod-4g.20gb.yaml"))
+    wait_pod_running(cluster, SAMPLES_NS, "dra-4g-20gb")
+    apply(cluster, sample("dra-pod-3g.20gb.yaml"))
+    wait_pod_running(cluster, SAMPLES_NS, "dra-3g-20gb")
+    view = cluster.view()
+    ((node4, gpu4, four),) = slices_of_pod(view, SAMPLES_NS, "dra-4g-20gb")
+    ((node3, gpu3, three),) = slices_of_pod(view, SAMPLES_NS, "dra-3g-20gb")
+    assert (node4, gpu4) == (node3, gpu3)
+    assert (four.placement.start, four.placement.size) == (0, 4)
+    assert (three.placement.start, three.placement.size) == (4, 4)
+
+
 def test_two_whole_gpu_pods_land_on_two_gpus(cluster: InstaSliceStack) -> None:
     objects = sample("large-profiles/dra-pod-7g.40gb.yaml")
     pod = next(o for o in objects if o["kind"] == "Pod")
