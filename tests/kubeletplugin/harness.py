@@ -22,6 +22,7 @@ from api.names import DRIVER_NAME
 from driver.cluster.kube import KubeClusterApi, configuration_for_url
 from driver.cluster.port import NODES, RESOURCE_CLAIMS, JsonObject
 from driver.cluster.throttle import ClientSettings
+from driver.errors import ConflictError
 from driver.gpu.backend import GpuBackend
 from driver.gpu.emulated import EmulatedGpuBackend
 from kubeletplugin.plugin import KubeletPlugin, PluginConfig
@@ -303,23 +304,42 @@ class NodeHarness:
             uid=claim["metadata"]["uid"], namespace=namespace, name=claim["metadata"]["name"]
         )
 
+    def _write_status(self, claim: ClaimHandle, change: Callable[[JsonObject], None]) -> None:
+        """Read, change and write the claim's status, again on a conflict: the plugin itself writes
+        ``status.devices`` in the background after a prepare, as other writers may in a cluster."""
+        for _ in range(10):
+            obj = self.api.get(RESOURCE_CLAIMS, name=claim.name, namespace=claim.namespace)
+            change(obj)
+            try:
+                self.api.update_status(RESOURCE_CLAIMS, obj)
+            except ConflictError:
+                continue
+            return
+        raise AssertionError(f"claim {claim.name}: status write kept conflicting")
+
     def reallocate(self, claim: ClaimHandle, devices: Sequence[str]) -> None:
         """Clear the claim's allocation and write a new one (same UID), as after a release."""
         obj = self.api.get(RESOURCE_CLAIMS, name=claim.name, namespace=claim.namespace)
         allocation = obj["status"]["allocation"]
-        obj["status"] = {}
-        obj = self.api.update_status(RESOURCE_CLAIMS, obj)
         allocation["devices"]["results"] = [
             {"request": "gpu", "driver": DRIVER_NAME, "pool": self.node, "device": d}
             for d in devices
         ]
-        obj["status"] = {"allocation": allocation}
-        self.api.update_status(RESOURCE_CLAIMS, obj)
+
+        def clear(o: JsonObject) -> None:
+            o["status"] = {}
+
+        def allocate(o: JsonObject) -> None:
+            o["status"] = {"allocation": allocation}
+
+        self._write_status(claim, clear)
+        self._write_status(claim, allocate)
 
     def reserve_for_pod(self, claim: ClaimHandle, *, pod: str, uid: str) -> None:
-        obj = self.api.get(RESOURCE_CLAIMS, name=claim.name, namespace=claim.namespace)
-        obj["status"]["reservedFor"] = [{"resource": "pods", "name": pod, "uid": uid}]
-        self.api.update_status(RESOURCE_CLAIMS, obj)
+        def reserve(o: JsonObject) -> None:
+            o["status"]["reservedFor"] = [{"resource": "pods", "name": pod, "uid": uid}]
+
+        self._write_status(claim, reserve)
 
     def delete_claim(self, claim: ClaimHandle) -> None:
         self.api.delete(RESOURCE_CLAIMS, name=claim.name, namespace=claim.namespace)
