@@ -15,6 +15,7 @@ from controller.allocator import AllocatorConfig
 from controller.app import COMPONENT, Controller
 from controller.logs import FIELDS as LOG_FIELDS
 from controller.metrics import CONTENT_TYPE
+from controller.outcome import SyncConfig
 from controller.settings import Settings, build_parser, parse_settings, split_address
 from controller.webhook import WebhookRunner
 from driver.cluster.kube import connect
@@ -45,7 +46,14 @@ def build_controller(settings: Settings, api: ClusterApi) -> Controller:
     )
     return Controller(
         api=api,
-        config=AllocatorConfig(workers=settings.workers, policy=settings.policy),
+        config=AllocatorConfig(
+            workers=settings.workers,
+            policy=settings.policy,
+            sync=SyncConfig(
+                handoff_after=settings.handoff_after or None,
+                scheduler_mode=settings.allocation_mode == "scheduler",
+            ),
+        ),
         leader_election=election,
         identity=settings.identity,
     )

@@ -12,7 +12,9 @@ Handlers only update the shared state and enqueue keys:
 - slices, DeviceClasses, nodes: the inventory / node filter changes; every waiting pod is woken.
 
 Retries are event driven: a pod that cannot be placed now waits for one of those events, never for
-a timer. Workers take keys and run ``sync.PodSync`` (N of them, so API writes of different pods go
+a timer — except the hand-off deadline (``handoff``): a DRA pod waiting for capacity is also looked
+at again when its ``handoff_after`` is up, and a pod we ungated that kube-scheduler reports
+unschedulable is enqueued, and again at its deadline, to have our allocation withdrawn. Workers take keys and run ``sync.PodSync`` (N of them, so API writes of different pods go
 out concurrently; decisions are serialized by the state's lock).
 
 Leadership: ``start_leading`` (on its own thread, after caches synced) rebuilds the state from the
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 
 from api.names import CLASSIC_RESOURCE_PREFIX, SCHEDULING_GATE
 from controller.conditions import ConditionReporter
+from controller.handoff import unbound_since
 from controller.informers import BY_UID, ClusterInformers
 from controller.metrics import ControllerMetrics
 from controller.nodefilter import node_info
@@ -182,8 +185,21 @@ class Allocator:
     def _pod_updated(self, pod: JsonObject) -> None:
         if self.state.nodes.pod_changed(pod):
             self._wake(everyone=False)  # it finished: its CPU, memory, ... are free again
-        if SCHEDULING_GATE in gate_names(pod) or (is_terminal(pod) and _has_classic(pod)):
+        if self._wanted(pod):
             self.queue.add(object_key(pod))
+
+    def _wanted(self, pod: JsonObject) -> bool:
+        """Gated, a finished classic pod, or (hand-off on) one kube-scheduler could not bind."""
+        return (
+            SCHEDULING_GATE in gate_names(pod)
+            or (is_terminal(pod) and _has_classic(pod))
+            or (self._handoff_unbound and unbound_since(pod) is not None)
+        )
+
+    @property
+    def _handoff_unbound(self) -> bool:
+        sync = self.config.sync
+        return sync.handoff_after is not None and not sync.scheduler_mode
 
     def _pod_deleted(self, pod: JsonObject) -> None:
         if self.state.nodes.pod_deleted(pod):
@@ -295,12 +311,15 @@ class Allocator:
             self._release_shadow_claims(pod)
             return
         gates = gate_names(pod)
-        if SCHEDULING_GATE not in gates or (pod.get("metadata") or {}).get("deletionTimestamp"):
+        if self._handoff_unbound and unbound_since(pod) is not None:
+            result = self.sync.unbound(pod)
+        elif SCHEDULING_GATE not in gates or (pod.get("metadata") or {}).get("deletionTimestamp"):
             self.queue.forget(key)
             return
-        if gates != [SCHEDULING_GATE]:
+        elif gates != [SCHEDULING_GATE]:
             return  # someone else's gate first (Kueue): we are woken when it is lifted
-        result = self.sync.sync(pod)
+        else:
+            result = self.sync.sync(pod)
         outcome = result.outcome
         if outcome in (Outcome.DONE, Outcome.WAIT):
             self.queue.forget(key)
@@ -313,6 +332,8 @@ class Allocator:
                     else self._waiting_change
                 )
                 waiting.add(key)
+            if result.delay > 0:
+                self.queue.add_after(key, result.delay)  # the hand-off deadline
         elif outcome is Outcome.RETRY_AFTER:
             self.queue.add_after(key, result.delay)
         else:
@@ -358,7 +379,7 @@ class Allocator:
         self._active.set()
         logger.info("allocating as leader")
         for pod in informers.pods.list():
-            if SCHEDULING_GATE in gate_names(pod) or (is_terminal(pod) and _has_classic(pod)):
+            if self._wanted(pod):
                 self.queue.add(object_key(pod))
         for pod_uid in sorted(self._shadows.suspects()):
             self.queue.add(gone_key(pod_uid))

@@ -14,6 +14,10 @@ A pod that cannot be placed stays gated with ``instaslice.dev/Placement=False`` 
   consumable capacity, a claim mixing our devices with another driver's);
 - ``DeviceClassNotFound`` — a request names a DeviceClass that does not exist (yet).
 
+A pod handed to kube-scheduler (``handoff``) is no longer gated: ``Placement=False`` with
+``HandedOff`` says why we let it go without a slice of ours; kube-scheduler's own
+``PodScheduled`` condition tells the rest.
+
 Each problem affects only its own pod. The condition and the event are written only when the
 reason or message changes, so a pod retried a hundred times costs one write, not a hundred.
 """
@@ -42,6 +46,7 @@ class Reason(enum.StrEnum):
     UNKNOWN_PROFILE = "UnknownProfile"
     INVALID_REQUEST = "InvalidRequest"
     DEVICE_CLASS_NOT_FOUND = "DeviceClassNotFound"
+    HANDED_OFF = "HandedOff"
 
 
 PERMANENT_REASONS = frozenset(
@@ -81,6 +86,10 @@ class ConditionReporter:
     def problem(self, pod: JsonObject, problem: PlacementProblem) -> None:
         """The pod stays gated: ``Placement=False`` with the problem's reason, and a warning event."""
         self._report(pod, status="False", reason=problem.reason, message=problem.message)
+
+    def handed_off(self, pod: JsonObject, *, message: str) -> None:
+        """The pod goes to kube-scheduler without an allocation of ours: say so, with a warning."""
+        self._report(pod, status="False", reason=Reason.HANDED_OFF, message=message)
 
     def placed(self, pod: JsonObject, *, node: str) -> None:
         """Clear an earlier ``False`` condition once the pod is placed (no write otherwise)."""

@@ -103,6 +103,15 @@ class ControllerMetrics:
             namespace=NAMESPACE,
             registry=self.registry,
         )
+        self._handoffs = Counter(
+            "pods_handed_off",
+            "Pods handed to kube-scheduler without an allocation of ours, by why: no-capacity "
+            "(waited --handoff-after), not-bound (placed, but kube-scheduler could not bind it), "
+            "scheduler-mode (--allocation-mode scheduler).",
+            ["reason"],
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
         self._released = Counter(
             "shadow_claims_released",
             "Shadow claims of finished classic pods whose allocation was cleared.",
@@ -136,6 +145,9 @@ class ControllerMetrics:
 
     def problem(self, reason: str) -> None:
         self._problems.labels(reason=reason).inc()
+
+    def handed_off(self, reason: str) -> None:
+        self._handoffs.labels(reason=reason).inc()
 
     def shadow_released(self) -> None:
         self._released.inc()

@@ -40,6 +40,12 @@ class SyncConfig:
     pod's claim is withdrawn (their writers may have died before checking)."""
     yield_delay: tuple[float, float] = (0.01, 0.2)
     """Random delay before retrying a pod whose allocation was withdrawn."""
+    handoff_after: float | None = None
+    """Hand a DRA pod to kube-scheduler (ungated, no allocation of ours) once it has waited this
+    long for capacity, or, placed and ungated, has not been bound for this long (``handoff``).
+    None: never (the daemon's flag defaults to 120 s)."""
+    scheduler_mode: bool = False
+    """kube-scheduler allocates: every gated pod is handed over at once, nothing is allocated."""
 
 
 class NotLeaderError(DriverError):

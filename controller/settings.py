@@ -34,6 +34,9 @@ DEFAULT_WORKERS: Final = 16
 DEFAULT_KUBE_API_QPS: Final = 500.0
 """Three writes per pod (finalizer, allocation, gate) at well over 100 pods/s."""
 DEFAULT_KUBE_API_BURST: Final = 1000
+ALLOCATION_MODES: Final = ("controller", "scheduler")
+DEFAULT_HANDOFF_AFTER: Final = 120.0
+"""Seconds a DRA pod may wait for capacity (or to be bound) before kube-scheduler gets it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,12 @@ class Settings:
     """``host:port`` for ``/healthz`` and ``/readyz``; empty string disables the endpoint."""
     log_level: str
     log_format: str
+    allocation_mode: str = "controller"
+    """``controller``: we allocate (gated flow). ``scheduler``: kube-scheduler allocates; we only
+    hand every gated pod over to it and release the shadow claims left from controller mode."""
+    handoff_after: float = DEFAULT_HANDOFF_AFTER
+    """Controller mode: hand a DRA pod to kube-scheduler after this long without capacity or
+    without being bound; 0 never hands off."""
 
 
 _add = partial(add_flag, show_default=True)
@@ -175,6 +184,21 @@ def build_parser() -> argparse.ArgumentParser:
         help_text="host:port of /healthz and /readyz; empty disables it",
         default=DEFAULT_HEALTHZ_ADDRESS,
     )
+    _add(
+        parser,
+        "--allocation-mode",
+        help_text="who allocates MIG slices: 'controller' (gated pods, this controller places "
+        "them) or 'scheduler' (kube-scheduler allocates; no webhook; gated pods are handed over)",
+        default="controller",
+        choices=ALLOCATION_MODES,
+    )
+    _add(
+        parser,
+        "--handoff-after",
+        help_text="controller mode: seconds a DRA pod waits for capacity, or to be bound once "
+        "placed, before it is handed to kube-scheduler (and cluster autoscalers); 0 disables",
+        default=str(DEFAULT_HANDOFF_AFTER),
+    )
     flags.add_log_flags(parser, show_default=True)
     return parser
 
@@ -211,8 +235,14 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
             ("cert_mode", CERT_MODES),
             ("log_format", LOG_FORMATS),
             ("log_level", LOG_LEVELS),
+            ("allocation_mode", ALLOCATION_MODES),
         ),
     )
+    handoff_after = _number(parser, "--handoff-after", args.handoff_after, kind=float)
+    if not 0 <= handoff_after < float("inf"):
+        parser.error(
+            f"--handoff-after must be a number of seconds >= 0, got {args.handoff_after!r}"
+        )
     port = int(_number(parser, "--webhook-port", args.webhook_port, kind=int))
     if not 0 <= port <= 65535:
         parser.error(f"--webhook-port must be 0..65535, got {port}")
@@ -255,4 +285,6 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
         healthz_address=args.healthz_address,
         log_level=args.log_level,
         log_format=args.log_format,
+        allocation_mode=args.allocation_mode,
+        handoff_after=handoff_after,
     )

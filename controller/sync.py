@@ -13,6 +13,10 @@ The steps, each safe to repeat after a crash or a lost race:
    racing allocators wrote, the later one withdraws.
 5. Classic pods get a ``nodeSelector`` for the node (allowed while gated); then the gate is lifted.
 
+A DRA pod that waits for capacity longer than ``SyncConfig.handoff_after``, or that we placed and
+kube-scheduler cannot bind for that long, is handed to kube-scheduler; in scheduler mode every gated
+pod is (``handoff``).
+
 Every write first checks ``is_leader()``: a replica that lost its lease stops at once.
 """
 
@@ -25,9 +29,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from api.names import classic_resource_name
-from controller import classic
+from controller import classic, handoff
 from controller.conditions import ConditionReporter, PlacementProblem, Reason
 from controller.informers import ClusterInformers
 from controller.metrics import ControllerMetrics
@@ -40,6 +45,7 @@ from controller.state import AllocationState
 from controller.writes import AllocationWriter, Written
 from driver.cluster import ops
 from driver.cluster.clock import Clock
+from driver.cluster.indexes import claim_node_names
 from driver.cluster.port import ClusterApi, JsonObject, name_of, namespace_of, uid_of
 from driver.errors import ApiNotFoundError, ClusterError, ConflictError
 from driver.mig.catalog import CATALOG
@@ -127,7 +133,10 @@ class PodSync:
             stale = uid_of(pod) in self._ungated
         if stale:
             return Result(Outcome.DONE)  # a stale copy from before our own ungate
+        requests: list[classic.ClassicRequest] = []
         try:
+            if self.config.scheduler_mode:
+                return self._hand_over_in_scheduler_mode(pod)
             dra = dra_claims(pod, claims=self._claim)
             requests = classic.classic_requests(pod, profiles=self._classic_profiles())
             self._check_leader()
@@ -162,9 +171,9 @@ class PodSync:
             return Result(Outcome.WAIT)
         except PlacementProblem as problem:
             self._metrics.problem(str(problem.reason))
-            self._reporter.problem(pod, problem)
             if problem.reason is Reason.NO_CAPACITY:
-                return Result(Outcome.WAIT_CAPACITY)
+                return self._no_capacity(pod, problem, classic_pod=bool(requests))
+            self._reporter.problem(pod, problem)
             return Result(Outcome.WAIT_CHANGE)
         except NotLeaderError:
             return Result(Outcome.WAIT)
@@ -178,6 +187,111 @@ class PodSync:
         except ClusterError as exc:
             logger.warning("pod %s/%s: API error: %s", namespace_of(pod), name_of(pod), exc)
             return Result(Outcome.RETRY)
+
+    # -- hand-offs to kube-scheduler (``handoff``) ----------------------------------------------
+
+    def _waited(self, since: datetime | None) -> float:
+        if since is None:
+            return 0.0
+        return max(0.0, (self._clock.now() - since).total_seconds())
+
+    def _no_capacity(
+        self, pod: JsonObject, problem: PlacementProblem, *, classic_pod: bool
+    ) -> Result:
+        """Wait for capacity; past ``handoff_after`` a DRA pod goes to kube-scheduler instead."""
+        limit = self.config.handoff_after
+        if limit is None or classic_pod:
+            self._reporter.problem(pod, problem)
+            return Result(Outcome.WAIT_CAPACITY)
+        waited = self._waited(handoff.unplaced_since(pod))
+        if waited < limit:
+            self._reporter.problem(pod, problem)
+            return Result(Outcome.WAIT_CAPACITY, limit - waited)
+        self._check_leader()
+        ops.remove_scheduling_gate(self._api, pod=pod)
+        self._remember_ungated(pod)
+        self._metrics.handed_off("no-capacity")
+        self._reporter.handed_off(
+            pod,
+            message=f"no capacity for {waited:.0f}s (--handoff-after {limit:g}s): handed to "
+            f"kube-scheduler, which allocates when capacity appears and reports the pod "
+            f"Unschedulable until then (cluster autoscalers act on that); {problem.message}",
+        )
+        logger.info(
+            "pod %s/%s: no capacity for %.0fs; handed to kube-scheduler",
+            namespace_of(pod),
+            name_of(pod),
+            waited,
+        )
+        return Result(Outcome.DONE)
+
+    def _hand_over_in_scheduler_mode(self, pod: JsonObject) -> Result:
+        """Scheduler mode: drop a classic pod's unused shadow claims, then lift the gate."""
+        requests = classic.classic_requests(pod, profiles=self._classic_profiles())
+        namespace = namespace_of(pod) or "default"
+        shadows = []
+        for request in requests:
+            claim = self._claim(namespace, classic.shadow_claim_name(pod, request))
+            if claim is not None and classic.is_shadow_of(claim, pod):
+                shadows.append(claim)
+        self._check_leader()
+        handoff.drop_shadow_claims(self._api, pod, shadows)
+        self._check_leader()
+        ops.remove_scheduling_gate(self._api, pod=pod)
+        self._remember_ungated(pod)
+        self._metrics.handed_off("scheduler-mode")
+        self._reporter.handed_off(
+            pod,
+            message="the controller runs with --allocation-mode scheduler: kube-scheduler "
+            "allocates this pod's MIG slices",
+        )
+        return Result(Outcome.DONE)
+
+    def unbound(self, pod: JsonObject) -> Result:
+        """A pod we ungated that kube-scheduler has not bound: past ``handoff_after``, withdraw our
+        unreserved allocations of its DRA claims so that kube-scheduler may allocate elsewhere."""
+        limit = self.config.handoff_after
+        since = handoff.unbound_since(pod)
+        if limit is None or self.config.scheduler_mode or since is None:
+            return Result(Outcome.DONE)
+        if classic.classic_requests(pod, profiles=self._classic_profiles()):
+            return Result(Outcome.DONE)  # pinned by our nodeSelector for good (``handoff``)
+        waited = self._waited(since)
+        if waited < limit:
+            return Result(Outcome.RETRY_AFTER, limit - waited)
+        try:
+            claims = sort_claims(dra_claims(pod, claims=self._claim), [], classes=self._class)
+            mine = [c for c in claims.allocated if handoff.unreserved(c)]
+            if not mine:
+                return Result(Outcome.DONE)
+            nodes = sorted({n for c in mine for n in _claim_nodes(c)})
+            for claim in mine:
+                self._check_leader()
+                ops.clear_claim_allocation(self._api, claim=claim)
+        except (NotReady, PlacementProblem, ApiNotFoundError):
+            return Result(Outcome.DONE)
+        except NotLeaderError:
+            return Result(Outcome.WAIT)
+        except ConflictError:
+            return Result(Outcome.RETRY)  # reserved or changed meanwhile: look again
+        except ClusterError as exc:
+            logger.warning("pod %s/%s: API error: %s", namespace_of(pod), name_of(pod), exc)
+            return Result(Outcome.RETRY)
+        self._metrics.handed_off("not-bound")
+        self._reporter.handed_off(
+            pod,
+            message=f"placed on {', '.join(nodes)} but not bound for {waited:.0f}s "
+            f"(--handoff-after {limit:g}s): allocation of {len(mine)} claim(s) withdrawn; "
+            "kube-scheduler allocates it instead",
+        )
+        logger.info(
+            "pod %s/%s: not bound for %.0fs; %d allocation(s) withdrawn, kube-scheduler owns it",
+            namespace_of(pod),
+            name_of(pod),
+            waited,
+            len(mine),
+        )
+        return Result(Outcome.DONE)
 
     # -- 2. decide -----------------------------------------------------------------------------
 
@@ -277,14 +391,21 @@ class PodSync:
             self._state.nodes.assume(pod, node)
         self._check_leader()
         ops.remove_scheduling_gate(self._api, pod=pod)
-        with self._ungated_lock:
-            self._ungated[uid_of(pod)] = None
-            while len(self._ungated) > _REMEMBERED_UNGATES:
-                self._ungated.popitem(last=False)
+        self._remember_ungated(pod)
         self._metrics.ungated(latency_seconds=self._latency(pod))
         if node is not None:
             self._reporter.placed(pod, node=node)
         logger.debug("pod %s/%s ungated for node %s", namespace_of(pod), name_of(pod), node)
+
+    def _remember_ungated(self, pod: JsonObject) -> None:
+        with self._ungated_lock:
+            self._ungated[uid_of(pod)] = None
+            while len(self._ungated) > _REMEMBERED_UNGATES:
+                self._ungated.popitem(last=False)
+
+
+def _claim_nodes(claim: JsonObject) -> list[str]:
+    return list(claim_node_names(claim))
 
 
 def _only(node: str) -> Callable[[str], bool]:

@@ -18,6 +18,7 @@ from driver.errors import DriverError
 from driver.gpu.backend import GpuBackend
 from kubeletplugin.deviceplugin import Shim, ShimConfig
 from kubeletplugin.logs import FIELDS as LOG_FIELDS
+from kubeletplugin.nodecapacity import StaleCapacityCleaner
 from kubeletplugin.plugin import KubeletPlugin, PluginConfig
 from kubeletplugin.recovery import read_boot_id
 from kubeletplugin.settings import Settings, parse_settings
@@ -107,7 +108,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if settings.classic_shim
         else None
     )
+    # Shim off: the kubelet's stale nvidia.com/mig-* entries would make kube-scheduler bind classic
+    # pods without a slice (DESIGN fact 13); keep them out of this Node's status.
+    cleaner = (
+        None
+        if settings.classic_shim
+        else StaleCapacityCleaner(
+            api=api,
+            node_name=settings.node_name,
+            resource_prefix=settings.classic_resource_prefix,
+        )
+    )
     try:
+        if cleaner is not None:
+            cleaner.start()
         plugin.start()
         if shim is not None:
             shim.start()
@@ -120,6 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if shim is not None:
             shim.stop()
+        if cleaner is not None:
+            cleaner.stop()
         plugin.stop()
         backend.close()
         api.close()

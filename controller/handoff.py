@@ -1,0 +1,108 @@
+"""Handing a pod to kube-scheduler: when we let a pod go without (or withdraw) our allocation.
+
+kube-scheduler allocates our partitionable devices itself on Kubernetes >= 1.36 (DESIGN fact 14), and
+cluster-autoscaler's DRA support and Karpenter act only on pods kube-scheduler reports
+``Unschedulable`` — never on pods held by a scheduling gate. So in controller mode a DRA pod is
+handed over (``PodSync``):
+
+- **no capacity**: it has not been placeable for ``handoff_after`` seconds (counted from the
+  ``lastTransitionTime`` of its ``instaslice.dev/Placement=False`` condition, so a controller
+  restart does not restart the count, and time spent behind another gate, e.g. Kueue's, does not
+  count) and we still cannot place it: the gate is lifted with its claims unallocated. kube-scheduler then owns it: it
+  allocates when capacity appears, and until then reports the pod ``Unschedulable`` — the signal
+  autoscalers add nodes for;
+- **not bound**: we placed it and lifted the gate, but kube-scheduler could not bind it (for
+  ``handoff_after`` seconds its ``PodScheduled`` stayed ``False``: a taint, an affinity, ordinary
+  resources we do not model). Our allocations nobody has reserved yet are withdrawn (a
+  resourceVersion-checked clear: if kube-scheduler reserves the claim meanwhile, the clear loses
+  and the pod keeps it), so kube-scheduler may allocate elsewhere instead of the pod staying pinned
+  with a slice reserved.
+
+Classic ``nvidia.com/mig-*`` pods are never handed over in controller mode: with the shim on, a node
+advertises the resource as a device-plugin resource, kube-scheduler would bind the pod against that
+capacity with no shadow claim, and the shim would have no slice to give it (the pod fails at
+admission). And a classic pod we placed carries our ``nodeSelector``, which cannot be removed once it
+is ungated (DESIGN fact 4). They stay gated with ``NoCapacity`` (documented in docs/deploy.md).
+
+In **scheduler mode** (``--allocation-mode scheduler``) every gated pod is handed over at once —
+pods gated before the switch, classic ones included (kube-scheduler serves those through the
+DeviceClasses' ``extendedResourceName``): a classic pod's unused shadow claims are released and
+deleted first, so no slice stays reserved for a pod that will get others.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from api.names import PLACEMENT_CONDITION, SCHEDULING_GATE
+from controller import classic
+from driver.cluster.port import (
+    RESOURCE_CLAIMS,
+    ClusterApi,
+    JsonObject,
+    gate_names,
+    name_of,
+    namespace_of,
+    parse_time,
+    uid_of,
+)
+from driver.errors import ApiNotFoundError
+
+logger = logging.getLogger(__name__)
+
+POD_SCHEDULED = "PodScheduled"
+
+
+def unplaced_since(pod: JsonObject) -> datetime | None:
+    """Since when the pod's ``Placement`` condition has been ``False``; None if it is not."""
+    return _false_since(pod, PLACEMENT_CONDITION)
+
+
+def _false_since(pod: JsonObject, condition_type: str) -> datetime | None:
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == condition_type and condition.get("status") == "False":
+            since = condition.get("lastTransitionTime")
+            return parse_time(str(since)) if since else None
+    return None
+
+
+def unbound_since(pod: JsonObject) -> datetime | None:
+    """When kube-scheduler last found an ungated, unbound, live pod unschedulable; else None."""
+    spec = pod.get("spec") or {}
+    meta = pod.get("metadata") or {}
+    phase = (pod.get("status") or {}).get("phase")
+    if (
+        SCHEDULING_GATE in gate_names(pod)
+        or spec.get("nodeName")
+        or meta.get("deletionTimestamp")
+        or phase in ("Succeeded", "Failed")
+    ):
+        return None
+    return _false_since(pod, POD_SCHEDULED)
+
+
+def unreserved(claim: JsonObject) -> bool:
+    return not (claim.get("status") or {}).get("reservedFor")
+
+
+def drop_shadow_claims(api: ClusterApi, pod: JsonObject, claims: list[JsonObject]) -> None:
+    """Release and delete the shadow claims of a gated classic pod handed to kube-scheduler (it
+    creates its own claim for the request). Idempotent; a claim already gone is fine."""
+    for claim in claims:
+        namespace = namespace_of(claim) or "default"
+        if classic.holds_something(claim):
+            classic.release(api, claim, pod_uid=uid_of(pod))
+        try:
+            api.delete(RESOURCE_CLAIMS, name=name_of(claim), namespace=namespace, uid=uid_of(claim))
+            current = api.get(RESOURCE_CLAIMS, name=name_of(claim), namespace=namespace)
+        except ApiNotFoundError:
+            continue
+        if classic.holds_something(current):
+            classic.release(api, current, pod_uid=uid_of(pod))  # lifts delete protection
+        logger.info(
+            "pod %s/%s handed to kube-scheduler: shadow claim %s deleted",
+            namespace_of(pod),
+            name_of(pod),
+            name_of(claim),
+        )

@@ -1,0 +1,149 @@
+"""Keeps the classic resources of a turned-off shim out of this Node's status.
+
+The kubelet keeps a device-plugin resource it once saw in ``status.capacity`` / ``allocatable``
+after the plugin is gone (value 0 while it remembers the plugin, the old count after a restart that
+lost its checkpoint; DESIGN fact 13), and writes it back on its own status updates. With the shim
+off and DeviceClasses carrying ``extendedResourceName`` (scheduler mode), kube-scheduler serves a
+classic ``nvidia.com/mig-*`` request from such a stale entry instead of through DRA: the pod is bound
+with no claim and runs with no slice, or the kubelet fails it (``no devices found allocated in local
+cache``). kube-scheduler uses the DRA path only on nodes whose status does not list the resource.
+
+So, with the shim off, the plugin removes every resource with its classic prefix from its own
+Node's status (a merge patch of ``nodes/status`` with ``null`` values: absent keys are no error), once
+before it serves, and again whenever the Node changes and lists one again (a watch on its Node).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from typing import Final
+
+from driver.cluster.informer import Backoff, Informer, ListWatch
+from driver.cluster.port import NODES, ClusterApi, JsonObject, PatchType
+from driver.errors import ApiNotFoundError, ClusterError
+
+logger = logging.getLogger(__name__)
+
+STATUS_LISTS: Final = ("capacity", "allocatable")
+
+
+def stale_resources(node: JsonObject, *, prefix: str) -> list[str]:
+    """Names under ``prefix`` in the Node's capacity or allocatable, sorted."""
+    status = node.get("status") or {}
+    names: set[str] = set()
+    for field in STATUS_LISTS:
+        names.update(
+            str(name) for name in (status.get(field) or {}) if str(name).startswith(prefix)
+        )
+    return sorted(names)
+
+
+def removal_patch(names: list[str]) -> JsonObject:
+    """Merge patch of ``nodes/status`` that deletes ``names`` from capacity and allocatable."""
+    gone = dict.fromkeys(names)
+    return {"status": {field: dict(gone) for field in STATUS_LISTS}}
+
+
+class StaleCapacityCleaner:
+    """Watches one Node and removes ``<prefix>*`` from its status whenever they appear."""
+
+    def __init__(
+        self,
+        *,
+        api: ClusterApi,
+        node_name: str,
+        resource_prefix: str,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self._api = api
+        self.node_name = node_name
+        self.prefix = resource_prefix
+        self._backoff = backoff or Backoff(initial=0.5, maximum=30.0)
+        self._rng = random.Random()  # noqa: S311 - jitter, not security
+        self._informer = Informer(
+            source=ListWatch(api, NODES, field_selector=f"metadata.name={node_name}"),
+            name=f"node-capacity-{node_name}",
+        )
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.removed: list[str] = []
+        """Every resource name removed so far, in order (repeats included): metrics and tests."""
+
+    def clean_once(self, node: JsonObject | None = None) -> list[str]:
+        """Remove the stale resources now; returns what was removed (``ClusterError`` if the patch
+        fails; a missing Node is nothing to clean)."""
+        if node is None:
+            try:
+                node = self._api.get(NODES, name=self.node_name)
+            except ApiNotFoundError:
+                return []
+        names = stale_resources(node, prefix=self.prefix)
+        if not names:
+            return []
+        try:
+            self._api.patch(
+                NODES,
+                name=self.node_name,
+                patch=removal_patch(names),
+                patch_type=PatchType.MERGE,
+                subresource="status",
+            )
+        except ApiNotFoundError:
+            return []
+        logger.info(
+            "removed stale classic resources %s from node %s status (the classic shim is off)",
+            names,
+            self.node_name,
+        )
+        self.removed.extend(names)
+        return names
+
+    def start(self) -> None:
+        """Clean once now (best effort), then keep cleaning on every change of the Node."""
+        try:
+            self.clean_once()
+        except ClusterError as exc:
+            logger.warning("cannot clean node %s status yet (will retry): %s", self.node_name, exc)
+        self._informer.add_handler(
+            on_add=lambda _: self._wake.set(), on_update=lambda _old, _new: self._wake.set()
+        )
+        self._informer.start()
+        self._thread = threading.Thread(
+            target=self._run, name=f"node-capacity-{self.node_name}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._informer.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            node = self._informer.get(self.node_name)
+            if node is None:
+                continue
+            try:
+                self.clean_once(node)
+                failures = 0
+            except ClusterError as exc:
+                failures += 1
+                delay = self._backoff.delay(failures, self._rng)
+                logger.warning(
+                    "cannot remove stale classic resources from node %s: %s; retrying in %.1fs",
+                    self.node_name,
+                    exc,
+                    delay,
+                )
+                self._wake.set()
+                self._stop.wait(delay)

@@ -1,0 +1,202 @@
+"""Hand-offs to kube-scheduler (controller/handoff.py): a DRA pod without capacity past
+``handoff_after`` is ungated with its claims unallocated; a placed pod kube-scheduler cannot bind
+has our unreserved allocations withdrawn; classic pods are never handed over in controller mode;
+in scheduler mode every gated pod is handed over and a classic pod's shadow claims are dropped."""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+from datetime import UTC, datetime
+
+import pytest
+
+from api.names import DELETE_PROTECTION_FINALIZER, SCHEDULING_GATE, classic_resource_name
+from controller import classic
+from controller.app import Controller
+from controller.sync import SyncConfig
+from driver.cluster import ops
+from driver.cluster.kube import KubeClusterApi
+from driver.cluster.port import EVENTS, PODS, RESOURCE_CLAIMS, JsonObject, gate_names
+from driver.errors import ApiNotFoundError
+from localcluster.apiserver import LocalApiServer
+from tests.controller.harness import (
+    NS,
+    allocated_claims,
+    assert_no_overlap,
+    claim_object,
+    cluster_api,
+    condition_reason,
+    create_pod_with_claim,
+    get_pod,
+    placement_condition,
+    pod_object,
+    publish_node,
+    request,
+    start_controller,
+    ungated,
+    wait_for,
+)
+
+FULL_GPU = "7g.40gb"
+"""One 7g.40gb fills an A100-40GB: with one GPU, a second such pod has no capacity."""
+
+
+@pytest.fixture
+def api(apiserver: LocalApiServer, stack: ExitStack) -> KubeClusterApi:
+    return cluster_api(apiserver, stack)
+
+
+def _full_gpu_claim(name: str) -> JsonObject:
+    return claim_object(name, requests=[request(profile=FULL_GPU)])
+
+
+def _allocated(api: KubeClusterApi, claim: str) -> bool:
+    obj = api.get(RESOURCE_CLAIMS, name=claim, namespace=NS)
+    return bool((obj.get("status") or {}).get("allocation"))
+
+
+def _handoffs(controller: Controller, reason: str) -> float:
+    text = controller.metrics.exposition().decode()
+    for line in text.splitlines():
+        if line.startswith(f'instaslice_controller_pods_handed_off_total{{reason="{reason}"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_dra_pod_without_capacity_is_handed_to_kube_scheduler_after_the_timeout(
+    apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack
+) -> None:
+    publish_node(api, "node-a", gpus=1)
+    create_pod_with_claim(api, "first", _full_gpu_claim("first-claim"))
+    controller = start_controller(apiserver, stack, sync=SyncConfig(handoff_after=1.0))
+    wait_for(lambda: ungated(api, "first"), what="the first pod placed")
+
+    create_pod_with_claim(api, "second", _full_gpu_claim("second-claim"))
+    wait_for(lambda: condition_reason(api, "second") == "NoCapacity", what="NoCapacity first")
+    assert not ungated(api, "second")
+    wait_for(lambda: ungated(api, "second"), what="the second pod handed over")
+
+    condition = placement_condition(get_pod(api, "second"))
+    assert condition is not None
+    assert (condition["status"], condition["reason"]) == ("False", "HandedOff")
+    assert "no capacity" in condition["message"]
+    assert "kube-scheduler" in condition["message"]
+    assert not _allocated(api, "second-claim")  # kube-scheduler allocates it, not us
+    assert _handoffs(controller, "no-capacity") == 1.0
+    events = api.list_objects(
+        EVENTS, namespace=NS, field_selector="involvedObject.name=second"
+    ).items
+    assert any(e.get("reason") == "HandedOff" for e in events)
+
+    # Capacity comes back: the pod is kube-scheduler's now; we do not allocate its claim.
+    api.delete(PODS, name="first", namespace=NS)
+    first = api.get(RESOURCE_CLAIMS, name="first-claim", namespace=NS)
+    ops.clear_claim_allocation(api, claim=first)
+    create_pod_with_claim(api, "third", claim_object("third-claim"))
+    wait_for(lambda: ungated(api, "third"), what="a new pod placed on the freed GPU")
+    assert not _allocated(api, "second-claim")
+    assert_no_overlap(api)
+
+
+def test_a_classic_pod_without_capacity_stays_gated(
+    apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack
+) -> None:
+    publish_node(api, "node-a", gpus=1)
+    create_pod_with_claim(api, "first", _full_gpu_claim("first-claim"))
+    start_controller(apiserver, stack, sync=SyncConfig(handoff_after=0.3))
+    wait_for(lambda: ungated(api, "first"), what="the first pod placed")
+
+    api.create(
+        PODS, pod_object("classic", classic={classic_resource_name(FULL_GPU): 1}), namespace=NS
+    )
+    wait_for(lambda: condition_reason(api, "classic") == "NoCapacity", what="NoCapacity")
+    time.sleep(1.5)  # well past handoff_after (and the condition's whole-second timestamp)
+    assert not ungated(api, "classic")
+    assert condition_reason(api, "classic") == "NoCapacity"
+
+
+def _mark_unschedulable(api: KubeClusterApi, name: str) -> None:
+    """What kube-scheduler writes when it cannot bind a pod."""
+    ops.set_pod_condition(
+        api,
+        pod=get_pod(api, name),
+        condition_type="PodScheduled",
+        status="False",
+        reason="Unschedulable",
+        message="0/1 nodes are available: 1 node(s) had untolerated taint {gpu: broken}.",
+        now=datetime.now(UTC),
+    )
+
+
+def test_a_placed_pod_kube_scheduler_cannot_bind_has_its_allocation_withdrawn(
+    apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack
+) -> None:
+    publish_node(api, "node-a", gpus=1)
+    create_pod_with_claim(api, "stuck")
+    controller = start_controller(apiserver, stack, sync=SyncConfig(handoff_after=0.5))
+    wait_for(lambda: ungated(api, "stuck"), what="placed")
+    assert _allocated(api, "stuck-claim")
+
+    _mark_unschedulable(api, "stuck")
+    wait_for(lambda: not _allocated(api, "stuck-claim"), what="the allocation withdrawn")
+    wait_for(lambda: condition_reason(api, "stuck") == "HandedOff", what="the condition")
+    condition = placement_condition(get_pod(api, "stuck"))
+    assert condition is not None
+    assert "not bound" in condition["message"]
+    assert "node-a" in condition["message"]
+    assert _handoffs(controller, "not-bound") == 1.0
+    assert allocated_claims(api) == []
+
+
+def test_a_reserved_claim_of_an_unbound_pod_is_kept(
+    apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack
+) -> None:
+    """kube-scheduler reserved the claim (PreBind) before it reported the pod: someone holds it,
+    so withdrawing it could strand that consumer; it stays."""
+    publish_node(api, "node-a", gpus=1)
+    create_pod_with_claim(api, "held")
+    controller = start_controller(apiserver, stack, sync=SyncConfig(handoff_after=0.3))
+    wait_for(lambda: ungated(api, "held"), what="placed")
+    claim = api.get(RESOURCE_CLAIMS, name="held-claim", namespace=NS)
+    claim["status"]["reservedFor"] = [ops.pod_reference(get_pod(api, "held"))]
+    api.update_status(RESOURCE_CLAIMS, claim)
+
+    _mark_unschedulable(api, "held")
+    time.sleep(1.5)  # past handoff_after
+    assert _allocated(api, "held-claim")
+    assert _handoffs(controller, "not-bound") == 0.0
+
+
+def test_scheduler_mode_hands_every_gated_pod_over_and_drops_shadow_claims(
+    apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack
+) -> None:
+    publish_node(api, "node-a", gpus=1)
+    create_pod_with_claim(api, "dra")
+    profile_resource = classic_resource_name("1g.5gb")
+    pod = api.create(PODS, pod_object("classic", classic={profile_resource: 1}), namespace=NS)
+    # A shadow claim left from controller mode (created, protected, allocated) before the switch.
+    shadow = classic.shadow_claim(
+        pod, classic.ClassicRequest(container="main", profile="1g.5gb", count=1)
+    )
+    shadow["metadata"]["finalizers"] = [DELETE_PROTECTION_FINALIZER]
+    api.create(RESOURCE_CLAIMS, shadow, namespace=NS)
+
+    controller = start_controller(apiserver, stack, sync=SyncConfig(scheduler_mode=True))
+    for name in ("dra", "classic"):
+        wait_for(lambda name=name: ungated(api, name), what=f"{name} handed over")
+        wait_for(lambda name=name: condition_reason(api, name) == "HandedOff", what="condition")
+    assert allocated_claims(api) == []
+
+    def shadow_gone() -> bool:
+        try:
+            api.get(RESOURCE_CLAIMS, name=shadow["metadata"]["name"], namespace=NS)
+        except ApiNotFoundError:
+            return True
+        return False
+
+    wait_for(shadow_gone, what="the shadow claim deleted")
+    assert _handoffs(controller, "scheduler-mode") == 2.0
+    # No nodeSelector was added: kube-scheduler chooses the node.
+    assert "nodeSelector" not in get_pod(api, "classic")["spec"]
+    assert SCHEDULING_GATE not in gate_names(get_pod(api, "classic"))
