@@ -1,12 +1,12 @@
 #!/bin/sh
 # Render an InstaSlice overlay with the images (and options) of this build, using only kubectl.
 #
-#   deploy/render.sh emulated|gpu > manifests.yaml
+#   deploy/render.sh emulated|gpu|scheduler-native|scheduler-native-emulated > manifests.yaml
 #
 # Environment (all optional; `make deploy` passes them):
 #   IMG            controller image         (default quay.io/instaslice/instaslice-controller:latest)
 #   IMG_PLUGIN     kubelet-plugin image     (default quay.io/instaslice/instaslice-kubelet-plugin:latest)
-#   EMULATED_GPUS  emulated GPUs per node, e.g. 4xH100-80GB (emulated overlay only)
+#   EMULATED_GPUS  emulated GPUs per node, e.g. 4xH100-80GB (emulated overlays only)
 #   COMPONENTS     space-separated names under deploy/components, e.g. "cert-manager"
 #   KUBECTL        kubectl command          (default kubectl)
 #
@@ -36,9 +36,10 @@ done
 case "$emulated_gpus" in
     *[!A-Za-z0-9.,-]*) die "EMULATED_GPUS may hold only letters, digits, '.', ',' and '-': $emulated_gpus" ;;
 esac
-if [ -n "$emulated_gpus" ] && [ "$overlay" != emulated ]; then
-    die "EMULATED_GPUS applies to the emulated overlay only"
-fi
+case "$overlay" in
+    emulated | *-emulated) ;;
+    *) [ -z "$emulated_gpus" ] || die "EMULATED_GPUS applies to the emulated overlays only" ;;
+esac
 
 # image_fields NAME_OR_REF: the kustomize `images:` fields (newName + newTag or digest) of a reference.
 image_fields() {

@@ -6,8 +6,11 @@ order) whose rules, ``namespaceSelector`` and ``objectSelector`` match gets an
 ``clientConfig.service`` through the injected resolver, verified against ``caBundle`` and the
 service's DNS name). Its base64 JSONPatch is applied before the next webhook sees the object.
 ``allowed: false`` becomes the request's error; an unreachable or broken webhook fails the request
-under ``failurePolicy: Fail`` and is skipped under ``Ignore``. Not done: ``matchConditions`` (CEL),
-``reinvocationPolicy``, DELETE/CONNECT operations, validating webhooks.
+under ``failurePolicy: Fail`` and is skipped under ``Ignore``. ``matchConditions`` (CEL over
+``object`` and ``oldObject``) must all hold for the webhook to be called; one that fails to
+evaluate is a call failure (subject to ``failurePolicy``), as in kube-apiserver. Not done:
+``reinvocationPolicy``, the ``request``/``authorizer`` CEL variables, DELETE/CONNECT operations,
+validating webhooks.
 """
 
 from __future__ import annotations
@@ -24,6 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
+
+import celpy
+from celpy import celtypes
+from celpy.adapter import json_to_cel
+from celpy.celparser import CELParseError
+from celpy.evaluation import CELEvalError
 
 from localcluster import errors
 from localcluster.patch import json_patch
@@ -67,8 +76,18 @@ class MutatingAdmission:
             return obj
         for config in sorted(configs, key=lambda c: str(meta(c).get("name"))):
             for hook in config.get("webhooks") or []:
-                if self._matches(hook, attributes, obj, old):
-                    obj = self._call(hook, attributes, obj, old)
+                if not self._matches(hook, attributes, obj, old):
+                    continue
+                try:
+                    if not match_conditions_hold(hook, obj, old):
+                        continue
+                except WebhookCallError as exc:
+                    if hook.get("failurePolicy", "Fail") == "Ignore":
+                        continue
+                    raise errors.internal(
+                        f'failed calling webhook "{hook.get("name")}": {exc}'
+                    ) from exc
+                obj = self._call(hook, attributes, obj, old)
         return obj
 
     def _matches(
@@ -137,6 +156,29 @@ class MutatingAdmission:
         dns = f"{name}.{namespace}.svc"
         base = self._resolve(namespace, name, port) if self._resolve else f"https://{dns}:{port}"
         return base.rstrip("/") + str(service.get("path") or ""), dns
+
+
+_CEL = celpy.Environment()
+
+
+def match_conditions_hold(hook: JsonObj, obj: JsonObj, old: JsonObj | None) -> bool:
+    """Whether every ``matchConditions`` expression of the webhook is true for the object;
+    ``WebhookCallError`` when one does not compile, fails, or is not a boolean."""
+    activation = {"object": json_to_cel(obj)}
+    if old is not None:
+        activation["oldObject"] = json_to_cel(old)
+    for condition in hook.get("matchConditions") or []:
+        name = condition.get("name")
+        try:
+            program = _CEL.program(_CEL.compile(str(condition.get("expression") or "")))
+            result = program.evaluate(activation)
+        except (CELParseError, CELEvalError) as exc:
+            raise WebhookCallError(f"matchCondition {name!r}: {exc}") from exc
+        if not isinstance(result, celtypes.BoolType):
+            raise WebhookCallError(f"matchCondition {name!r} is not a boolean: {result!r}")
+        if not result:
+            return False
+    return True
 
 
 def _rule_matches(rule: JsonObj, attributes: Attributes) -> bool:

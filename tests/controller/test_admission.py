@@ -8,10 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import celpy
 import pytest
 import yaml
-from celpy.adapter import json_to_cel
 
 from api.names import SCHEDULING_GATE, profile_device_class
 from controller.admission import (
@@ -22,6 +20,7 @@ from controller.admission import (
     review_pod,
 )
 from driver.errors import ClusterError
+from localcluster.admission import match_conditions_hold
 
 OUR_CLASSES = frozenset(
     {"mig.instaslice.dev", profile_device_class("1g.5gb"), profile_device_class("2g.10gb")}
@@ -374,25 +373,48 @@ def test_device_classes_of_claim_spec_reads_every_shape() -> None:
     assert device_classes_of_claim_spec({}) == []
 
 
-def _match_condition() -> str:
+def _webhooks() -> list[dict[str, Any]]:
     path = Path(__file__).resolve().parents[2] / "deploy" / "base" / "webhook.yaml"
     for doc in yaml.safe_load_all(path.read_text()):
         if doc and doc.get("kind") == "MutatingWebhookConfiguration":
-            conditions = doc["webhooks"][0]["matchConditions"]
-            assert len(conditions) == 1
-            return str(conditions[0]["expression"])
+            return list(doc["webhooks"])
     raise AssertionError("no MutatingWebhookConfiguration in deploy/base/webhook.yaml")
 
 
-def test_deployed_match_condition_sends_every_pod_the_webhook_acts_on() -> None:
+def _reached(obj: dict[str, Any]) -> list[tuple[str, str]]:
+    """(name, failurePolicy) of every deployed webhook whose matchConditions send us ``obj``."""
+    return [
+        (str(w["name"]), str(w["failurePolicy"]))
+        for w in _webhooks()
+        if match_conditions_hold(w, obj, None)
+    ]
+
+
+def test_deployed_match_conditions_send_every_pod_the_webhook_acts_on_to_exactly_one_entry() -> (
+    None
+):
     """``matchConditions`` decide which pods reach us at all: each pod we would gate or refuse must
-    match, or a real cluster would silently skip it."""
-    environment = celpy.Environment()
-    program = environment.program(environment.compile(_match_condition()))
+    match, or a real cluster would silently skip it. Classic pods reach the fail-closed entry; pods
+    whose only MIG requests are claims reach the fail-open one (an outage must not block the pods
+    of every DRA driver), never both."""
     acted_on = [c[1] for c in GATE_CASES] + [c[1] for c in DENY_CASES]
     for obj in acted_on:
-        assert program.evaluate({"object": json_to_cel(obj)}), obj
-    assert not program.evaluate({"object": json_to_cel(pod(limits={"cpu": "1"}))})
+        reached = _reached(obj)
+        assert len(reached) == 1, (obj, reached)
+        classic = any(
+            str(r).startswith("nvidia.com/mig-")
+            for c in [*obj["spec"].get("initContainers", []), *obj["spec"]["containers"]]
+            for amounts in (c.get("resources") or {}).values()
+            if isinstance(amounts, dict)
+            for r in amounts
+        )
+        expected = (
+            ("pod-gate.instaslice.dev", "Fail")
+            if classic
+            else ("claim-gate.instaslice.dev", "Ignore")
+        )
+        assert reached == [expected], obj
+    assert _reached(pod(limits={"cpu": "1"})) == []
 
 
 def test_context_protocol_is_satisfied_by_the_fake() -> None:

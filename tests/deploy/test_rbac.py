@@ -23,7 +23,8 @@ PLUGIN_CLUSTER_GRANTS: set[Grant] = {
         ("resource.k8s.io", "resourceslices", v, None)
         for v in ("list", "create", "update", "delete")
     ),
-    ("", "nodes", "get", None),
+    *(("", "nodes", v, None) for v in ("get", "list", "watch")),
+    ("", "nodes/status", "patch", None),
     ("", "pods", "get", None),
     ("", "events", "create", None),
     ("", "events", "patch", None),
@@ -100,11 +101,15 @@ def test_kubelet_plugin_grants_are_exactly_claims_slices_nodes_pods_and_events()
         "resourceclaims/driver",
         "resourceslices",
         "nodes",
+        "nodes/status",
         "pods",
         "events",
     }
-    # It reads pods and nodes, never writes them; it never creates or deletes claims.
-    assert {v for _, r, v, _ in _grants(role) if r in ("pods", "nodes")} == {"get"}
+    # It reads pods and nodes, never writes them (only patches its Node's status, shim off); it
+    # never creates or deletes claims.
+    assert {v for _, r, v, _ in _grants(role) if r == "pods"} == {"get"}
+    assert {v for _, r, v, _ in _grants(role) if r == "nodes"} == {"get", "list", "watch"}
+    assert {v for _, r, v, _ in _grants(role) if r == "nodes/status"} == {"patch"}
     assert {v for _, r, v, _ in _grants(role) if r == "resourceclaims"} == {"get", "list", "update"}
     assert _bound_roles(objects, "instaslice-kubelet-plugin") == [
         ("ClusterRole/instaslice-kubelet-plugin", None)

@@ -11,6 +11,10 @@ KUSTOMIZATIONS = {
     "deploy/base": m.DEPLOY / "base",
     "deploy/overlays/emulated": m.DEPLOY / "overlays" / "emulated",
     "deploy/overlays/gpu": m.DEPLOY / "overlays" / "gpu",
+    "deploy/overlays/scheduler-native": m.DEPLOY / "overlays" / "scheduler-native",
+    "deploy/overlays/scheduler-native-emulated": m.DEPLOY
+    / "overlays"
+    / "scheduler-native-emulated",
     "samples": m.SAMPLES,
     "samples/large-profiles": m.SAMPLES / "large-profiles",
     "samples/integrations": m.SAMPLES / "integrations",
@@ -18,6 +22,14 @@ KUSTOMIZATIONS = {
 RENDER_SCRIPT_CASES = {
     "gpu+cert-manager": ("gpu", {"COMPONENTS": "cert-manager"}),
     "emulated+extended-resource-names": ("emulated", {"COMPONENTS": "extended-resource-names"}),
+    "gpu+scheduler-mode+extended-resource-names": (
+        "gpu",
+        {"COMPONENTS": "extended-resource-names scheduler-mode"},
+    ),
+    "scheduler-native-emulated+4xH100": (
+        "scheduler-native-emulated",
+        {"COMPONENTS": "", "EMULATED_GPUS": "4xH100-80GB"},
+    ),
     "emulated+both+4xH100": (
         "emulated",
         {"COMPONENTS": "cert-manager extended-resource-names", "EMULATED_GPUS": "4xH100-80GB"},

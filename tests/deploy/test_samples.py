@@ -13,6 +13,7 @@ from celpy.adapter import json_to_cel
 
 from api import names
 from driver.mig.catalog import CATALOG
+from localcluster.admission import match_conditions_hold
 from tests.deploy import manifests as m
 
 DEMO_GPU = CATALOG["A100-40GB"]
@@ -34,11 +35,11 @@ def _classes() -> set[str]:
     return {d["metadata"]["name"] for d in yaml.safe_load_all(text) if d}
 
 
-def _match_condition() -> celpy.Runner:
+def _reached_webhooks(pod_spec: dict[str, Any]) -> list[str]:
+    """Names of the deployed webhooks whose matchConditions send this pod to us."""
     (config,) = m.find(m.render(m.DEPLOY / "base"), "MutatingWebhookConfiguration")
-    ((condition,),) = [w["matchConditions"] for w in config["webhooks"]]
-    env = celpy.Environment()
-    return env.program(env.compile(condition["expression"]))
+    pod = {"spec": pod_spec}
+    return [w["name"] for w in config["webhooks"] if match_conditions_hold(w, pod, None)]
 
 
 def _containers(pod_spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -184,13 +185,18 @@ def test_samples_live_in_their_own_namespaces_which_the_webhook_serves(folder: s
 
 @pytest.mark.parametrize("folder", sorted(SAMPLE_DIRS))
 def test_webhook_match_condition_selects_exactly_the_pods_that_need_slices(folder: str) -> None:
-    condition = _match_condition()
     checked = 0
     for obj in m.render(SAMPLE_DIRS[folder]):
         for pod_spec in m.pod_specs(obj):
             needs = bool(pod_spec.get("resourceClaims")) or bool(_classic_requests(pod_spec))
             assert needs, f"{obj['metadata']['name']} asks for no slice"
-            assert condition.evaluate({"object": json_to_cel({"spec": pod_spec})})
+            # Exactly one webhook: classic pods the fail-closed one, claim-only pods the other.
+            expected = (
+                "pod-gate.instaslice.dev"
+                if _classic_requests(pod_spec)
+                else "claim-gate.instaslice.dev"
+            )
+            assert _reached_webhooks(pod_spec) == [expected]
             checked += 1
     assert checked > 0
 
@@ -205,7 +211,7 @@ def test_webhook_match_condition_selects_exactly_the_pods_that_need_slices(folde
     ids=["plain", "whole-gpu", "empty-claims"],
 )
 def test_webhook_match_condition_skips_pods_without_slices(pod_spec: dict[str, Any]) -> None:
-    assert not _match_condition().evaluate({"object": json_to_cel({"spec": pod_spec})})
+    assert _reached_webhooks(pod_spec) == []
 
 
 @pytest.mark.parametrize(
@@ -224,7 +230,7 @@ def test_webhook_match_condition_skips_pods_without_slices(pod_spec: dict[str, A
 def test_webhook_match_condition_sees_init_containers_and_requests(
     pod_spec: dict[str, Any],
 ) -> None:
-    assert _match_condition().evaluate({"object": json_to_cel({"spec": pod_spec})})
+    assert _reached_webhooks(pod_spec) == ["pod-gate.instaslice.dev"]
 
 
 def test_seed_test_pod_is_the_cuda_vectoradd_pod_on_a_1g_5gb_slice() -> None:

@@ -14,6 +14,7 @@ from tests.deploy import manifests as m
 CONTROLLER_IMAGE = "quay.io/instaslice/instaslice-controller:latest"
 PLUGIN_IMAGE = "quay.io/instaslice/instaslice-kubelet-plugin:latest"
 OVERLAYS = ["emulated", "gpu"]
+SCHEDULER_OVERLAYS = ["scheduler-native", "scheduler-native-emulated"]
 
 # host path -> the plugin flag (environment variable) that names it
 PLUGIN_HOST_PATHS = {
@@ -83,10 +84,11 @@ def test_render_script_refuses_bad_input() -> None:
     assert m.run_render_script("nope", {}).returncode == 2
     assert m.run_render_script("emulated", {"EMULATED_GPUS": 'x"; rm -rf /'}).returncode == 2
     assert m.run_render_script("gpu", {"EMULATED_GPUS": "2xA100-40GB"}).returncode == 2
+    assert m.run_render_script("scheduler-native", {"EMULATED_GPUS": "2xA100-40GB"}).returncode == 2
     assert m.run_render_script("gpu", {"COMPONENTS": "missing"}).returncode == 2
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", [*OVERLAYS, *SCHEDULER_OVERLAYS])
 @pytest.mark.parametrize("component", ["controller", "kubelet-plugin"])
 def test_configuration_uses_only_real_flags_with_valid_values(overlay: str, component: str) -> None:
     objects = _overlay(overlay)
@@ -105,7 +107,7 @@ def test_configuration_uses_only_real_flags_with_valid_values(overlay: str, comp
             assert planned.accepts(flag, entry["value"]), f"{name}={entry['value']}"
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", [*OVERLAYS, *SCHEDULER_OVERLAYS])
 def test_plugin_mounts_exactly_the_six_host_paths_at_the_paths_its_flags_name(overlay: str) -> None:
     plugin = _plugin(_overlay(overlay))
     spec = plugin["spec"]["template"]["spec"]
@@ -203,36 +205,77 @@ def test_webhook_is_wired_to_the_controller_through_its_service() -> None:
     env = _env(container)
     assert config["metadata"]["name"] == env["INSTASLICE_WEBHOOK_CONFIG_NAME"]["value"]
     service = m.one(objects, "Service", env["INSTASLICE_WEBHOOK_SERVICE"]["value"])
-    (webhook,) = config["webhooks"]
-    reference = webhook["clientConfig"]["service"]
-    assert (reference["name"], reference["namespace"]) == (
-        service["metadata"]["name"],
-        service["metadata"]["namespace"],
-    )
-    (service_port,) = service["spec"]["ports"]
-    assert reference["port"] == service_port["port"]
-    assert service_port["targetPort"] == "webhook"
+    assert len(config["webhooks"]) == 2
+    for webhook in config["webhooks"]:
+        reference = webhook["clientConfig"]["service"]
+        assert (reference["name"], reference["namespace"]) == (
+            service["metadata"]["name"],
+            service["metadata"]["namespace"],
+        )
+        (service_port,) = service["spec"]["ports"]
+        assert reference["port"] == service_port["port"]
+        assert service_port["targetPort"] == "webhook"
+        assert reference["path"] == getattr(names, "WEBHOOK_PATH", "/mutate-v1-pod")
     assert _port(container, "webhook") == int(env["INSTASLICE_WEBHOOK_PORT"]["value"])
     assert service["spec"]["selector"] == controller["spec"]["selector"]["matchLabels"]
-    assert reference["path"] == getattr(names, "WEBHOOK_PATH", "/mutate-v1-pod")
 
 
 def test_webhook_gates_pod_creation_only_and_spares_system_namespaces() -> None:
     (config,) = m.find(_overlay("gpu"), "MutatingWebhookConfiguration")
-    (webhook,) = config["webhooks"]
-    (rule,) = webhook["rules"]
-    assert (rule["operations"], rule["resources"], rule["apiGroups"]) == (
-        ["CREATE"],
-        ["pods"],
-        [""],
-    )
-    assert webhook["failurePolicy"] == "Fail"
-    assert webhook["sideEffects"] == "None"
-    assert 1 <= webhook["timeoutSeconds"] <= 10
-    (expression,) = webhook["namespaceSelector"]["matchExpressions"]
-    assert expression["key"] == "kubernetes.io/metadata.name"
-    assert expression["operator"] == "NotIn"
-    assert set(expression["values"]) >= {"kube-system", names.SYSTEM_NAMESPACE}
+    policies = {w["name"]: w["failurePolicy"] for w in config["webhooks"]}
+    # Classic pods fail closed; claim-bearing pods (any DRA driver's) fail open.
+    assert policies == {"pod-gate.instaslice.dev": "Fail", "claim-gate.instaslice.dev": "Ignore"}
+    for webhook in config["webhooks"]:
+        (rule,) = webhook["rules"]
+        assert (rule["operations"], rule["resources"], rule["apiGroups"]) == (
+            ["CREATE"],
+            ["pods"],
+            [""],
+        )
+        assert webhook["sideEffects"] == "None"
+        assert 1 <= webhook["timeoutSeconds"] <= (10 if webhook["failurePolicy"] == "Fail" else 3)
+        (expression,) = webhook["namespaceSelector"]["matchExpressions"]
+        assert expression["key"] == "kubernetes.io/metadata.name"
+        assert expression["operator"] == "NotIn"
+        assert set(expression["values"]) >= {"kube-system", names.SYSTEM_NAMESPACE}
+
+
+@pytest.mark.parametrize("overlay", SCHEDULER_OVERLAYS)
+def test_scheduler_overlays_let_kube_scheduler_allocate_with_no_webhook_and_no_shim(
+    overlay: str,
+) -> None:
+    objects = _overlay(overlay)
+    assert m.find(objects, "MutatingWebhookConfiguration") == []
+    assert m.find(objects, "Service", "instaslice-webhook") == []
+    assert m.find(objects, "PodDisruptionBudget") == []
+    plugin_env = _env(_container(_plugin(objects)))
+    assert plugin_env["INSTASLICE_CLASSIC_SHIM"]["value"] == "off"
+    expected_backend = "emulated" if overlay.endswith("-emulated") else "nvml"
+    assert plugin_env["INSTASLICE_GPU_BACKEND"]["value"] == expected_backend
+    controller = _controller(objects)
+    controller_env = _env(_container(controller))
+    assert controller_env["INSTASLICE_ALLOCATION_MODE"]["value"] == "scheduler"
+    assert controller_env["INSTASLICE_WEBHOOK_PORT"]["value"] == "0"
+    assert controller["spec"]["replicas"] == 1
+    classes = m.find(objects, "DeviceClass")
+    for device_class in classes:
+        name = device_class["metadata"]["name"]
+        if name == names.DEVICE_CLASS_ANY:
+            assert "extendedResourceName" not in device_class["spec"]
+            continue
+        profile = name.removeprefix("mig-").removesuffix(names.DEVICE_CLASS_SUFFIX)
+        assert device_class["spec"]["extendedResourceName"] == names.classic_resource_name(
+            profile
+        ), name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_controller_mode_overlays_keep_the_webhook_and_the_shim(overlay: str) -> None:
+    objects = _overlay(overlay)
+    assert len(m.find(objects, "MutatingWebhookConfiguration")) == 1
+    assert "INSTASLICE_CLASSIC_SHIM" not in _env(_container(_plugin(objects)))
+    assert "INSTASLICE_ALLOCATION_MODE" not in _env(_container(_controller(objects)))
+    assert all("extendedResourceName" not in c["spec"] for c in m.find(objects, "DeviceClass"))
 
 
 def test_flags_are_read_from_a_parser_with_choices_converters_and_booleans() -> None:
