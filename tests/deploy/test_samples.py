@@ -259,3 +259,35 @@ def test_quota_uses_the_dra_and_classic_keys_of_existing_classes() -> None:
     assert dra_keys
     assert dra_keys <= _classes()
     assert classic
+
+
+def test_quota_sample_counts_the_same_in_controller_and_scheduler_mode() -> None:
+    """In scheduler mode a claim of a class with extendedResourceName also counts under
+    requests.nvidia.com/mig-* (DESIGN fact 17): the quota sample's DRA claims use classes that carry
+    none there, so its classic key counts the classic replicas only, in either mode."""
+    objects = m.render(m.SAMPLES)
+    (quota,) = m.find(objects, "ResourceQuota")
+    namespace = quota["metadata"]["namespace"]
+    scheduler_classes = {
+        c["metadata"]["name"]: c["spec"]
+        for c in m.find(m.render(m.DEPLOY / "overlays" / "scheduler-native"), "DeviceClass")
+    }
+    templates = [
+        t
+        for t in m.find(objects, "ResourceClaimTemplate")
+        if t["metadata"]["namespace"] == namespace
+    ]
+    assert templates
+    for template in templates:
+        for request in template["spec"]["spec"]["devices"]["requests"]:
+            spec = scheduler_classes[request["exactly"]["deviceClassName"]]
+            assert "extendedResourceName" not in spec, template["metadata"]["name"]
+    (deployment,) = [
+        d for d in m.find(objects, "Deployment") if d["metadata"]["namespace"] == namespace
+    ]
+    hard = quota["spec"]["hard"]
+    assert int(hard["requests.nvidia.com/mig-1g.5gb"]) == deployment["spec"]["replicas"]
+    assert (
+        int(hard["mig-1g.5gb.instaslice.dev.deviceclass.resource.k8s.io/devices"])
+        == deployment["spec"]["replicas"]
+    )
