@@ -26,8 +26,8 @@ is ungated (DESIGN fact 4). They stay gated with ``NoCapacity`` (documented in d
 
 In **scheduler mode** (``--allocation-mode scheduler``) every gated pod is handed over at once —
 pods gated before the switch, classic ones included (kube-scheduler serves those through the
-DeviceClasses' ``extendedResourceName``): a classic pod's unused shadow claims are released and
-deleted first, so no slice stays reserved for a pod that will get others.
+DeviceClasses' ``extendedResourceName``): a classic pod's unused shadow claims are released first,
+so no slice stays reserved for a pod that will get others.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from datetime import datetime
 from api.names import PLACEMENT_CONDITION, SCHEDULING_GATE
 from controller import classic
 from driver.cluster.port import (
-    RESOURCE_CLAIMS,
     ClusterApi,
     JsonObject,
     gate_names,
@@ -47,7 +46,6 @@ from driver.cluster.port import (
     parse_time,
     uid_of,
 )
-from driver.errors import ApiNotFoundError
 
 logger = logging.getLogger(__name__)
 
@@ -86,23 +84,17 @@ def unreserved(claim: JsonObject) -> bool:
     return not (claim.get("status") or {}).get("reservedFor")
 
 
-def drop_shadow_claims(api: ClusterApi, pod: JsonObject, claims: list[JsonObject]) -> None:
-    """Release and delete the shadow claims of a gated classic pod handed to kube-scheduler (it
-    creates its own claim for the request). Idempotent; a claim already gone is fine."""
+def release_shadow_claims(api: ClusterApi, pod: JsonObject, claims: list[JsonObject]) -> None:
+    """Release the shadow claims of a gated classic pod handed to kube-scheduler (which creates its
+    own claim for the request): allocation and reservation cleared, so no slice stays taken. The
+    claims themselves stay until the pod goes (they are owned by it; the controller is not granted
+    claim deletion). Idempotent."""
     for claim in claims:
-        namespace = namespace_of(claim) or "default"
         if classic.holds_something(claim):
             classic.release(api, claim, pod_uid=uid_of(pod))
-        try:
-            api.delete(RESOURCE_CLAIMS, name=name_of(claim), namespace=namespace, uid=uid_of(claim))
-            current = api.get(RESOURCE_CLAIMS, name=name_of(claim), namespace=namespace)
-        except ApiNotFoundError:
-            continue
-        if classic.holds_something(current):
-            classic.release(api, current, pod_uid=uid_of(pod))  # lifts delete protection
-        logger.info(
-            "pod %s/%s handed to kube-scheduler: shadow claim %s deleted",
-            namespace_of(pod),
-            name_of(pod),
-            name_of(claim),
-        )
+            logger.info(
+                "pod %s/%s handed to kube-scheduler: shadow claim %s released",
+                namespace_of(pod),
+                name_of(pod),
+                name_of(claim),
+            )

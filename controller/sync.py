@@ -226,7 +226,7 @@ class PodSync:
         return Result(Outcome.DONE)
 
     def _hand_over_in_scheduler_mode(self, pod: JsonObject) -> Result:
-        """Scheduler mode: drop a classic pod's unused shadow claims, then lift the gate."""
+        """Scheduler mode: release a classic pod's unused shadow claims, then lift the gate."""
         requests = classic.classic_requests(pod, profiles=self._classic_profiles())
         namespace = namespace_of(pod) or "default"
         shadows = []
@@ -235,7 +235,7 @@ class PodSync:
             if claim is not None and classic.is_shadow_of(claim, pod):
                 shadows.append(claim)
         self._check_leader()
-        handoff.drop_shadow_claims(self._api, pod, shadows)
+        handoff.release_shadow_claims(self._api, pod, shadows)
         self._check_leader()
         ops.remove_scheduling_gate(self._api, pod=pod)
         self._remember_ungated(pod)

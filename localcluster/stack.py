@@ -203,7 +203,7 @@ class InstaSliceStack:
 
     # --- the daemons ----------------------------------------------------------------------------
 
-    def _plugin_process(self, node: str) -> ManagedProcess:
+    def _plugin_process(self, node: str, *, classic_shim: bool = True) -> ManagedProcess:
         kubelet = self.kubelet(node)
         paths = self.node_paths(node)
         paths.emulated_state_file.parent.mkdir(parents=True, exist_ok=True)
@@ -223,6 +223,7 @@ class InstaSliceStack:
             "--healthz-address", "",
             "--inventory-poll-seconds", str(self.config.inventory_poll_s),
             "--log-level", self.config.log_level,
+            "--classic-shim", "on" if classic_shim else "off",
         ]  # fmt: skip
         return ManagedProcess(
             name=f"kubelet-plugin/{node}",
@@ -258,12 +259,19 @@ class InstaSliceStack:
             log_file=self.logs_dir / "controller.log",
         )
 
-    def restart_plugin(self, node: str, *, kill: bool = True) -> None:
+    def restart_plugin(
+        self, node: str, *, kill: bool = True, classic_shim: bool | None = None
+    ) -> None:
+        """Kill (or stop) the node's kubelet plugin and start it again; ``classic_shim`` on/off
+        restarts it with ``--classic-shim`` switched (None: the same flags as before)."""
         process = self.plugins[node]
         if kill:
             process.kill()
         else:
             process.stop()
+        if classic_shim is not None:
+            process = self._plugin_process(node, classic_shim=classic_shim)
+            self.plugins[node] = process
         process.start()
 
     def restart_controller(self, *, kill: bool = True) -> None:

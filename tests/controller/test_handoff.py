@@ -11,14 +11,26 @@ from datetime import UTC, datetime
 
 import pytest
 
-from api.names import DELETE_PROTECTION_FINALIZER, SCHEDULING_GATE, classic_resource_name
+from api.names import (
+    DELETE_PROTECTION_FINALIZER,
+    DRIVER_NAME,
+    SCHEDULING_GATE,
+    classic_resource_name,
+)
 from controller import classic
 from controller.app import Controller
+from controller.results import node_selector
 from controller.sync import SyncConfig
 from driver.cluster import ops
 from driver.cluster.kube import KubeClusterApi
-from driver.cluster.port import EVENTS, PODS, RESOURCE_CLAIMS, JsonObject, gate_names
-from driver.errors import ApiNotFoundError
+from driver.cluster.port import (
+    EVENTS,
+    PODS,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+    JsonObject,
+    gate_names,
+)
 from localcluster.apiserver import LocalApiServer
 from tests.controller.harness import (
     NS,
@@ -180,7 +192,28 @@ def test_scheduler_mode_hands_every_gated_pod_over_and_drops_shadow_claims(
         pod, classic.ClassicRequest(container="main", profile="1g.5gb", count=1)
     )
     shadow["metadata"]["finalizers"] = [DELETE_PROTECTION_FINALIZER]
-    api.create(RESOURCE_CLAIMS, shadow, namespace=NS)
+    shadow = api.create(RESOURCE_CLAIMS, shadow, namespace=NS)
+    device = next(
+        d["name"]
+        for s in api.list_objects(RESOURCE_SLICES).items
+        for d in s["spec"].get("devices") or []
+        if d["name"].startswith("gpu-0-1g-5gb-")
+    )
+    ops.write_claim_allocation(
+        api,
+        claim=shadow,
+        allocation={
+            "devices": {
+                "results": [
+                    {"request": "mig", "driver": DRIVER_NAME, "pool": "node-a", "device": device}
+                ]
+            },
+            "nodeSelector": node_selector("node-a"),
+        },
+        allocated_at=datetime.now(UTC),
+        reserved_for=[ops.pod_reference(pod)],
+    )
+    assert len(allocated_claims(api)) == 1
 
     controller = start_controller(apiserver, stack, sync=SyncConfig(scheduler_mode=True))
     for name in ("dra", "classic"):
@@ -188,14 +221,10 @@ def test_scheduler_mode_hands_every_gated_pod_over_and_drops_shadow_claims(
         wait_for(lambda name=name: condition_reason(api, name) == "HandedOff", what="condition")
     assert allocated_claims(api) == []
 
-    def shadow_gone() -> bool:
-        try:
-            api.get(RESOURCE_CLAIMS, name=shadow["metadata"]["name"], namespace=NS)
-        except ApiNotFoundError:
-            return True
-        return False
-
-    wait_for(shadow_gone, what="the shadow claim deleted")
+    # The shadow claim holds nothing any more (kube-scheduler makes its own claim for the pod).
+    kept = api.get(RESOURCE_CLAIMS, name=shadow["metadata"]["name"], namespace=NS)
+    assert not (kept.get("status") or {}).get("allocation")
+    assert not (kept.get("status") or {}).get("reservedFor")
     assert _handoffs(controller, "scheduler-mode") == 2.0
     # No nodeSelector was added: kube-scheduler chooses the node.
     assert "nodeSelector" not in get_pod(api, "classic")["spec"]

@@ -28,6 +28,7 @@ from api.names import PLACEMENT_CONDITION
 from controller.cert_store import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
 from controller.certs import CA_FILE, CertificateSettings
 from driver.cluster.port import (
+    NODES,
     PODS,
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
@@ -182,6 +183,24 @@ def _exercise(stack: InstaSliceStack) -> None:
     )
 
 
+def _classic_shim_off(stack: InstaSliceStack) -> None:
+    """The plugin restarted with --classic-shim off (scheduler mode): it watches its Node and removes
+    the nvidia.com/mig-* entries the kubelet keeps (and writes back once the shim's device plugins
+    are gone) from the Node's status (nodes list/watch, nodes/status patch)."""
+    stack.restart_plugin(NODE, kill=False, classic_shim=False)
+
+    def stale() -> list[str]:
+        status = stack.api.get(NODES, name=NODE).get("status") or {}
+        return [
+            name
+            for field in ("capacity", "allocatable")
+            for name in status.get(field) or {}
+            if name.startswith(names.CLASSIC_RESOURCE_PREFIX)
+        ]
+
+    stack.wait_for(lambda: not stale() or None, timeout=WAIT_S, message="stale classic resources")
+
+
 SELF_IDENTITY = "rbac-audit-self-managed"
 WEBHOOK_SECRET = CertificateSettings(service="", namespace="").secret_name
 WEBHOOK_CONFIGURATION = "instaslice-pod-gate"
@@ -271,6 +290,7 @@ def recorded() -> dict[str, list[AuditRecord]]:
         try:
             stack.start()
             _exercise(stack)
+            _classic_shim_off(stack)
             _self_managed_certificates(stack)
         except (TimeoutError, RuntimeError, DriverError) as exc:
             pytest.fail(f"the recorded run failed: {exc}\n{_log_tails(stack)}")
