@@ -91,22 +91,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         backend.close()
         api.close()
         return 1
-    shim = (
-        Shim(
-            config=ShimConfig(
-                node_name=settings.node_name,
-                device_plugin_dir=settings.device_plugin_dir,
-                pod_resources_socket=settings.pod_resources_socket,
-                resource_prefix=settings.classic_resource_prefix,
-            ),
-            state=plugin.state,
-            checkpoint=plugin.store,
-            api=api,
-            inventory=lambda: plugin.publisher.inventory,
-            events=events,
-        )
-        if settings.classic_shim
-        else None
+    # With --classic-shim off the shim still releases the slices of classic pods it served before
+    # (a switch to scheduler mode with such pods running); it serves nothing new.
+    shim = Shim(
+        config=ShimConfig(
+            node_name=settings.node_name,
+            device_plugin_dir=settings.device_plugin_dir,
+            pod_resources_socket=settings.pod_resources_socket,
+            resource_prefix=settings.classic_resource_prefix,
+        ),
+        state=plugin.state,
+        checkpoint=plugin.store,
+        api=api,
+        inventory=lambda: plugin.publisher.inventory,
+        events=events,
     )
     # Shim off: the kubelet's stale nvidia.com/mig-* entries would make kube-scheduler bind classic
     # pods without a slice (DESIGN fact 13); keep them out of this Node's status.
@@ -123,8 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if cleaner is not None:
             cleaner.start()
         plugin.start()
-        if shim is not None:
-            shim.start()
+        shim.start(serve=settings.classic_shim)
         logger.info("kubelet plugin running on node %s", settings.node_name)
         stop.wait()
         return 0
@@ -132,8 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("kubelet plugin failed: %s", exc)
         return 1
     finally:
-        if shim is not None:
-            shim.stop()
+        shim.stop()
         if cleaner is not None:
             cleaner.stop()
         plugin.stop()

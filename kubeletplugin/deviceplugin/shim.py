@@ -10,6 +10,11 @@ the kubelet removed, and registers every resource whose registration the current
 has not seen — and the reconcile thread. ``stop`` ends both threads and the sockets; slices,
 checkpoint and claims stay as they are (a restarted plugin carries on from them). The device-plugin
 directory belongs to the kubelet: it is never created here, and nothing is served until it exists.
+
+``start(serve=False)`` (``--classic-shim off``, scheduler mode) runs the release side only: the stale
+judge and the reconcile thread, no device-plugin socket and no registration. Classic pods admitted
+while the shim served them (before a switch to scheduler mode) keep their slices while they run, and
+their slices are destroyed when their shadow claims are released, as with the shim on.
 """
 
 import logging
@@ -124,25 +129,34 @@ class Shim:
         self._refused: dict[str, SocketIdentity | None] = {}
         self._servers_lock = threading.Lock()
         self._started = False
+        self._serving = False
         self._missing_dir = False
 
     # -- life cycle -------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, *, serve: bool = True) -> None:
+        """Start; ``serve=False`` releases the slices of classic pods admitted earlier but serves
+        (advertises, allocates) nothing."""
         self._state.set_stale_judge(self.judge)
         try:
             self.reconciler.run_pass()
         except Exception:
             logger.exception("first shim reconcile pass failed; the reconcile loop retries")
         self._started = True
-        self._watcher.start()
+        self._serving = serve
+        if serve:
+            self._watcher.start()
         self._loop.start()
-        logger.info("classic-resource shim started in %s", self.config.device_plugin_dir)
+        if serve:
+            logger.info("classic-resource shim started in %s", self.config.device_plugin_dir)
+        else:
+            logger.info("classic-resource shim off: releasing earlier classic pods' slices only")
 
     def stop(self) -> None:
         if self._started:
             self._started = False
-            self._watcher.stop()
+            if self._serving:
+                self._watcher.stop()
             self._loop.stop()
         with self._servers_lock:
             for server in self._servers.values():

@@ -82,6 +82,7 @@ class ShimNode:
         watch_seconds: float = 0.05,
         inventory: Callable[[], NodeInventory] | None = None,
         events: EventRecorder | None = None,
+        serve: bool = True,
     ) -> Shim:
         """Start the plugin (recovery first) and a shim on it, as ``__main__`` does; the shim
         reads the plugin's inventory unless ``inventory`` is given."""
@@ -102,10 +103,11 @@ class ShimNode:
             inventory=inventory or (lambda: plugin.publisher.inventory),
             events=events,
         )
-        self.shim.start()
+        self.shim.start(serve=serve)
         shim = self.shim
-        wait_for(lambda: bool(shim.registered()) and all(shim.registered().values()))
-        self.kubelet.wait_registered([s.resource_name for s in shim.resources])
+        if serve:
+            wait_for(lambda: bool(shim.registered()) and all(shim.registered().values()))
+            self.kubelet.wait_registered([s.resource_name for s in shim.resources])
         return shim
 
     def crash(self) -> None:

@@ -192,6 +192,29 @@ def test_a_finished_pod_is_released_when_the_controller_deallocates_its_claim(
     assert node.checkpoint().claims == {}
 
 
+def test_with_the_shim_off_a_pod_it_served_before_keeps_its_slice_and_is_released_later(
+    node: ShimNode,
+) -> None:
+    """A switch to scheduler mode (--classic-shim off) while a classic pod runs: nothing is served
+    any more, the running pod keeps its slice, and its slice goes when its claim is released."""
+    node.start()
+    reserved = node.reserve([("main", "1g.5gb", [["gpu-0-1g-5gb-2"]])])
+    node.kubelet.admit(reserved.pod)
+    node.crash()  # the plugin restarts with the shim off
+
+    shim = node.start(serve=False)
+    assert shim.resources == ()
+    assert shim.registered() == {}
+    assert shim.reconcile_now().released == []
+    assert node.instances() == [(0, "1g.5gb", 2)]
+
+    node.kubelet.remove_pod(reserved.pod)
+    clear_claim_allocation(node.api, claim=node.claim(reserved, reserved.claims[0]))
+    shim.reconcile_now()
+    assert node.instances() == []
+    assert node.checkpoint().claims == {}
+
+
 def test_recycled_device_ids_do_not_hand_out_the_slice_of_a_finished_pod(node: ShimNode) -> None:
     shim = node.start()
     first = node.reserve([("main", "1g.5gb", [["gpu-0-1g-5gb-0"]])])
