@@ -327,6 +327,9 @@ class RealStack:
         }
         self._ca_bundle = b""
         self._cert_dir = self.root / "controller" / "webhook-certs"
+        self._credentials: dict[str, Path] = {}
+        self._plugin_mode_args: list[str] = []
+        self._controller_mode_args: list[str] = []
 
     # --- parts ----------------------------------------------------------------------------------
 
@@ -395,6 +398,7 @@ class RealStack:
         self.kubectl_apply(load_file(DEPLOY_BASE / "deviceclasses.yaml"))
         controller_kubeconfig = self._service_account_kubeconfig("instaslice-controller")
         plugin_kubeconfig = self._service_account_kubeconfig("instaslice-kubelet-plugin")
+        self._credentials = {"controller": controller_kubeconfig, "plugin": plugin_kubeconfig}
         for node in self.node_names:
             self.start_node(node)
         self._make_certificates()
@@ -506,6 +510,7 @@ class RealStack:
             "--inventory-poll-seconds", str(self.config.inventory_poll_s),
             "--log-level", self.config.log_level,
             *self.config.plugin_args,
+            *self._plugin_mode_args,
         ]  # fmt: skip
         return ManagedProcess(
             name=f"kubelet-plugin/{node}",
@@ -527,6 +532,7 @@ class RealStack:
             "--healthz-address", "",
             "--log-level", self.config.log_level,
             *self.config.controller_args,
+            *self._controller_mode_args,
         ]  # fmt: skip
         if self.config.leader_elect:
             args += [
@@ -561,6 +567,54 @@ class RealStack:
         else:
             self.controller.stop()
         self.controller.start()
+
+    # --- allocation modes: the steps of docs/deploy.md "Switching modes" -------------------------
+
+    def set_extended_resource_names(self, *, on: bool) -> None:
+        """Our DeviceClasses with ``extendedResourceName`` (the component of scheduler mode) or as
+        ``deploy/base`` has them (``kubectl apply``: the field is removed again)."""
+        classes = load_file(DEPLOY_BASE / "deviceclasses.yaml")
+        if on:
+            component = DEPLOY_BASE.parent / "components" / "extended-resource-names"
+            patches = {
+                str(p["metadata"]["name"]): p["spec"]
+                for p in load_file(component / "deviceclass-patches.yaml")
+            }
+            for device_class in classes:
+                device_class["spec"].update(patches.get(str(device_class["metadata"]["name"]), {}))
+        self.kubectl_apply(classes)
+
+    def set_classic_shim(self, *, on: bool) -> None:
+        """Every kubelet plugin restarted (stopped gracefully) with ``--classic-shim on|off``."""
+        self._plugin_mode_args = ["--classic-shim", "on" if on else "off"]
+        for node in self.node_names:
+            self.plugins[node].stop()
+            self.plugins[node] = self._plugin_process(node, self._credentials["plugin"])
+            self.plugins[node].start()
+
+    def set_allocation_mode(self, mode: str, *, handoff_after: float | None = None) -> None:
+        """Every controller replica restarted with ``--allocation-mode <mode>`` (and
+        ``--handoff-after`` when given; the default otherwise)."""
+        self._controller_mode_args = ["--allocation-mode", mode]
+        if handoff_after is not None:
+            self._controller_mode_args += ["--handoff-after", str(handoff_after)]
+        for process in self.controllers:
+            process.stop()
+        self.controllers = [
+            self._controller_process(index, self._credentials["controller"])
+            for index in range(self.config.controllers)
+        ]
+        for process in self.controllers:
+            process.start()
+
+    def set_webhook(self, *, on: bool) -> None:
+        """The MutatingWebhookConfiguration registered, or deleted (scheduler mode has none)."""
+        if on:
+            self._register_webhook()
+            return
+        name = str(self.webhook_configuration()["metadata"]["name"])
+        with contextlib.suppress(ConfigError):
+            self._kubectl(["delete", "mutatingwebhookconfiguration", name, "--ignore-not-found"])
 
     # --- credentials and the webhook ------------------------------------------------------------
 
