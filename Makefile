@@ -96,7 +96,7 @@ else
 	- $(CONTAINER_TOOL) buildx rm instaslice-builder
 endif
 
-manifests: ## print what `make deploy` applies (OVERLAY=gpu|emulated, IMG, IMG_PLUGIN, EMULATED_GPUS, COMPONENTS)
+manifests: ## print what `make deploy` applies (OVERLAY=gpu|emulated|scheduler-native|scheduler-native-emulated, IMG, IMG_PLUGIN, EMULATED_GPUS, COMPONENTS)
 	@$(RENDER) $(OVERLAY)
 
 deploy: ## deploy InstaSlice with kustomize overlay OVERLAY (default gpu) and the images IMG / IMG_PLUGIN

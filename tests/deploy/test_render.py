@@ -24,7 +24,7 @@ RENDER_SCRIPT_CASES = {
     "emulated+extended-resource-names": ("emulated", {"COMPONENTS": "extended-resource-names"}),
     "gpu+scheduler-mode+extended-resource-names": (
         "gpu",
-        {"COMPONENTS": "extended-resource-names scheduler-mode"},
+        {"COMPONENTS": "extended-resource-names classic-shim-off scheduler-mode"},
     ),
     "scheduler-native-emulated+4xH100": (
         "scheduler-native-emulated",

@@ -74,8 +74,8 @@ def to_scheduler_mode(stack: RealStack) -> None:
         message="the plugins did not clear nvidia.com/mig-* from their Nodes",
         explain=lambda: str(_stale_classic(stack)),
     )
-    stack.set_allocation_mode("scheduler")
     stack.set_webhook(on=False)
+    stack.set_allocation_mode("scheduler")
 
 
 def to_controller_mode(stack: RealStack, *, handoff_after: float | None = None) -> None:
