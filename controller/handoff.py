@@ -66,12 +66,14 @@ def _false_since(pod: JsonObject, condition_type: str) -> datetime | None:
 
 
 def unbound_since(pod: JsonObject) -> datetime | None:
-    """When kube-scheduler last found an ungated, unbound, live pod unschedulable; else None."""
+    """When kube-scheduler last found an ungated, unbound, live pod with ResourceClaims
+    unschedulable; else None (only such pods can hold an allocation of ours to withdraw)."""
     spec = pod.get("spec") or {}
     meta = pod.get("metadata") or {}
     phase = (pod.get("status") or {}).get("phase")
     if (
-        SCHEDULING_GATE in gate_names(pod)
+        not spec.get("resourceClaims")
+        or SCHEDULING_GATE in gate_names(pod)
         or spec.get("nodeName")
         or meta.get("deletionTimestamp")
         or phase in ("Succeeded", "Failed")

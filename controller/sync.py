@@ -207,8 +207,16 @@ class PodSync:
         if waited < limit:
             self._reporter.problem(pod, problem)
             return Result(Outcome.WAIT_CAPACITY, limit - waited)
-        self._check_leader()
-        ops.remove_scheduling_gate(self._api, pod=pod)
+        try:
+            self._check_leader()
+            ops.remove_scheduling_gate(self._api, pod=pod)
+        except NotLeaderError:
+            return Result(Outcome.WAIT)
+        except ApiNotFoundError:
+            return Result(Outcome.DONE)
+        except ClusterError as exc:
+            logger.info("pod %s/%s: hand-off failed: %s", namespace_of(pod), name_of(pod), exc)
+            return Result(Outcome.RETRY)
         self._remember_ungated(pod)
         self._metrics.handed_off("no-capacity")
         self._reporter.handed_off(

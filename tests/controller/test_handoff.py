@@ -17,7 +17,7 @@ from api.names import (
     SCHEDULING_GATE,
     classic_resource_name,
 )
-from controller import classic
+from controller import classic, handoff
 from controller.app import Controller
 from controller.results import node_selector
 from controller.sync import SyncConfig
@@ -88,6 +88,7 @@ def test_a_dra_pod_without_capacity_is_handed_to_kube_scheduler_after_the_timeou
     wait_for(lambda: condition_reason(api, "second") == "NoCapacity", what="NoCapacity first")
     assert not ungated(api, "second")
     wait_for(lambda: ungated(api, "second"), what="the second pod handed over")
+    wait_for(lambda: condition_reason(api, "second") == "HandedOff", what="the condition")
 
     condition = placement_condition(get_pod(api, "second"))
     assert condition is not None
@@ -229,3 +230,38 @@ def test_scheduler_mode_hands_every_gated_pod_over_and_drops_shadow_claims(
     # No nodeSelector was added: kube-scheduler chooses the node.
     assert "nodeSelector" not in get_pod(api, "classic")["spec"]
     assert SCHEDULING_GATE not in gate_names(get_pod(api, "classic"))
+
+
+_SINCE = "2026-05-09T07:35:25Z"
+_UNSCHEDULABLE = {"type": "PodScheduled", "status": "False", "lastTransitionTime": _SINCE}
+
+
+def _unbound_pod(**changes: object) -> JsonObject:
+    pod: JsonObject = {
+        "metadata": {"name": "p"},
+        "spec": {"resourceClaims": [{"name": "c", "resourceClaimName": "x"}], "containers": []},
+        "status": {"phase": "Pending", "conditions": [_UNSCHEDULABLE]},
+    }
+    for path, value in changes.items():
+        section, _, field = path.partition("__")
+        pod[section][field] = value
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("pod", "expected"),
+    [
+        (_unbound_pod(), datetime(2026, 5, 9, 7, 35, 25, tzinfo=UTC)),
+        (_unbound_pod(spec__schedulingGates=[{"name": SCHEDULING_GATE}]), None),
+        (_unbound_pod(spec__nodeName="node-a"), None),
+        (_unbound_pod(spec__resourceClaims=[]), None),
+        (_unbound_pod(status__phase="Failed"), None),
+        (_unbound_pod(metadata__deletionTimestamp=_SINCE), None),
+        (_unbound_pod(status__conditions=[{**_UNSCHEDULABLE, "status": "True"}]), None),
+    ],
+    ids=["unschedulable", "gated", "bound", "no-claims", "finished", "deleting", "scheduled"],
+)
+def test_unbound_since_is_set_only_for_live_ungated_unbound_claim_pods(
+    pod: JsonObject, expected: datetime | None
+) -> None:
+    assert handoff.unbound_since(pod) == expected
