@@ -22,7 +22,6 @@ overlapping allocations (must be 0). Results go to ``bench/results/modes.json``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -76,24 +75,22 @@ def _kubectl(*args: str, stdin: str | None = None) -> str:
     return done.stdout
 
 
-def _setup(api: KubeClusterApi, nodes: int) -> list[subprocess.Popen[bytes]]:
-    """Nodes kept Ready (one fake-node.sh each), our DeviceClasses and the nodes' ResourceSlices."""
+def _setup(api: KubeClusterApi, nodes: int) -> None:
+    """Nodes kept Ready (``fake-node.sh``: a detached heartbeat loop each, stopped by ``stop.sh``),
+    our DeviceClasses and the nodes' ResourceSlices."""
     k8s = _k8s()
-    keepers = []
     env = {
         **os.environ,
         "KUBECONFIG": str(k8s / "kubeconfig"),
         "PATH": f"{k8s / 'bin'}:{os.environ['PATH']}",
     }
     for i in range(nodes):
-        keepers.append(
-            subprocess.Popen(
-                [str(k8s / "fake-node.sh"), f"bench-node-{i:02d}"],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        subprocess.run(
+            [str(k8s / "fake-node.sh"), f"bench-node-{i:02d}", "128", "1Ti", "110"],
+            env=env,
+            capture_output=True,
+            timeout=60,
+            check=True,
         )
     _kubectl("apply", "-f", str(ROOT / "deploy" / "base" / "deviceclasses.yaml"))
     deadline = time.monotonic() + 120
@@ -120,7 +117,6 @@ def _setup(api: KubeClusterApi, nodes: int) -> list[subprocess.Popen[bytes]]:
         ]
         for slice_obj in build_pool(node=name, gpus=gpus, generation=1, owner=owner):
             api.create(RESOURCE_SLICES, slice_obj)
-    return keepers
 
 
 def _is_ready(node: JsonObject) -> bool:
@@ -224,10 +220,9 @@ def run_one(mode: str, *, nodes: int, pods: int) -> dict[str, Any]:
         configuration=load_configuration(kubeconfig=str(k8s / "kubeconfig")),
         settings=ClientSettings(qps=0, connection_pool_maxsize=32, user_agent="bench-modes"),
     )
-    keepers: list[subprocess.Popen[bytes]] = []
     controller = None
     try:
-        keepers = _setup(api, nodes)
+        _setup(api, nodes)
         if mode == "controller":
             controller = _start_controller()
             time.sleep(5)  # caches synced and leading (no election)
@@ -237,10 +232,6 @@ def run_one(mode: str, *, nodes: int, pods: int) -> dict[str, Any]:
         if controller is not None:
             controller.terminate()
             controller.wait(timeout=30)
-        for keeper in keepers:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(keeper.pid, 15)
-            keeper.wait(timeout=30)
         api.close()
         _run([str(k8s / "stop.sh")], timeout=120)
     return {"mode": mode, **figures, "allocated": allocated, "overlaps": overlaps}
