@@ -171,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
         parser,
         "--classic-shim",
         help_text="serve classic nvidia.com/mig-<profile> requests through the device-plugin API "
-        "(off when the cluster uses DeviceClass extendedResourceName instead)",
+        "(off in scheduler mode, where DeviceClasses carry extendedResourceName: then the plugin "
+        "keeps <prefix>* out of its Node's status and only releases slices it served before)",
         choices=CLASSIC_SHIM_MODES,
         default="on",
     )
