@@ -12,8 +12,10 @@ handed over (``PodSync``):
   allocates when capacity appears, and until then reports the pod ``Unschedulable`` — the signal
   autoscalers add nodes for;
 - **not bound**: we placed it and lifted the gate, but kube-scheduler could not bind it (for
-  ``handoff_after`` seconds its ``PodScheduled`` stayed ``False``: a taint, an affinity, ordinary
-  resources we do not model). Our allocations nobody has reserved yet are withdrawn (a
+  ``handoff_after`` seconds its ``PodScheduled`` stayed ``False/Unschedulable``: a taint, an
+  affinity, a host port, resources we do not model). The condition's ``lastTransitionTime`` may
+  date from the pod's creation (``False`` since it was gated), so the time is counted from when this
+  controller first saw the pod unschedulable (a restarted controller counts again). Our allocations nobody has reserved yet are withdrawn (a
   resourceVersion-checked clear: if kube-scheduler reserves the claim meanwhile, the clear loses
   and the pod keeps it), so kube-scheduler may allocate elsewhere instead of the pod staying pinned
   with a slice reserved.
@@ -50,6 +52,9 @@ from driver.cluster.port import (
 logger = logging.getLogger(__name__)
 
 POD_SCHEDULED = "PodScheduled"
+UNSCHEDULABLE = "Unschedulable"
+"""kube-scheduler's reason; a pod that was gated keeps ``SchedulingGated`` (and the condition's
+``lastTransitionTime`` of its creation: the status stays ``False``) until kube-scheduler looked."""
 
 
 def unplaced_since(pod: JsonObject) -> datetime | None:
@@ -79,7 +84,15 @@ def unbound_since(pod: JsonObject) -> datetime | None:
         or phase in ("Succeeded", "Failed")
     ):
         return None
-    return _false_since(pod, POD_SCHEDULED)
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if (
+            condition.get("type") == POD_SCHEDULED
+            and condition.get("status") == "False"
+            and condition.get("reason") == UNSCHEDULABLE
+        ):
+            since = condition.get("lastTransitionTime")
+            return parse_time(str(since)) if since else None
+    return None
 
 
 def unreserved(claim: JsonObject) -> bool:

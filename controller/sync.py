@@ -102,6 +102,8 @@ class PodSync:
         self._ungated_lock = threading.Lock()
         self._ungated: OrderedDict[str, None] = OrderedDict()
         """UIDs of pods we ungated recently: the cache may still show their gate for a moment."""
+        self._unbound_seen: OrderedDict[str, float] = OrderedDict()
+        """Pod UID → when we first saw it ungated, unbound and unschedulable (monotonic)."""
         self._profiles: tuple[tuple[int, int], dict[str, str]] = ((0, -1), {})
 
     # -- lookups -------------------------------------------------------------------------------
@@ -264,7 +266,12 @@ class PodSync:
             return Result(Outcome.DONE)
         if classic.classic_requests(pod, profiles=self._classic_profiles()):
             return Result(Outcome.DONE)  # pinned by our nodeSelector for good (``handoff``)
-        waited = self._waited(since)
+        now = time.monotonic()
+        with self._ungated_lock:
+            first_seen = self._unbound_seen.setdefault(uid_of(pod), now)
+            while len(self._unbound_seen) > _REMEMBERED_UNGATES:
+                self._unbound_seen.popitem(last=False)
+        waited = min(self._waited(since), now - first_seen)
         if waited < limit:
             return Result(Outcome.RETRY_AFTER, limit - waited)
         try:

@@ -233,7 +233,12 @@ def test_scheduler_mode_hands_every_gated_pod_over_and_drops_shadow_claims(
 
 
 _SINCE = "2026-05-09T07:35:25Z"
-_UNSCHEDULABLE = {"type": "PodScheduled", "status": "False", "lastTransitionTime": _SINCE}
+_UNSCHEDULABLE = {
+    "type": "PodScheduled",
+    "status": "False",
+    "reason": "Unschedulable",
+    "lastTransitionTime": _SINCE,
+}
 
 
 def _unbound_pod(**changes: object) -> JsonObject:
@@ -258,8 +263,18 @@ def _unbound_pod(**changes: object) -> JsonObject:
         (_unbound_pod(status__phase="Failed"), None),
         (_unbound_pod(metadata__deletionTimestamp=_SINCE), None),
         (_unbound_pod(status__conditions=[{**_UNSCHEDULABLE, "status": "True"}]), None),
+        (_unbound_pod(status__conditions=[{**_UNSCHEDULABLE, "reason": "SchedulingGated"}]), None),
     ],
-    ids=["unschedulable", "gated", "bound", "no-claims", "finished", "deleting", "scheduled"],
+    ids=[
+        "unschedulable",
+        "gated",
+        "bound",
+        "no-claims",
+        "finished",
+        "deleting",
+        "scheduled",
+        "not-looked-at-yet",
+    ],
 )
 def test_unbound_since_is_set_only_for_live_ungated_unbound_claim_pods(
     pod: JsonObject, expected: datetime | None
