@@ -102,7 +102,7 @@ def test_the_real_resource_quota_refuses_dra_and_classic_requests_over_it(
         message = _refused(classic, over)
         assert "exceeded quota" in message
         assert "requests.nvidia.com/mig-1g.5gb" in message
-        # DRA: the generic class allows 2 devices; a claim asking 3 is refused at creation
+        # DRA: the generic class allows 1 device; a claim asking 3 is refused at creation
         claim = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
