@@ -18,7 +18,7 @@ from driver.errors import DriverError
 from driver.gpu.backend import GpuBackend
 from kubeletplugin.deviceplugin import Shim, ShimConfig
 from kubeletplugin.logs import FIELDS as LOG_FIELDS
-from kubeletplugin.nodecapacity import StaleCapacityCleaner
+from kubeletplugin.nodecapacity import KUBELET_CHECKPOINT, StaleCapacityCleaner
 from kubeletplugin.plugin import KubeletPlugin, PluginConfig
 from kubeletplugin.recovery import read_boot_id
 from kubeletplugin.settings import Settings, parse_settings
@@ -107,7 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         events=events,
     )
     # Shim off: the kubelet's stale nvidia.com/mig-* entries would make kube-scheduler bind classic
-    # pods without a slice (DESIGN fact 13); keep them out of this Node's status.
+    # pods without a slice (DESIGN fact 13); keep them out of this Node's status once the kubelet
+    # has forgotten the device plugin (until then they make kube-scheduler wait, not fail, pods).
     cleaner = (
         None
         if settings.classic_shim
@@ -115,6 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             api=api,
             node_name=settings.node_name,
             resource_prefix=settings.classic_resource_prefix,
+            kubelet_checkpoint=settings.device_plugin_dir / KUBELET_CHECKPOINT,
         )
     )
     try:

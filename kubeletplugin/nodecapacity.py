@@ -8,16 +8,28 @@ classic ``nvidia.com/mig-*`` request from such a stale entry instead of through 
 with no claim and runs with no slice, or the kubelet fails it (``no devices found allocated in local
 cache``). kube-scheduler uses the DRA path only on nodes whose status does not list the resource.
 
-So, with the shim off, the plugin removes every resource with its classic prefix from its own
-Node's status (a merge patch of ``nodes/status`` with ``null`` values: absent keys are no error), once
-before it serves, and again whenever the Node changes and lists one again (a watch on its Node).
+But removing the entry is not enough while the kubelet still *remembers* the device plugin (for 5
+minutes after the plugin went, counted again from each kubelet restart): its device manager then
+fails a pod asking for the resource at container start (``no devices found allocated in local
+cache``), even one kube-scheduler bound through a DRA claim — seen on real kubelets. The kubelet's
+device-manager checkpoint (``<device-plugins>/kubelet_internal_checkpoint``, ``RegisteredDevices``)
+lists exactly the resources it remembers; it rewrites it and its Node's status when it forgets one.
+
+So, with the shim off, the plugin removes from its own Node's status every resource with its classic
+prefix that the kubelet no longer remembers (a merge patch of ``nodes/status`` with ``null`` values:
+absent keys are no error): once before it serves, whenever the Node changes, and every
+``recheck_seconds`` while entries wait. An entry the kubelet remembers stays: its allocatable is 0
+(no plugin serves it), so kube-scheduler finds no room for a classic pod on that node and the pod
+waits, instead of being bound and failed. An unreadable checkpoint removes nothing.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import threading
+from pathlib import Path
 from typing import Final
 
 from driver.cluster.informer import Backoff, Informer, ListWatch
@@ -27,6 +39,29 @@ from driver.errors import ApiNotFoundError, ClusterError
 logger = logging.getLogger(__name__)
 
 STATUS_LISTS: Final = ("capacity", "allocatable")
+KUBELET_CHECKPOINT: Final = "kubelet_internal_checkpoint"
+"""The kubelet device manager's checkpoint, in its device-plugin directory."""
+DEFAULT_RECHECK_SECONDS: Final = 30.0
+
+
+def remembered_resources(checkpoint: Path) -> frozenset[str] | None:
+    """Resources the kubelet's device manager remembers (keys of ``Data.RegisteredDevices`` in its
+    checkpoint); empty when there is no checkpoint, None when it cannot be read or parsed."""
+    try:
+        text = checkpoint.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return frozenset()
+    except OSError:
+        return None
+    try:
+        registered = json.loads(text)["Data"]["RegisteredDevices"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if registered is None:
+        return frozenset()
+    if not isinstance(registered, dict):
+        return None
+    return frozenset(str(name) for name in registered)
 
 
 def stale_resources(node: JsonObject, *, prefix: str) -> list[str]:
@@ -55,11 +90,19 @@ class StaleCapacityCleaner:
         api: ClusterApi,
         node_name: str,
         resource_prefix: str,
+        kubelet_checkpoint: Path | None = None,
+        recheck_seconds: float = DEFAULT_RECHECK_SECONDS,
         backoff: Backoff | None = None,
     ) -> None:
+        """``kubelet_checkpoint``: the kubelet's device-manager checkpoint (None: the kubelet is
+        taken to remember nothing — tests, or a kubelet that never ran a device plugin)."""
         self._api = api
         self.node_name = node_name
         self.prefix = resource_prefix
+        self._checkpoint = kubelet_checkpoint
+        self._recheck = recheck_seconds
+        self.waiting: list[str] = []
+        """Stale entries left because the kubelet still remembers them (as of the last pass)."""
         self._backoff = backoff or Backoff(initial=0.5, maximum=30.0)
         self._rng = random.Random()  # noqa: S311 - jitter, not security
         self._informer = Informer(
@@ -80,7 +123,30 @@ class StaleCapacityCleaner:
                 node = self._api.get(NODES, name=self.node_name)
             except ApiNotFoundError:
                 return []
-        names = stale_resources(node, prefix=self.prefix)
+        stale = stale_resources(node, prefix=self.prefix)
+        remembered = (
+            frozenset() if self._checkpoint is None else remembered_resources(self._checkpoint)
+        )
+        if remembered is None:
+            logger.warning(
+                "cannot read the kubelet's device-manager checkpoint %s: leaving %s in node %s "
+                "status for now",
+                self._checkpoint,
+                stale,
+                self.node_name,
+            )
+            self.waiting = stale
+            return []
+        names = [name for name in stale if name not in remembered]
+        waiting = [name for name in stale if name in remembered]
+        if waiting and waiting != self.waiting:
+            logger.info(
+                "node %s: the kubelet still remembers the device plugin of %s (it forgets it 5 "
+                "minutes after the shim stopped); those stay in the Node's status until then",
+                self.node_name,
+                waiting,
+            )
+        self.waiting = waiting
         if not names:
             return []
         try:
@@ -126,7 +192,9 @@ class StaleCapacityCleaner:
     def _run(self) -> None:
         failures = 0
         while not self._stop.is_set():
-            self._wake.wait()
+            # While entries wait for the kubelet to forget them, look again now and then: it
+            # rewrites its checkpoint, and normally its Node's status too (which wakes us), then.
+            self._wake.wait(timeout=self._recheck if self.waiting else None)
             self._wake.clear()
             if self._stop.is_set():
                 return

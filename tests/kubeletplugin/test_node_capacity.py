@@ -3,14 +3,22 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from driver.cluster.kube import KubeClusterApi, connect
 from driver.cluster.port import NODES, JsonObject
-from kubeletplugin.nodecapacity import StaleCapacityCleaner, removal_patch, stale_resources
+from kubeletplugin.nodecapacity import (
+    KUBELET_CHECKPOINT,
+    StaleCapacityCleaner,
+    remembered_resources,
+    removal_patch,
+    stale_resources,
+)
 from localcluster.apiserver import LocalApiServer
 
 NODE = "node-cap"
@@ -132,3 +140,81 @@ def test_cleaner_honours_a_custom_prefix_and_leaves_nvidia_names_alone(
     cleaner = StaleCapacityCleaner(api=api, node_name=NODE, resource_prefix="example.com/slice-")
     assert cleaner.clean_once() == ["example.com/slice-1g.5gb"]
     assert _status(api)[0] == {**BASE, "nvidia.com/mig-1g.5gb": "1"}
+
+
+def _kubelet_checkpoint(path: Path, resources: list[str]) -> None:
+    """The kubelet device manager's checkpoint as it writes it (AllocResp bytes are base64)."""
+    data = {
+        "Data": {"PodDeviceEntries": [], "RegisteredDevices": {r: [] for r in resources}},
+        "Checksum": 1234,
+    }
+    path.write_text(json.dumps(data), encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, frozenset()),
+        (
+            '{"Data": {"PodDeviceEntries": [], "RegisteredDevices": null}, "Checksum": 1}',
+            frozenset(),
+        ),
+        (
+            '{"Data": {"RegisteredDevices": {"nvidia.com/mig-1g.5gb": []}}, "Checksum": 1}',
+            frozenset({"nvidia.com/mig-1g.5gb"}),
+        ),
+        ("not json", None),
+        ('{"Data": {"RegisteredDevices": ["x"]}}', None),
+        ('{"Checksum": 1}', None),
+    ],
+    ids=["no-checkpoint", "none-registered", "one-remembered", "garbage", "wrong-type", "no-data"],
+)
+def test_remembered_resources_reads_the_kubelet_checkpoint(
+    tmp_path: Path, content: str | None, expected: frozenset[str] | None
+) -> None:
+    path = tmp_path / KUBELET_CHECKPOINT
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    assert remembered_resources(path) == expected
+
+
+def test_entries_the_kubelet_still_remembers_stay_until_it_forgets_them(
+    api: KubeClusterApi, tmp_path: Path
+) -> None:
+    """While the kubelet remembers the device plugin it fails pods asking for the resource outside
+    it: the entry (allocatable 0) stays, so kube-scheduler makes such pods wait instead."""
+    checkpoint = tmp_path / KUBELET_CHECKPOINT
+    _kubelet_checkpoint(checkpoint, ["nvidia.com/mig-1g.5gb", "example.com/fpga"])
+    _create_node(api)
+    _write_status(api, {"nvidia.com/mig-1g.5gb": "0", "nvidia.com/mig-3g.20gb": "0"})
+    cleaner = StaleCapacityCleaner(
+        api=api,
+        node_name=NODE,
+        resource_prefix=PREFIX,
+        kubelet_checkpoint=checkpoint,
+        recheck_seconds=0.1,
+    )
+    cleaner.start()
+    try:
+        assert _status(api)[0] == {**BASE, "nvidia.com/mig-1g.5gb": "0"}
+        assert cleaner.waiting == ["nvidia.com/mig-1g.5gb"]
+        # The kubelet forgets it (grace period over) and rewrites its checkpoint; no Node event.
+        _kubelet_checkpoint(checkpoint, ["example.com/fpga"])
+        _wait(lambda: _status(api) == (BASE, BASE), "the forgotten resource stayed")
+        _wait(lambda: cleaner.waiting == [], "still waiting")
+    finally:
+        cleaner.stop()
+
+
+def test_an_unreadable_kubelet_checkpoint_removes_nothing(
+    api: KubeClusterApi, tmp_path: Path
+) -> None:
+    checkpoint = tmp_path / KUBELET_CHECKPOINT
+    checkpoint.write_text("{truncated", encoding="utf-8")
+    _create_node(api)
+    _write_status(api, {"nvidia.com/mig-1g.5gb": "0"})
+    cleaner = StaleCapacityCleaner(
+        api=api, node_name=NODE, resource_prefix=PREFIX, kubelet_checkpoint=checkpoint
+    )
+    assert cleaner.clean_once() == []
+    assert "nvidia.com/mig-1g.5gb" in _status(api)[0]

@@ -42,6 +42,9 @@ from tests.e2e.helpers import (
 )
 
 HANDOFF_S = 3
+KUBELET_FORGETS_S = 400.0
+"""The kubelet forgets a device plugin 5 minutes after it went (``endpointStopGracePeriod``), and
+updates its Node's status on its next sync (10 s); some margin on a loaded machine."""
 KUBELET_STATUS_PERIOD_S = 12.0
 """A little over the kubelet's node status update period (10 s): time for it to write back what
 it remembers, so that a test can see the plugin keep the stale entries out."""
@@ -68,9 +71,12 @@ def to_scheduler_mode(stack: RealStack) -> None:
     """docs/deploy.md, controller → scheduler, step by step."""
     stack.set_extended_resource_names(on=True)
     stack.set_classic_shim(on=False)
+    # The plugins clear nvidia.com/mig-* once the kubelet has forgotten the device plugin: 5
+    # minutes after it went (before, a classic pod bound through DRA would be failed by it).
     wait_for(
         stack,
         lambda: not _stale_classic(stack) or None,
+        timeout=KUBELET_FORGETS_S / stack.timeout_scale,
         message="the plugins did not clear nvidia.com/mig-* from their Nodes",
         explain=lambda: str(_stale_classic(stack)),
     )
