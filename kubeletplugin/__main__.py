@@ -17,6 +17,7 @@ from driver.daemon.signals import stop_on_signals
 from driver.errors import DriverError
 from driver.gpu.backend import GpuBackend
 from kubeletplugin.deviceplugin import Shim, ShimConfig
+from kubeletplugin.deviceplugin.podresources import PodResourcesClient
 from kubeletplugin.logs import FIELDS as LOG_FIELDS
 from kubeletplugin.nodecapacity import KUBELET_CHECKPOINT, StaleCapacityCleaner
 from kubeletplugin.plugin import KubeletPlugin, PluginConfig
@@ -117,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             node_name=settings.node_name,
             resource_prefix=settings.classic_resource_prefix,
             kubelet_checkpoint=settings.device_plugin_dir / KUBELET_CHECKPOINT,
+            pod_resources=PodResourcesClient(settings.pod_resources_socket),
         )
     )
     try:

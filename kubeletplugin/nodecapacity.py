@@ -15,12 +15,18 @@ cache``), even one kube-scheduler bound through a DRA claim — seen on real kub
 device-manager checkpoint (``<device-plugins>/kubelet_internal_checkpoint``, ``RegisteredDevices``)
 lists exactly the resources it remembers; it rewrites it and its Node's status when it forgets one.
 
+And it keeps treating the resource as a device-plugin one as long as a live pod holds devices of it
+that the shim gave (a classic pod started before a switch to scheduler mode): a pod bound through
+DRA then fails ``endpoint not found in cache for a registered resource`` (also seen on real
+kubelets). The kubelet's pod-resources API lists those holdings.
+
 So, with the shim off, the plugin removes from its own Node's status every resource with its classic
-prefix that the kubelet no longer remembers (a merge patch of ``nodes/status`` with ``null`` values:
+prefix that the kubelet no longer remembers and no live pod holds through the device manager (a merge patch of ``nodes/status`` with ``null`` values:
 absent keys are no error): once before it serves, whenever the Node changes, and every
 ``recheck_seconds`` while entries wait. An entry the kubelet remembers stays: its allocatable is 0
 (no plugin serves it), so kube-scheduler finds no room for a classic pod on that node and the pod
-waits, instead of being bound and failed. An unreadable checkpoint removes nothing.
+waits, instead of being bound and failed. An unreadable checkpoint, or a kubelet that cannot be
+asked, removes nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from typing import Final
 from driver.cluster.informer import Backoff, Informer, ListWatch
 from driver.cluster.port import NODES, ClusterApi, JsonObject, PatchType
 from driver.errors import ApiNotFoundError, ClusterError
+from kubeletplugin.deviceplugin.podresources import PodResourcesError, PodResourcesSource
 
 logger = logging.getLogger(__name__)
 
@@ -91,15 +98,17 @@ class StaleCapacityCleaner:
         node_name: str,
         resource_prefix: str,
         kubelet_checkpoint: Path | None = None,
+        pod_resources: PodResourcesSource | None = None,
         recheck_seconds: float = DEFAULT_RECHECK_SECONDS,
         backoff: Backoff | None = None,
     ) -> None:
-        """``kubelet_checkpoint``: the kubelet's device-manager checkpoint (None: the kubelet is
-        taken to remember nothing — tests, or a kubelet that never ran a device plugin)."""
+        """``kubelet_checkpoint``: the kubelet's device-manager checkpoint; ``pod_resources``: its
+        pod-resources API (None for either: taken to remember / hold nothing — tests)."""
         self._api = api
         self.node_name = node_name
         self.prefix = resource_prefix
         self._checkpoint = kubelet_checkpoint
+        self._pod_resources = pod_resources
         self._recheck = recheck_seconds
         self.waiting: list[str] = []
         """Stale entries left because the kubelet still remembers them (as of the last pass)."""
@@ -124,14 +133,14 @@ class StaleCapacityCleaner:
             except ApiNotFoundError:
                 return []
         stale = stale_resources(node, prefix=self.prefix)
-        remembered = (
-            frozenset() if self._checkpoint is None else remembered_resources(self._checkpoint)
-        )
+        if not stale:
+            self.waiting = []
+            return []
+        remembered = self._kubelet_device_resources()
         if remembered is None:
             logger.warning(
-                "cannot read the kubelet's device-manager checkpoint %s: leaving %s in node %s "
-                "status for now",
-                self._checkpoint,
+                "cannot tell which device-plugin resources the kubelet still knows: leaving %s "
+                "in node %s status for now",
                 stale,
                 self.node_name,
             )
@@ -141,8 +150,9 @@ class StaleCapacityCleaner:
         waiting = [name for name in stale if name in remembered]
         if waiting and waiting != self.waiting:
             logger.info(
-                "node %s: the kubelet still remembers the device plugin of %s (it forgets it 5 "
-                "minutes after the shim stopped); those stay in the Node's status until then",
+                "node %s: the kubelet still treats %s as device-plugin resources (it forgets "
+                "a plugin 5 minutes after it stopped, and a resource once no live pod holds "
+                "devices of it); those stay in the Node's status until then",
                 self.node_name,
                 waiting,
             )
@@ -167,6 +177,23 @@ class StaleCapacityCleaner:
         self.removed.extend(names)
         return names
 
+    def _kubelet_device_resources(self) -> frozenset[str] | None:
+        """Resources the kubelet's device manager still knows: registered (checkpoint) or held by
+        a live pod (pod-resources). None when either cannot be read."""
+        registered = (
+            frozenset() if self._checkpoint is None else remembered_resources(self._checkpoint)
+        )
+        if registered is None:
+            return None
+        if self._pod_resources is None:
+            return registered
+        try:
+            holdings = self._pod_resources.list_holdings(None)
+        except PodResourcesError as exc:
+            logger.info("cannot ask the kubelet which devices pods hold: %s", exc)
+            return None
+        return registered | {resource for resource, _ in holdings.holders}
+
     def start(self) -> None:
         """Clean once now (best effort), then keep cleaning on every change of the Node."""
         try:
@@ -188,6 +215,8 @@ class StaleCapacityCleaner:
         self._informer.stop()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
+        if self._pod_resources is not None:
+            self._pod_resources.close()
 
     def _run(self) -> None:
         failures = 0

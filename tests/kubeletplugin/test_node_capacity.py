@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from driver.cluster.kube import KubeClusterApi, connect
 from driver.cluster.port import NODES, JsonObject
+from kubeletplugin.deviceplugin.podresources import ContainerKey, Holdings, PodResourcesError
 from kubeletplugin.nodecapacity import (
     KUBELET_CHECKPOINT,
     StaleCapacityCleaner,
@@ -218,3 +219,51 @@ def test_an_unreadable_kubelet_checkpoint_removes_nothing(
     )
     assert cleaner.clean_once() == []
     assert "nvidia.com/mig-1g.5gb" in _status(api)[0]
+
+
+class _PodResources:
+    """The kubelet's pod-resources answer: which device-plugin devices live pods hold."""
+
+    def __init__(self) -> None:
+        self.held: dict[tuple[str, str], ContainerKey] = {}
+        self.down = False
+        self.closed = False
+
+    def list_holdings(self, resources: Sequence[str] | None) -> Holdings:
+        if self.down:
+            raise PodResourcesError("kubelet restarting")
+        return Holdings(containers=tuple(self.held.values()), holders=dict(self.held))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_resource_a_live_pod_still_holds_through_the_device_manager_stays(
+    api: KubeClusterApi, tmp_path: Path
+) -> None:
+    """A classic pod the shim served before the switch still runs: the kubelet keeps treating its
+    resource as a device-plugin one (a DRA-bound pod would fail), so the entry stays until it ends."""
+    pod_resources = _PodResources()
+    pod_resources.held[("nvidia.com/mig-1g.5gb", "1g-5gb-0")] = ContainerKey("ns", "old", "app")
+    _create_node(api)
+    _write_status(api, {"nvidia.com/mig-1g.5gb": "0", "nvidia.com/mig-2g.10gb": "0"})
+    cleaner = StaleCapacityCleaner(
+        api=api,
+        node_name=NODE,
+        resource_prefix=PREFIX,
+        kubelet_checkpoint=tmp_path / KUBELET_CHECKPOINT,  # none: nothing registered
+        pod_resources=pod_resources,
+        recheck_seconds=0.1,
+    )
+    cleaner.start()
+    try:
+        assert _status(api)[0] == {**BASE, "nvidia.com/mig-1g.5gb": "0"}
+        pod_resources.down = True  # cannot be asked: nothing more is removed, nothing breaks
+        pod_resources.held.clear()
+        time.sleep(0.3)
+        assert _status(api)[0] == {**BASE, "nvidia.com/mig-1g.5gb": "0"}
+        pod_resources.down = False  # the old pod has ended
+        _wait(lambda: _status(api) == (BASE, BASE), "the entry stayed after the pod ended")
+    finally:
+        cleaner.stop()
+    assert pod_resources.closed

@@ -67,15 +67,16 @@ def _stale_classic(stack: RealStack) -> dict[str, list[str]]:
     return found
 
 
-def to_scheduler_mode(stack: RealStack) -> None:
-    """docs/deploy.md, controller → scheduler, step by step."""
+def to_scheduler_mode(stack: RealStack, *, held: dict[str, list[str]] | None = None) -> None:
+    """docs/deploy.md, controller → scheduler, step by step. ``held``: node → classic resources
+    pods started before the switch still hold there (they stay listed until those pods end)."""
     stack.set_extended_resource_names(on=True)
     stack.set_classic_shim(on=False)
     # The plugins clear nvidia.com/mig-* once the kubelet has forgotten the device plugin: 5
     # minutes after it went (before, a classic pod bound through DRA would be failed by it).
     wait_for(
         stack,
-        lambda: not _stale_classic(stack) or None,
+        lambda: _stale_classic(stack) == (held or {}) or None,
         timeout=KUBELET_FORGETS_S / stack.timeout_scale,
         message="the plugins did not clear nvidia.com/mig-* from their Nodes",
         explain=lambda: str(_stale_classic(stack)),
@@ -153,19 +154,40 @@ def test_switching_modes_both_ways_keeps_running_pods_and_serves_every_sample(
     before = {name: _slices(stack, E2E_NS, name) for name in ("before-dra", "before-classic")}
     assert all(before.values()), before
 
-    to_scheduler_mode(stack)
-    # The kubelet writes its remembered device-plugin resources back; the plugin keeps them out.
+    classic_node = str(get_pod(stack, E2E_NS, "before-classic")["spec"]["nodeName"])  # type: ignore[index]
+    held = {classic_node: [names.classic_resource_name("1g.5gb")]}
+    to_scheduler_mode(stack, held=held)
+    # The kubelet writes its remembered device-plugin resources back; the plugin keeps them out,
+    # except the one a running pre-switch classic pod holds.
     # (between a write-back and the plugin's patch the entry exists for a moment: wait, don't assert)
     time.sleep(KUBELET_STATUS_PERIOD_S)
     wait_for(
         stack,
-        lambda: not _stale_classic(stack) or None,
+        lambda: _stale_classic(stack) == held or None,
         message="the kubelet's stale nvidia.com/mig-* came back and stayed",
         explain=lambda: str(_stale_classic(stack)),
     )
     for name, slices in before.items():
         assert running(get_pod(stack, E2E_NS, name)), name
         assert _slices(stack, E2E_NS, name) == slices, name
+
+    # A classic pod served by the shim before the switch gives its slice back when it goes; until
+    # it has, the kubelet treats nvidia.com/mig-1g.5gb as a device-plugin resource on its node (a
+    # DRA-bound classic pod there would fail), so the plugin keeps the entry and such pods wait.
+    instances = sum(len(stack.mig_instances(n)) for n in stack.node_names)
+    stack.api.delete(PODS, name="before-classic", namespace=E2E_NS)
+    wait_for(
+        stack,
+        lambda: sum(len(stack.mig_instances(n)) for n in stack.node_names) < instances or None,
+        message="the pre-switch classic pod's slice was not destroyed",
+    )
+    wait_for(
+        stack,
+        lambda: not _stale_classic(stack) or None,
+        timeout=90,
+        message="the resource of the ended pre-switch classic pod stayed in its Node's status",
+        explain=lambda: str(_stale_classic(stack)),
+    )
 
     # Every sample, served by kube-scheduler: classic pods through a claim it created.
     objects = _samples()
@@ -189,15 +211,6 @@ def test_switching_modes_both_ways_keeps_running_pods_and_serves_every_sample(
                 assert (pod.get("status") or {}).get("extendedResourceClaimStatus"), pod["metadata"]
                 assert _shadow_claims(stack, pod) == []
     wait_invariants(stack, (SAMPLES_NS, QUOTA_NS, E2E_NS), timeout=30)
-
-    # A classic pod served by the shim before the switch gives its slice back when it goes.
-    instances = sum(len(stack.mig_instances(n)) for n in stack.node_names)
-    stack.api.delete(PODS, name="before-classic", namespace=E2E_NS)
-    wait_for(
-        stack,
-        lambda: sum(len(stack.mig_instances(n)) for n in stack.node_names) < instances or None,
-        message="the pre-switch classic pod's slice was not destroyed",
-    )
 
     to_controller_mode(stack)
     apply(stack, [dra_pod("after-dra", template="mode-1g", namespace=E2E_NS)])
