@@ -278,6 +278,19 @@ def test_the_controller_hands_a_pod_without_capacity_and_an_unbindable_pod_to_ku
         lambda: not pods(stack, E2E_NS) or None,
         message="the whole-GPU pods did not go",
     )
+    # Every GPU free again, so that first-fit places the next pod on the first node.
+    wait_for(
+        stack,
+        lambda: (
+            not [
+                c
+                for c in stack.api.list_objects(RESOURCE_CLAIMS, namespace=E2E_NS).items
+                if (c.get("status") or {}).get("allocation")
+            ]
+            or None
+        ),
+        message="the whole-GPU claims were not released",
+    )
 
     # Not bindable: the controller places a pod on the first node (first-fit), where a hostPort it
     # does not model is taken; kube-scheduler cannot bind it there. Past --handoff-after our
