@@ -9,7 +9,7 @@ kept (a restarted plugin answers for them again).
 
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from driver import cdi
 from driver.cdi_common import CommonEdits, resolve_common_edits
@@ -58,6 +58,33 @@ def resolve_cdi_common(settings: Settings) -> CommonEdits:
     )
 
 
+def prepare_node(
+    settings: Settings,
+    *,
+    backend: MigModeBackend,
+    node_events: NodeEvents,
+    resolve: Callable[[Settings], CommonEdits] = resolve_cdi_common,
+) -> CommonEdits:
+    """Before the plugin starts: resolve the common CDI edits (a Warning event on the Node when
+    ``auto`` found no toolkit) and, with ``--mig-mode when-idle``, enable MIG mode on idle GPUs
+    (each step a Node event). ``DriverError`` when the edits named cannot be used."""
+    cdi_common = resolve(settings)
+    logger.info("common CDI edits: %s", cdi_common.source)
+    if cdi_common.warning:
+        logger.warning("%s", cdi_common.warning)
+        node_events.post(
+            event_type=WARNING, reason=REASON_CDI_COMMON_EDITS_MISSING, message=cdi_common.warning
+        )
+    if settings.mig_mode == "when-idle":
+        enable_mig_when_idle(
+            backend,
+            report=lambda step: node_events.post(
+                event_type=step.event_type, reason=step.reason, message=step.message
+            ),
+        )
+    return cdi_common
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["check"]:
@@ -89,25 +116,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     events = EventRecorder(api=api, component=COMPONENT, host=settings.node_name)
     node_events = NodeEvents(api=api, events=events, node_name=settings.node_name)
     try:
-        cdi_common = resolve_cdi_common(settings)
+        cdi_common = prepare_node(settings, backend=backend, node_events=node_events)
     except DriverError as exc:
         logger.error("cannot set up the common CDI edits: %s", exc)
         backend.close()
         api.close()
         return 1
-    logger.info("common CDI edits: %s", cdi_common.source)
-    if cdi_common.warning:
-        logger.warning("%s", cdi_common.warning)
-        node_events.post(
-            event_type=WARNING, reason=REASON_CDI_COMMON_EDITS_MISSING, message=cdi_common.warning
-        )
-    if settings.mig_mode == "when-idle":
-        enable_mig_when_idle(
-            backend,
-            report=lambda step: node_events.post(
-                event_type=step.event_type, reason=step.reason, message=step.message
-            ),
-        )
     try:
         plugin = KubeletPlugin(
             config=PluginConfig(
