@@ -66,7 +66,7 @@ from api.cdi import (
 )
 from api.errors import ValidationFailed
 from api.names import CDI_KIND
-from driver.atomicfile import write_atomically
+from driver.atomicfile import remove_stale_temp_files, write_atomically
 from driver.errors import CdiError, ConfigError
 
 logger = logging.getLogger(__name__)
@@ -294,6 +294,7 @@ def write_common_spec(cdi_root: Path, common: CommonEdits) -> Path | None:
     data = spec_to_json(build_common_spec(common))
     try:
         cdi_root.mkdir(parents=True, exist_ok=True)
+        remove_stale_temp_files(cdi_root, target_name_prefix=COMMON_SPEC_FILE_NAME)
         write_atomically(path, data, mode=0o644)
     except OSError as exc:
         raise CdiError(f"cannot write the common CDI spec {path}: {exc}") from exc

@@ -422,7 +422,7 @@ def test_every_variant_loads_and_injects_in_the_cdi_library(tmp_path: Path, vari
             claim_uid=CLAIM_A, slices=_slices(3), emulated=emulated, majors=majors
         ),
         CLAIM_B: build_claim_spec(
-            claim_uid=CLAIM_B, slices=_slices(1), emulated=emulated, majors=majors
+            claim_uid=CLAIM_B, slices=_slices(4)[3:], emulated=emulated, majors=majors
         ),
     }
     paths = [write_spec(cdi_root, spec, claim_uid=uid) for uid, spec in claims.items()]
@@ -451,6 +451,19 @@ def _check_injection(
     env = injected["env"]
     slice_vars = sorted(e.partition("=")[2] for e in env if e.startswith("INSTASLICE_MIG_UUID_"))
     assert len(slice_vars) == 4
+    # Fact 9: the visibility variable is some claim's complete list, never a single slice of it
+    # (two claims in one container: the last claim's list wins, the documented limit).
+    visible = [e.partition("=")[2] for e in env if e.startswith("NVIDIA_VISIBLE_DEVICES=")][-1]
+    assert visible in {
+        ",".join(
+            e.partition("=")[2]
+            for device in spec.devices
+            for e in device.container_edits.env or ()
+            if e.startswith("INSTASLICE_MIG_UUID_")
+        )
+        for spec in claims.values()
+    }
+    assert visible.count(",") in (0, 2)
     nodes = [d["path"] for d in injected["linuxDevices"]]
     if emulated:
         assert nodes == []
