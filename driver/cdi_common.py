@@ -73,6 +73,11 @@ logger = logging.getLogger(__name__)
 
 CommonEditsMode = Literal["auto", "toolkit", "file", "none"]
 COMMON_EDITS_MODES: Final = ("auto", "toolkit", "file:PATH", "none")
+_SIMPLE_MODES: Final[dict[str, CommonEditsMode]] = {
+    "auto": "auto",
+    "toolkit": "toolkit",
+    "none": "none",
+}
 
 COMMON_DEVICE_NAME: Final = "common"
 COMMON_CDI_DEVICE_ID: Final = qualified_device_name(CDI_KIND, COMMON_DEVICE_NAME)
@@ -129,8 +134,9 @@ NO_COMMON_EDITS: Final = CommonEdits(mode="none", source="none")
 def parse_common_edits_flag(value: str) -> CommonEditsChoice:
     """``auto``, ``toolkit``, ``none`` or ``file:PATH``; ``ValueError`` saying what is accepted."""
     text = value.strip()
-    if text in ("auto", "toolkit", "none"):
-        return CommonEditsChoice(mode=text)  # type: ignore[arg-type]
+    simple = _SIMPLE_MODES.get(text)
+    if simple is not None:
+        return CommonEditsChoice(mode=simple)
     if text.startswith("file:"):
         path = text[len("file:") :].strip()
         if not path:
