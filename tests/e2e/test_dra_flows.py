@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from api.names import DRIVER_NAME
 from driver.cluster.port import PODS, RESOURCE_CLAIMS
 from localcluster.manifests import JOBS
 from localcluster.stack import InstaSliceStack
@@ -13,6 +14,7 @@ from tests.e2e.helpers import (
     SAMPLES_NS,
     apply,
     claim_template,
+    container_env,
     dra_pod,
     get_pod,
     is_gated,
@@ -164,3 +166,26 @@ def test_a_job_of_three_runs_to_completion_and_gives_its_slices_back(
     assert held == {f"{SAMPLES_NS}/{p['metadata']['name']}" for p in job_pods}
     wait_for(cluster, lambda: cluster.view().slices_taken() == 0, message="slices not released")
     wait_for(cluster, lambda: not any(cluster.mig_instances(n) for n in cluster.node_names))
+
+
+def test_the_claims_opaque_config_reaches_the_container(cluster: InstaSliceStack) -> None:
+    template = claim_template("configured", profile="1g.5gb", namespace=E2E_NS)
+    template["spec"]["spec"]["devices"]["config"] = [
+        {
+            "opaque": {
+                "driver": DRIVER_NAME,
+                "parameters": {
+                    "apiVersion": "mig.instaslice.dev/v1alpha1",
+                    "kind": "MigDeviceConfig",
+                    "env": {"HF_HOME": "/models/cache", "MIG_TEAM": "vision"},
+                },
+            }
+        }
+    ]
+    apply(cluster, [template, dra_pod("configured", template="configured", namespace=E2E_NS)])
+    pod = wait_pod_running(cluster, E2E_NS, "configured")
+    env = container_env(cluster, pod)
+    assert env["HF_HOME"] == "/models/cache"
+    assert env["MIG_TEAM"] == "vision"
+    (held,) = slices_of_pod(cluster.view(), E2E_NS, "configured")
+    assert visible_devices(cluster, pod) == {held[2].mig_uuid}
