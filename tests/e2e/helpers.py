@@ -258,6 +258,15 @@ def visible_devices(stack: Stack, pod: JsonObject, container: str = "app") -> se
     return {v for v in value.split(",") if v}
 
 
+def placement_reason(stack: Stack, namespace: str, name: str) -> str | None:
+    """The reason of the pod's ``instaslice.dev/Placement`` condition (None without one)."""
+    pod = get_pod(stack, namespace, name) or {}
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == names.PLACEMENT_CONDITION:
+            return str(condition.get("reason"))
+    return None
+
+
 def is_gated(pod: JsonObject | None) -> bool:
     return pod is not None and names.SCHEDULING_GATE in gate_names(pod)
 

@@ -19,6 +19,7 @@ from tests.e2e.helpers import (
     get_pod,
     is_gated,
     phase,
+    placement_reason,
     pods,
     remove_gate,
     renamed,
@@ -58,6 +59,11 @@ def test_pods_of_one_profile_fill_the_cluster_and_one_more_runs_after_a_deletion
         assert is_gated(pod), "a pod that cannot fit must stay gated"
         time.sleep(0.1)
     assert not slices_of_pod(cluster.view(), E2E_NS, "one-too-many")
+    wait_for(
+        cluster,
+        lambda: placement_reason(cluster, E2E_NS, "one-too-many") == "NoCapacity",
+        message="the waiting pod does not say NoCapacity",
+    )
 
     (freed,) = slices_of_pod(cluster.view(), E2E_NS, "half-5")
     cluster.api.delete(PODS, name="half-5", namespace=E2E_NS)

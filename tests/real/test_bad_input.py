@@ -8,13 +8,20 @@ import copy
 
 import pytest
 
-from api.names import DRIVER_NAME, PLACEMENT_CONDITION
+from api.names import DRIVER_NAME
 from driver.cluster.port import EVENTS, PODS, RESOURCE_CLAIMS, JsonObject
 from driver.errors import ClusterError
 from localcluster.realstack import RealStack
 from tests.controller.harness import claim_object, request
 from tests.e2e.conftest import E2E_NS
-from tests.e2e.helpers import classic_pod, get_pod, is_gated, running, wait_for
+from tests.e2e.helpers import (
+    classic_pod,
+    get_pod,
+    is_gated,
+    placement_reason,
+    running,
+    wait_for,
+)
 
 
 def _claim(body: JsonObject) -> JsonObject:
@@ -42,11 +49,7 @@ def _pod_with_claim(name: str, claim: str) -> JsonObject:
 
 
 def _reason(stack: RealStack, name: str) -> str | None:
-    pod = get_pod(stack, E2E_NS, name) or {}
-    for condition in (pod.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == PLACEMENT_CONDITION:
-            return str(condition.get("reason"))
-    return None
+    return placement_reason(stack, E2E_NS, name)
 
 
 BAD_OPAQUE = [
