@@ -66,7 +66,7 @@ def percentile(sorted_values: Sequence[float], fraction: float) -> float:
     return float(sorted_values[index])
 
 
-def needs_for(fleet: Fleet, request: TraceRequest) -> Need:
+def needs_for(fleet: Fleet, request: TraceRequest, *, source: str = "trace") -> Need:
     """Where the request could go at all; ``ConfigError`` naming its line if nowhere is offered."""
     needs = []
     for model in fleet.models:
@@ -74,7 +74,7 @@ def needs_for(fleet: Fleet, request: TraceRequest) -> Need:
             if profile.name == request.profile:
                 needs.append((model.name, profile.memory_slices * request.count))
     if not needs:
-        where = f"line {request.line}: " if request.line else ""
+        where = f"{source} line {request.line}: " if request.line else ""
         raise ConfigError(
             f"{where}profile {request.profile!r} is not offered by any GPU of the fleet "
             f"{fleet.text} (offered: {', '.join(fleet.profile_names())})"
@@ -82,14 +82,16 @@ def needs_for(fleet: Fleet, request: TraceRequest) -> Need:
     return tuple(needs)
 
 
-def check_trace(trace: Sequence[TraceRequest], fleet: Fleet) -> dict[tuple[str, int], Need]:
+def check_trace(
+    trace: Sequence[TraceRequest], fleet: Fleet, *, source: str = "trace"
+) -> dict[tuple[str, int], Need]:
     """The needs of every distinct (profile, count) of the trace; ``ConfigError`` on the first
     request whose profile the fleet does not offer."""
     needs: dict[tuple[str, int], Need] = {}
     for request in trace:
         key = (request.profile, request.count)
         if key not in needs:
-            needs[key] = needs_for(fleet, request)
+            needs[key] = needs_for(fleet, request, source=source)
     return needs
 
 
@@ -293,7 +295,9 @@ def fluid_floor(trace: Sequence[TraceRequest], fleet: Fleet) -> FloorResult:
     size: dict[str, int] = {}
     for group in fleet.groups:
         name = group.model.name
-        free[name] = free.get(name, 0) + group.nodes * group.gpus_per_node * group.model.memory_slices
+        free[name] = (
+            free.get(name, 0) + group.nodes * group.gpus_per_node * group.model.memory_slices
+        )
         size[name] = group.model.memory_slices
     departures: list[tuple[float, int, str, int]] = []
     rejected = 0
@@ -303,9 +307,9 @@ def fluid_floor(trace: Sequence[TraceRequest], fleet: Fleet) -> FloorResult:
             free[model] += slices
         chosen = None
         for model, slices in needs[(request.profile, request.count)]:
-            if slices <= size[model] and slices <= free[model]:
-                if chosen is None or free[model] > free[chosen[0]]:
-                    chosen = (model, slices)
+            fits = slices <= size[model] and slices <= free[model]
+            if fits and (chosen is None or free[model] > free[chosen[0]]):
+                chosen = (model, slices)
         if chosen is None:
             rejected += 1
             continue

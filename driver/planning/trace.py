@@ -121,7 +121,7 @@ def parse_lines(lines: Iterable[str], *, source: str = "trace") -> tuple[TraceRe
 
 def _open_text(path: Path, mode: str) -> IO[str]:
     if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, mode + "b"), encoding="utf-8")  # type: ignore[arg-type]
+        return io.TextIOWrapper(gzip.GzipFile(path, mode + "b"), encoding="utf-8")
     return path.open(mode, encoding="utf-8")
 
 
@@ -230,7 +230,7 @@ def synthesize(
     total_weight = sum(e.weight for e in mix)
     mean_slices = sum(s * e.weight for s, e in zip(slices, mix, strict=True)) / total_weight
     rate = load * fleet.memory_slices / (mean_slices * mean_duration)
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 - a reproducible simulation, not a secret
     weights = [e.weight for e in mix]
     now = 0.0
     requests: list[TraceRequest] = []
@@ -248,4 +248,3 @@ def synthesize(
             )
         )
     return tuple(requests)
-
