@@ -290,14 +290,20 @@ def _from_cluster(args: argparse.Namespace, *, out: TextIO) -> int:
 
 
 def run_defrag(
-    args: argparse.Namespace, *, out: TextIO, confirm: Callable[[str], str] = input
+    args: argparse.Namespace,
+    *,
+    out: TextIO,
+    confirm: Callable[[str], str] = input,
+    connect: Callable[[argparse.Namespace], Any] | None = None,
 ) -> int:
+    """``connect`` (args → a ``ClusterApi`` usable as a context manager) defaults to the
+    kubeconfig/URL flags."""
     from controller.clusterplan import read_snapshot  # noqa: PLC0415
 
     try:
         if args.count < 1:
             raise ConfigError(f"--count must be at least 1, got {args.count}")
-        api = _connect(args)
+        api = (connect or _connect)(args)
     except DriverError as exc:
         print(f"instaslice defrag: {exc}", file=sys.stderr)
         return 1
