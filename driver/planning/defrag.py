@@ -198,15 +198,58 @@ class _Search:
         yield from walk(0, [], frozenset())
 
     def reseat(self, moving: frozenset[int], targets: Sequence[Target]) -> tuple[Move, ...] | None:
-        """Whether the targets fit once ``moving`` units leave, and those units fit elsewhere.
-
-        Leaves the engine as it found it."""
         self.checked += 1
-        engine = self.engine
-        units = [self.units[i] for i in sorted(moving)]
-        for unit in units:
+        return reseat(self.engine, [self.units[i] for i in sorted(moving)], targets)
+
+
+def reseat(
+    engine: Engine, moving: Sequence[Unit], targets: Sequence[Target]
+) -> tuple[Move, ...] | None:
+    """Whether ``targets`` fit once the ``moving`` units leave, and those units then fit elsewhere
+    (placed by the engine, largest first); their new places, or ``None``. This is what makes a plan
+    valid. Leaves the engine as it found it."""
+    for unit in moving:
+        for s in unit.slices:
+            engine.release(
+                s.node, s.gpu_index, start=s.start, size=s.size, media=s.media, profile=s.profile
+            )
+    committed: list[Placed] = []
+    try:
+        target_placed = Placed(
+            node="",
+            assignments=tuple(
+                DeviceAssignment(
+                    request="target",
+                    node=t.node,
+                    gpu_index=t.gpu_index,
+                    profile=t.profile,
+                    start=t.start,
+                    size=t.size,
+                    media=t.media,
+                )
+                for t in targets
+            ),
+        )
+        try:
+            engine.commit(target_placed)
+        except PlacementError:  # a target is still occupied: this plan is not valid
+            return None
+        committed.append(target_placed)
+        moves: list[Move] = []
+        for unit in sorted(moving, key=lambda u: (-u.memory_slices, u.key)):
+            result = engine.place(unit.request())
+            if isinstance(result, NoFit):
+                return None
+            engine.commit(result)
+            committed.append(result)
+            moves.append(Move(unit=unit, to=result.assignments))
+        return tuple(sorted(moves, key=lambda m: m.unit.key))
+    finally:
+        for placed in reversed(committed):
+            engine.release_placed(placed)
+        for unit in moving:
             for s in unit.slices:
-                engine.release(
+                engine.occupy(
                     s.node,
                     s.gpu_index,
                     start=s.start,
@@ -214,50 +257,6 @@ class _Search:
                     media=s.media,
                     profile=s.profile,
                 )
-        committed: list[Placed] = []
-        try:
-            target_placed = Placed(
-                node="",
-                assignments=tuple(
-                    DeviceAssignment(
-                        request="target",
-                        node=t.node,
-                        gpu_index=t.gpu_index,
-                        profile=t.profile,
-                        start=t.start,
-                        size=t.size,
-                        media=t.media,
-                    )
-                    for t in targets
-                ),
-            )
-            try:
-                engine.commit(target_placed)
-            except PlacementError:  # a target still occupied: this plan is not valid
-                return None
-            committed.append(target_placed)
-            moves: list[Move] = []
-            for unit in sorted(units, key=lambda u: (-u.memory_slices, u.key)):
-                result = engine.place(unit.request())
-                if isinstance(result, NoFit):
-                    return None
-                engine.commit(result)
-                committed.append(result)
-                moves.append(Move(unit=unit, to=result.assignments))
-            return tuple(sorted(moves, key=lambda m: m.unit.key))
-        finally:
-            for placed in reversed(committed):
-                engine.release_placed(placed)
-            for unit in units:
-                for s in unit.slices:
-                    engine.occupy(
-                        s.node,
-                        s.gpu_index,
-                        start=s.start,
-                        size=s.size,
-                        media=s.media,
-                        profile=s.profile,
-                    )
 
 
 def _clash(a: Target, b: Target) -> bool:

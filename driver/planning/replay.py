@@ -175,6 +175,11 @@ def replay(
     pods: dict[tuple[str, int], PodRequest] = {
         key: PodRequest.single(key[0], count=key[1], one_gpu=key[1] > 1) for key in needs
     }
+    # What could not be placed even on an empty fleet is rejected at once, never queued.
+    empty = Engine(policy="firstfit")  # feasibility does not depend on the policy
+    for node in fleet.nodes:
+        empty.set_node(node)
+    impossible = {key for key, pod in pods.items() if isinstance(empty.place(pod), NoFit)}
     free = _FreeSlices(fleet)
     first = trace[0].t if trace else 0.0
     last_arrival = trace[-1].t if trace else 0.0
@@ -221,18 +226,21 @@ def replay(
     for request in trace:
         release_until(request.t)
         use.advance(request.t)
-        if queue and waiting:
+        key = (request.profile, request.count)
+        if key in impossible:
+            rejected += 1
+        elif queue and waiting:
             waiting.append(request)
             queued += 1
         else:
             result = try_place(request, request.t)
             if isinstance(result, NoFit):
-                if queue and not result.permanent:
+                if queue:
                     waiting.append(request)
                     queued += 1
                 else:
                     rejected += 1
-                    stranded += free.stranded(needs[(request.profile, request.count)])
+                    stranded += free.stranded(needs[key])
             elif queue:
                 waits.append(0.0)
         if timeline:
