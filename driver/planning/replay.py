@@ -95,36 +95,17 @@ def check_trace(
     return needs
 
 
-class _FreeSlices:
-    """Per model, how many GPUs have each number of free memory slices (for ``stranded``)."""
+def _stranded(engine: Engine, need: Need) -> bool:
+    """Some GPU of a model offering the profile has enough free memory slices, rules aside.
 
-    def __init__(self, fleet: Fleet) -> None:
-        self.free: dict[tuple[str, int], int] = {}
-        self.model: dict[tuple[str, int], str] = {}
-        self.hist: dict[str, list[int]] = {}
-        for node in fleet.nodes:
-            for gpu in node.gpus:
-                key = (node.name, gpu.index)
-                slices = gpu.model.memory_slices
-                self.free[key] = slices
-                self.model[key] = gpu.model.name
-                hist = self.hist.setdefault(gpu.model.name, [0] * (slices + 1))
-                hist[slices] += 1
-
-    def change(self, placed: Placed, sign: int) -> None:
-        for a in placed.assignments:
-            key = (a.node, a.gpu_index)
-            hist = self.hist[self.model[key]]
-            hist[self.free[key]] -= 1
-            self.free[key] -= sign * a.size
-            hist[self.free[key]] += 1
-
-    def stranded(self, need: Need) -> bool:
-        for model, slices in need:
-            hist = self.hist.get(model)
-            if hist is not None and slices < len(hist) and any(hist[slices:]):
+    Asked only on a rejection (rare), so it reads the engine's GPUs instead of tracking them."""
+    wanted = dict(need)
+    for node in engine.inventory.nodes():
+        for gpu in node.gpus:
+            slices = wanted.get(gpu.spec.model.name)
+            if slices is not None and gpu.table.slices - gpu.used >= slices:
                 return True
-        return False
+    return False
 
 
 class _Utilization:
@@ -154,10 +135,6 @@ class _Utilization:
         return self.area / span / self.capacity
 
 
-def _slices(placed: Placed) -> int:
-    return sum(a.size for a in placed.assignments)
-
-
 def replay(
     trace: Sequence[TraceRequest],
     fleet: Fleet,
@@ -180,11 +157,10 @@ def replay(
     for node in fleet.nodes:
         empty.set_node(node)
     impossible = {key for key, pod in pods.items() if isinstance(empty.place(pod), NoFit)}
-    free = _FreeSlices(fleet)
     first = trace[0].t if trace else 0.0
     last_arrival = trace[-1].t if trace else 0.0
     use = _Utilization(fleet.memory_slices, first)
-    departures: list[tuple[float, int, Placed]] = []
+    departures: list[tuple[float, int, Placed, int]] = []
     waiting: deque[TraceRequest] = deque()
     waits: list[float] = []
     sequence = 0
@@ -198,10 +174,10 @@ def replay(
         result = engine.place(pods[(request.profile, request.count)])
         if isinstance(result, Placed):
             engine.commit(result)
-            free.change(result, +1)
-            use.change(_slices(result))
+            slices = sum(a.size for a in result.assignments)
+            use.change(slices)
             sequence += 1
-            heapq.heappush(departures, (now + request.duration, sequence, result))
+            heapq.heappush(departures, (now + request.duration, sequence, result, slices))
             accepted += 1
         return result
 
@@ -215,11 +191,10 @@ def replay(
 
     def release_until(now: float) -> None:
         while departures and departures[0][0] <= now:
-            end, _, placed = heapq.heappop(departures)
+            end, _, placed, slices = heapq.heappop(departures)
             use.advance(min(end, last_arrival))
             engine.release_placed(placed)
-            free.change(placed, -1)
-            use.change(-_slices(placed))
+            use.change(-slices)
             if queue:
                 drain(end)
 
@@ -240,7 +215,7 @@ def replay(
                     queued += 1
                 else:
                     rejected += 1
-                    stranded += free.stranded(needs[key])
+                    stranded += _stranded(engine, needs[key])
             elif queue:
                 waits.append(0.0)
         if timeline:
