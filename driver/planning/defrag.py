@@ -32,8 +32,16 @@ from driver.placement import (
 )
 from driver.placement.request import DeviceAssignment
 
-DEFAULT_BUDGET = 20_000
-"""Plans checked (each one release/commit/place round on the engine) before giving up."""
+DEFAULT_BUDGET = 2_000
+"""Plans checked (each one release/commit/place round on the engine) before settling for the best
+plan found without proof that it is the smallest."""
+
+WALK_STEPS_PER_PLAN = 50
+"""Candidate steps of the target-set enumeration allowed per plan of the budget."""
+
+
+class _OutOfBudgetError(Exception):
+    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +117,12 @@ def _overlaps(a_start: int, a_size: int, b: UnitSlice) -> bool:
 
 
 class _Search:
-    def __init__(self, engine: Engine, units: Sequence[Unit], profile: str, count: int) -> None:
+    def __init__(
+        self, engine: Engine, units: Sequence[Unit], profile: str, count: int, budget: int
+    ) -> None:
         self.engine = engine
+        self.budget = budget
+        self.steps = 0
         self.units = tuple(units)
         self.profile = profile
         self.count = count
@@ -185,6 +197,9 @@ class _Search:
                 yield tuple(chosen), blockers
                 return
             for j in range(start, len(candidates)):
+                self.steps += 1
+                if self.steps > self.budget * WALK_STEPS_PER_PLAN:
+                    raise _OutOfBudgetError
                 target, more = candidates[j]
                 union = blockers | more
                 if len(union) > limit:
@@ -199,6 +214,8 @@ class _Search:
 
     def reseat(self, moving: frozenset[int], targets: Sequence[Target]) -> tuple[Move, ...] | None:
         self.checked += 1
+        if self.checked > self.budget:
+            raise _OutOfBudgetError
         return reseat(self.engine, [self.units[i] for i in sorted(moving)], targets)
 
 
@@ -291,54 +308,61 @@ def plan_defrag(
     if not engine.inventory.published_gpus(profile):
         known = ", ".join(engine.inventory.profile_names()) or "none"
         return NoPlan(reason=f"no node publishes MIG profile {profile} (published: {known})")
-    search = _Search(engine, units, profile, count)
+    search = _Search(engine, units, profile, count, budget)
     candidates = search.candidates()
     if len(candidates) < count:
         return NoPlan(
             reason=f"only {len(candidates)} placements of {profile} can be freed by moving pods; "
             f"{count} asked"
         )
+    try:
+        return _smallest(search, candidates)
+    except _OutOfBudgetError:
+        pass
+    # Out of budget: the first valid plan among target sets that move only their blockers.
+    search.steps = search.checked = 0
+    try:
+        for targets, blockers in search.target_sets(candidates, len(search.units)):
+            moves = search.reseat(blockers, targets)
+            if moves is not None:
+                return DefragPlan(
+                    profile=profile,
+                    count=count,
+                    targets=targets,
+                    moves=moves,
+                    proven_minimal=False,
+                    checked=search.checked,
+                )
+    except _OutOfBudgetError:
+        pass
+    return NoPlan(reason=f"no plan found within {budget} checked plans")
+
+
+def _smallest(
+    search: _Search, candidates: list[tuple[Target, frozenset[int]]]
+) -> DefragPlan | NoPlan:
+    """Plans in increasing size; the first valid one (``_OutOfBudgetError`` past the budget)."""
     for size in range(len(search.units) + 1):
-        # Plans of one size, those moving only their targets' blockers first.
-        for extra in range(size + 1):
-            for targets, blockers in search.target_sets(candidates, size - extra):
-                if len(blockers) != size - extra:
+        # Plans of one size: those that move only their targets' blockers first, then those that
+        # also move other units (to make room for the blockers).
+        for only_blockers in (True, False):
+            for targets, blockers in search.target_sets(candidates, size):
+                extra = size - len(blockers)
+                if (extra == 0) != only_blockers:
                     continue
                 rest = [i for i in range(len(search.units)) if i not in blockers]
                 for added in itertools.combinations(rest, extra):
-                    if search.checked >= budget:
-                        return _best_effort(search, candidates, budget)
                     moves = search.reseat(blockers | frozenset(added), targets)
                     if moves is not None:
                         return DefragPlan(
-                            profile=profile,
-                            count=count,
+                            profile=search.profile,
+                            count=search.count,
                             targets=targets,
                             moves=moves,
                             proven_minimal=True,
                             checked=search.checked,
                         )
     return NoPlan(
-        reason=f"no set of pods can be moved so that {count} x {profile} fit "
+        reason=f"no set of pods can be moved so that {search.count} x {search.profile} fit "
         "(the pods that would have to leave cannot be placed anywhere else)"
     )
-
-
-def _best_effort(
-    search: _Search, candidates: list[tuple[Target, frozenset[int]]], budget: int
-) -> DefragPlan | NoPlan:
-    """After the budget: the first valid plan among target sets with their blockers only."""
-    for targets, blockers in search.target_sets(candidates, len(search.units)):
-        moves = search.reseat(blockers, targets)
-        if moves is not None:
-            return DefragPlan(
-                profile=search.profile,
-                count=search.count,
-                targets=targets,
-                moves=moves,
-                proven_minimal=False,
-                checked=search.checked,
-            )
-        if search.checked >= 2 * budget:
-            break
-    return NoPlan(reason=f"no plan found within {budget} checked plans")
