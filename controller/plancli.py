@@ -62,7 +62,8 @@ def add_planning_parsers(
         "--policy",
         default=",".join(POLICIES),
         metavar="LIST",
-        help=f"policies to compare, comma-separated (default: all of {', '.join(POLICIES)})",
+        help=f"policies to compare, comma-separated (default: all of {', '.join(POLICIES)}); "
+        f"with --from-cluster, the one that places --add (default {DEFAULT_POLICY})",
     )
     simulate.add_argument("--json", action="store_true", help="print one JSON object")
     simulate.add_argument(

@@ -140,7 +140,17 @@ def test_a_bad_trace_line_is_named(
     assert f"{trace} {error}" in err
 
 
+def test_synthesize_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--synthesize", "--trace", "-", "--gpus", "1x8xA100-40GB"]
+    assert cli.main([*argv, "--events", "5", "--mix", "3g.20gb=1", "--mean-duration", "60"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(lines) == 5
+    assert {line["profile"] for line in lines} == {"3g.20gb"}
+
+
 def test_bad_flags_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["simulate", "--gpus", "1x8xA100-40GB"]) == 1
+    assert "give --gpus and --trace (or --from-cluster)" in capsys.readouterr().err
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"t": 1, "profile": "1g.5gb", "duration": 1}\n')
     assert cli.main(["simulate", "--gpus", "8xA100", "--trace", str(trace)]) == 1
