@@ -67,9 +67,11 @@ BAD_OPAQUE = [
 
 BAD_CLAIMS = [
     pytest.param(
-        claim_object("bad", requests=[request(selectors=['device.attributes["x" ==  '])]),
+        claim_object(
+            "bad", requests=[request(selectors=["device.attributes['other.dev'].x == 1"])]
+        ),
         "InvalidSelector",
-        id="selector-does-not-compile",
+        id="selector-fails-at-runtime",
     ),
     pytest.param(
         claim_object("bad", requests=[request(profile="1g.5gb", count=40)]),
@@ -135,12 +137,22 @@ def test_the_webhook_refuses_impossible_classic_requests_with_its_reason(
     assert get_pod(cluster, E2E_NS, pod["metadata"]["name"]) is None
 
 
-def test_the_api_server_refuses_a_malformed_claim_itself(cluster: RealStack) -> None:
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"count": 0}, "count"),
+        ({"selectors": [{"cel": {"expression": 'device.attributes["x" ==  '}}]}, "compilation"),
+    ],
+    ids=["count-zero", "selector-does-not-compile"],
+)
+def test_the_api_server_refuses_a_malformed_claim_itself(
+    cluster: RealStack, change: JsonObject, words: str
+) -> None:
     bad = _claim(claim_object("malformed"))
-    bad["spec"]["devices"]["requests"][0]["exactly"]["count"] = 0
+    bad["spec"]["devices"]["requests"][0]["exactly"].update(change)
     with pytest.raises(ClusterError) as refused:
         cluster.api.create(RESOURCE_CLAIMS, bad, namespace=E2E_NS)
-    assert "count" in str(refused.value)
+    assert words in str(refused.value)
 
 
 def test_a_pod_of_another_dra_driver_is_left_to_kube_scheduler(cluster: RealStack) -> None:
