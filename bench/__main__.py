@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, str] = {
     "placement": "bench.placement",
     "controller": "bench.controller",
     "prepare": "bench.prepare",
+    "simulate": "bench.simulate",
 }
 """Benchmark name -> module path. Register a new benchmark here."""
 

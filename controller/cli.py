@@ -2,6 +2,9 @@
 
 ``instaslice status``  each GPU's MIG slice map (who holds which placement), for any cluster
                        reachable through a kubeconfig or a plain API server URL.
+``instaslice simulate`` capacity planning: replay a request trace per placement policy beside
+                       the fluid floor, or how much more fits the cluster now.
+``instaslice defrag``  the fewest pods to move so that a profile fits; ``--apply`` evicts them.
 ``instaslice demo``    the whole system on this machine: a local API server, emulated kubelets,
                        the real controller and kubelet plugins, the samples applied and removed.
 """
@@ -86,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     from localcluster.demo import add_demo_arguments  # noqa: PLC0415 - only the demo needs it
 
     add_demo_arguments(demo)
+    from controller.plancli import add_planning_parsers  # noqa: PLC0415
+
+    add_planning_parsers(sub, add_connection_flags)
     return parser
 
 
@@ -155,6 +161,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "status":
             return run_status(args, out=sys.stdout)
+        if args.command in ("simulate", "defrag"):
+            from controller import plancli  # noqa: PLC0415
+
+            if args.command == "simulate":
+                return plancli.run_simulate(args, out=sys.stdout)
+            return plancli.run_defrag(args, out=sys.stdout)
         from localcluster.demo import run_demo  # noqa: PLC0415 - only the demo needs it
 
         return run_demo(args, out=sys.stdout)

@@ -63,6 +63,10 @@ class GoneError(ClusterError):
     """The resourceVersion asked for is too old (HTTP 410, or a watch ``ERROR`` event): re-list."""
 
 
+class TooManyRequestsError(ClusterError):
+    """HTTP 429: rate limited, or an eviction a PodDisruptionBudget does not allow now."""
+
+
 class CheckpointError(DriverError):
     """The node checkpoint file is corrupt, of an unknown version, or cannot be written."""
 

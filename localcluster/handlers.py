@@ -92,7 +92,7 @@ class ApiHandler:
             return self._legacy_binding(request, target)
         method = request.method
         if method == "GET":
-            if target.subresource == "binding":
+            if target.subresource in ("binding", "eviction"):
                 raise errors.method_not_allowed(method)
             if target.name is None or target.watch_path:
                 return self._list_or_watch(request, target)
@@ -104,6 +104,8 @@ class ApiHandler:
             return self._create(request, target)
         if method == "POST" and target.subresource == "binding":
             return self._bind(request, target, str(target.name))
+        if method == "POST" and target.subresource == "eviction":
+            return self._evict(request, target, str(target.name))
         if method == "PUT" and target.name is not None:
             return self._update(request, target)
         if method == "PATCH" and target.name is not None:
@@ -380,6 +382,45 @@ class ApiHandler:
             raise errors.bad_request("the body of the request must be a JSON object")
         node = bind_pod(self._store, target.namespace, name, binding)
         log.debug("bound pod %s/%s to %s", target.namespace, name, node)
+        return ApiResponse(
+            201,
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Success",
+                "code": 201,
+            },
+        )
+
+    # --- pods/eviction ---------------------------------------------------------------------------
+
+    def _evict(self, request: ApiRequest, target: Target, name: str) -> ApiResponse:
+        """``policy/v1`` Eviction: deletes the pod (with the eviction's delete options). This
+        server keeps no PodDisruptionBudgets, so no eviction is ever refused with 429."""
+        if target.resource is not PODS or target.namespace is None:
+            raise errors.method_not_allowed("POST")
+        try:
+            eviction = json.loads(request.body or b"null")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise errors.bad_request(f"couldn't get version/kind; json parse error: {exc}") from exc
+        if not isinstance(eviction, dict) or eviction.get("kind") != "Eviction":
+            raise errors.bad_request("the body of the request must be an Eviction object")
+        evicted = meta(eviction).get("name")
+        if evicted and evicted != name:
+            raise errors.bad_request(
+                f"name in URL does not match name in Eviction object: {evicted}"
+            )
+        options = eviction.get("deleteOptions") or {}
+        preconditions = (options.get("preconditions") or {}) if isinstance(options, dict) else {}
+        self._store.delete(
+            PODS,
+            target.namespace,
+            name,
+            precondition_uid=preconditions.get("uid"),
+            precondition_rv=preconditions.get("resourceVersion"),
+        )
+        log.debug("evicted pod %s/%s", target.namespace, name)
         return ApiResponse(
             201,
             {

@@ -133,7 +133,14 @@ RESOURCES: tuple[ResourceType, ...] = (
         generation=False,
         fields=frozenset({"spec.unschedulable"}),
     ),
-    _r("v1", "pods", "Pod", sub=("status", "binding"), short=("po",), fields=_POD_FIELDS),
+    _r(
+        "v1",
+        "pods",
+        "Pod",
+        sub=("status", "binding", "eviction"),
+        short=("po",),
+        fields=_POD_FIELDS,
+    ),
     _r("v1", "events", "Event", short=("ev",), generation=False, fields=_EVENT_FIELDS),
     _r("v1", "secrets", "Secret", generation=False, fields=frozenset({"type"})),
     _r("v1", "configmaps", "ConfigMap", short=("cm",), generation=False),
@@ -254,8 +261,8 @@ def api_resource_list(group: str, version: str) -> JsonObj | None:
             }
         )
         for sub in r.subresources:
-            verbs = ["create"] if sub == "binding" else ["get", "patch", "update"]
-            kind = "Binding" if sub == "binding" else r.kind
+            verbs = ["create"] if sub in ("binding", "eviction") else ["get", "patch", "update"]
+            kind = {"binding": "Binding", "eviction": "Eviction"}.get(sub, r.kind)
             entries.append(
                 {
                     "name": f"{r.plural}/{sub}",

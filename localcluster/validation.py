@@ -292,6 +292,7 @@ _KIND_CREATE = {
     ("resource.k8s.io", "resourceclaims"): dra.claim_create,
     ("resource.k8s.io", "resourceclaimtemplates"): dra.template_create,
     ("resource.k8s.io", "resourceslices"): dra.slice_create,
+    ("resource.k8s.io", "deviceclasses"): dra.device_class,
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): _webhook_configuration,
     ("", "events"): _core_event,
     ("events.k8s.io", "events"): _new_event,
@@ -301,6 +302,7 @@ _KIND_UPDATE = {
     ("resource.k8s.io", "resourceclaims"): dra.spec_immutable,
     ("resource.k8s.io", "resourceclaimtemplates"): dra.spec_immutable,
     ("resource.k8s.io", "resourceslices"): dra.slice_update,
+    ("resource.k8s.io", "deviceclasses"): dra.device_class_update,
 }
 _KIND_STATUS_UPDATE = {
     ("resource.k8s.io", "resourceclaims"): dra.claim_status_update,

@@ -4,13 +4,16 @@ A claim's (and a template's) spec is immutable; a claim's ``status.allocation`` 
 cleared, never replaced, ``reservedFor`` needs an allocation and each result must name a request,
 each ``status.devices`` entry must name an allocated device;
 a ResourceSlice holds either ``devices`` or ``sharedCounters``, at most 128 devices (64 when any
-device consumes counters or has taints), and its driver and node are immutable.
+device consumes counters or has taints), and its driver and node are immutable. CEL selectors of
+requests and DeviceClasses must compile (kube-apiserver compiles them on create: a claim with a
+malformed selector never reaches an allocator), and an exact count must be positive.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from controller.selectors import SelectorCompileError, compile_selector
 from localcluster.errors import FieldError
 from localcluster.names import name_errors
 
@@ -19,6 +22,50 @@ JsonObj = dict[str, Any]
 IMMUTABLE = "field is immutable"
 MAX_SLICE_DEVICES = 128
 MAX_SLICE_DEVICES_WITH_COUNTERS = 64
+
+
+def _selectors(selectors: Any, path: str) -> list[FieldError]:
+    errors: list[FieldError] = []
+    for i, selector in enumerate(selectors if isinstance(selectors, list) else []):
+        expression = ((selector or {}).get("cel") or {}).get("expression")
+        epath = f"{path}[{i}].cel.expression"
+        if not isinstance(expression, str) or not expression:
+            errors.append(FieldError("Required", epath))
+            continue
+        try:
+            compile_selector(expression)
+        except SelectorCompileError as exc:
+            errors.append(FieldError("Invalid", epath, f"compilation failed: {exc}", expression))
+    return errors
+
+
+def _exact(exactly: JsonObj, path: str) -> list[FieldError]:
+    errors: list[FieldError] = []
+    if not exactly.get("deviceClassName"):
+        errors.append(FieldError("Required", f"{path}.deviceClassName"))
+    mode = exactly.get("allocationMode", "ExactCount")
+    if mode not in ("ExactCount", "All"):
+        errors.append(
+            FieldError(
+                "NotSupported",
+                f"{path}.allocationMode",
+                'supported values: "All", "ExactCount"',
+                mode,
+            )
+        )
+    count = exactly.get("count")
+    if mode == "ExactCount" and count is not None and (not isinstance(count, int) or count < 1):
+        errors.append(FieldError("Invalid", f"{path}.count", "must be greater than zero", count))
+    return errors + _selectors(exactly.get("selectors"), f"{path}.selectors")
+
+
+def device_class(obj: JsonObj) -> list[FieldError]:
+    return _selectors((obj.get("spec") or {}).get("selectors"), "spec.selectors")
+
+
+def device_class_update(old: JsonObj, new: JsonObj) -> list[FieldError]:
+    del old
+    return device_class(new)
 
 
 def _claim_spec(spec: Any, path: str) -> list[FieldError]:
@@ -44,18 +91,11 @@ def _claim_spec(spec: Any, path: str) -> list[FieldError]:
                 )
             )
         elif isinstance(exactly, dict):
-            if not exactly.get("deviceClassName"):
-                errors.append(FieldError("Required", f"{rpath}.exactly.deviceClassName"))
-            mode = exactly.get("allocationMode", "ExactCount")
-            if mode not in ("ExactCount", "All"):
-                errors.append(
-                    FieldError(
-                        "NotSupported",
-                        f"{rpath}.exactly.allocationMode",
-                        'supported values: "All", "ExactCount"',
-                        mode,
-                    )
-                )
+            errors += _exact(exactly, f"{rpath}.exactly")
+        elif isinstance(first, list):
+            for j, sub in enumerate(first):
+                if isinstance(sub, dict):
+                    errors += _exact(sub, f"{rpath}.firstAvailable[{j}]")
     if len(requests) > 32:
         errors.append(
             FieldError(

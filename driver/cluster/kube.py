@@ -26,6 +26,7 @@ from driver.cluster.clock import Clock, SystemClock
 from driver.cluster.kube_watch import KubeWatchStream
 from driver.cluster.kube_wire import status_error, with_kind
 from driver.cluster.port import (
+    PODS,
     JsonObject,
     ObjectList,
     PatchType,
@@ -232,6 +233,17 @@ class KubeClusterApi(ClosedOnExit):
         if propagation_policy is not None:
             options["propagationPolicy"] = propagation_policy
         self._json("DELETE", resource.path(namespace=namespace, name=name), body=options)
+
+    def evict(self, *, name: str, namespace: str, uid: str | None = None) -> None:
+        eviction: JsonObject = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        if uid is not None:
+            eviction["deleteOptions"] = {"preconditions": {"uid": uid}}
+        path = PODS.path(namespace=namespace, name=name, subresource="eviction")
+        self._json("POST", path, body=eviction)
 
     # -- plumbing ---------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from driver.errors import (
     ConflictError,
     GoneError,
     InvalidError,
+    TooManyRequestsError,
 )
 
 
@@ -40,6 +41,8 @@ def status_error(method: str, path: str, code: int, body: bytes) -> ClusterError
         error = InvalidError(text)
     elif code == 410:
         error = GoneError(text)
+    elif code == 429:
+        error = TooManyRequestsError(text)
     else:
         error = ClusterError(text)
         if code in (401, 403, 405, 406, 415):

@@ -221,6 +221,12 @@ class ClusterApi(Protocol):
         """Delete; ``uid``/``resource_version`` are preconditions (mismatch → ``ConflictError``)."""
         ...
 
+    def evict(self, *, name: str, namespace: str, uid: str | None = None) -> None:
+        """Evict a pod through the Eviction API (``policy/v1``), so PodDisruptionBudgets hold.
+        A budget that allows no disruption now raises ``TooManyRequestsError`` (HTTP 429);
+        ``uid`` is a precondition (mismatch → ``ConflictError``)."""
+        ...
+
 
 def metadata(obj: JsonObject) -> JsonObject:
     meta = obj.get("metadata")

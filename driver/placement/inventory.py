@@ -269,14 +269,21 @@ class Inventory:
         update_sets = not self._ranks_dirty
         for sig in self._sigs_for(gpu.table):
             sig_id = sig.id
-            if levels[sig_id] == old_levels[sig_id]:
+            new, old = levels[sig_id], old_levels[sig_id]
+            if new == old:
                 continue
-            best = -1
-            for other in node.gpus:
-                other_level = other.levels[sig_id]
-                if other_level >= 0 and (best < 0 or other_level < best):
-                    best = other_level
             old_best = node.best.get(sig_id, -1)
+            if new >= 0 and (old_best < 0 or new <= old_best):
+                best = new  # this GPU is (one of) the node's best now
+            elif old < 0 or old != old_best:
+                continue  # it was not the best and is not better than the best: nothing moves
+            else:
+                # It was the best and got worse: the node's best is its best GPU now.
+                best = -1
+                for other in node.gpus:
+                    other_level = other.levels[sig_id]
+                    if other_level >= 0 and (best < 0 or other_level < best):
+                        best = other_level
             if best == old_best:
                 continue
             if best >= 0:

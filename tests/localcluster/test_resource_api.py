@@ -223,3 +223,55 @@ def test_slice_field_selectors(resource_api: Any, field_selector: str, expected:
     listed = resource_api.list_resource_slice(field_selector=field_selector)
 
     assert [s.metadata.name for s in listed.items] == expected
+
+
+def _request(**exactly: Any) -> dict[str, Any]:
+    return {"name": "gpu", "exactly": {"deviceClassName": "mig.instaslice.dev", **exactly}}
+
+
+@pytest.mark.parametrize(
+    ("request_body", "fragment"),
+    [
+        (
+            _request(selectors=[{"cel": {"expression": 'device.attributes["x" ==  '}}]),
+            "spec.devices.requests[0].exactly.selectors[0].cel.expression: Invalid value",
+        ),
+        (_request(count=0), "spec.devices.requests[0].exactly.count: Invalid value"),
+        (
+            {
+                "name": "gpu",
+                "firstAvailable": [
+                    {
+                        "name": "small",
+                        "deviceClassName": "mig.instaslice.dev",
+                        "selectors": [{"cel": {"expression": "device.driver =="}}],
+                    }
+                ],
+            },
+            "spec.devices.requests[0].firstAvailable[0].selectors[0].cel.expression",
+        ),
+    ],
+    ids=["selector-does-not-compile", "count-zero", "subrequest-selector-does-not-compile"],
+)
+def test_a_claim_kube_apiserver_would_refuse_is_refused(
+    resource_api: Any, request_body: dict[str, Any], fragment: str
+) -> None:
+    """Found on a real 1.36 API server: CEL selectors are compiled on create (a malformed one
+    never reaches an allocator), and an exact count must be positive."""
+    body = claim("c")
+    body["spec"]["devices"]["requests"] = [request_body]
+    with pytest.raises(ApiException) as caught:
+        resource_api.create_namespaced_resource_claim(NS, body)
+    assert fragment in _invalid_message(caught)
+
+
+def test_a_device_class_with_a_malformed_selector_is_refused(resource_api: Any) -> None:
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "broken"},
+        "spec": {"selectors": [{"cel": {"expression": "device.driver =="}}]},
+    }
+    with pytest.raises(ApiException) as caught:
+        resource_api.create_device_class(body)
+    assert "spec.selectors[0].cel.expression: Invalid value" in _invalid_message(caught)

@@ -8,13 +8,20 @@ import copy
 
 import pytest
 
-from api.names import DRIVER_NAME, PLACEMENT_CONDITION
+from api.names import DRIVER_NAME
 from driver.cluster.port import EVENTS, PODS, RESOURCE_CLAIMS, JsonObject
 from driver.errors import ClusterError
 from localcluster.realstack import RealStack
 from tests.controller.harness import claim_object, request
 from tests.e2e.conftest import E2E_NS
-from tests.e2e.helpers import classic_pod, get_pod, is_gated, running, wait_for
+from tests.e2e.helpers import (
+    classic_pod,
+    get_pod,
+    is_gated,
+    placement_reason,
+    running,
+    wait_for,
+)
 
 
 def _claim(body: JsonObject) -> JsonObject:
@@ -42,11 +49,7 @@ def _pod_with_claim(name: str, claim: str) -> JsonObject:
 
 
 def _reason(stack: RealStack, name: str) -> str | None:
-    pod = get_pod(stack, E2E_NS, name) or {}
-    for condition in (pod.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == PLACEMENT_CONDITION:
-            return str(condition.get("reason"))
-    return None
+    return placement_reason(stack, E2E_NS, name)
 
 
 BAD_OPAQUE = [
@@ -64,9 +67,11 @@ BAD_OPAQUE = [
 
 BAD_CLAIMS = [
     pytest.param(
-        claim_object("bad", requests=[request(selectors=['device.attributes["x" ==  '])]),
+        claim_object(
+            "bad", requests=[request(selectors=["device.attributes['other.dev'].x == 1"])]
+        ),
         "InvalidSelector",
-        id="selector-does-not-compile",
+        id="selector-fails-at-runtime",
     ),
     pytest.param(
         claim_object("bad", requests=[request(profile="1g.5gb", count=40)]),
@@ -132,12 +137,22 @@ def test_the_webhook_refuses_impossible_classic_requests_with_its_reason(
     assert get_pod(cluster, E2E_NS, pod["metadata"]["name"]) is None
 
 
-def test_the_api_server_refuses_a_malformed_claim_itself(cluster: RealStack) -> None:
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"count": 0}, "count"),
+        ({"selectors": [{"cel": {"expression": 'device.attributes["x" ==  '}}]}, "compilation"),
+    ],
+    ids=["count-zero", "selector-does-not-compile"],
+)
+def test_the_api_server_refuses_a_malformed_claim_itself(
+    cluster: RealStack, change: JsonObject, words: str
+) -> None:
     bad = _claim(claim_object("malformed"))
-    bad["spec"]["devices"]["requests"][0]["exactly"]["count"] = 0
+    bad["spec"]["devices"]["requests"][0]["exactly"].update(change)
     with pytest.raises(ClusterError) as refused:
         cluster.api.create(RESOURCE_CLAIMS, bad, namespace=E2E_NS)
-    assert "count" in str(refused.value)
+    assert words in str(refused.value)
 
 
 def test_a_pod_of_another_dra_driver_is_left_to_kube_scheduler(cluster: RealStack) -> None:

@@ -1,0 +1,168 @@
+"""Capacity planning: every placement policy against the fluid floor on the kept traces, and how
+fast ``instaslice simulate`` replays 100,000 requests.
+
+The traces live in ``bench/traces/`` (gzipped JSON Lines, the format ``instaslice simulate`` reads)
+and are reproducible: each is ``synthesize`` with the parameters in ``TRACES``;
+``python -m bench.simulate --regenerate`` writes them again, byte for byte. The goal of the policy
+work (issue 17): the best policy's rejections above the floor at most a quarter of first-fit's.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from driver.placement import POLICIES
+from driver.planning.fleet import parse_fleet
+from driver.planning.replay import fluid_floor, replay
+from driver.planning.trace import parse_mix, read_trace, save_trace, synthesize
+
+TRACES_DIR = Path(__file__).resolve().parent / "traces"
+
+MIX_ISSUE = "1g.5gb=45,1g.10gb=10,2g.10gb=15,3g.20gb=15,4g.20gb=5,7g.40gb=5,1g.5gb+me=5"
+MIX_SMALL = "1g.5gb=60,1g.10gb=10,2g.10gb=15,3g.20gb=5,7g.40gb=10"
+MIX_LARGE = "1g.5gb=30,2g.10gb=20,3g.20gb=30,4g.20gb=10,7g.40gb=10"
+MIX_H100 = "1g.10gb=45,1g.20gb=10,2g.20gb=15,3g.40gb=15,4g.40gb=5,7g.80gb=5,1g.10gb+me=5"
+
+
+@dataclass(frozen=True, slots=True)
+class TraceSpec:
+    gpus: str
+    mix: str
+    load: float
+    seed: int
+    events: int = 20_000
+
+
+TRACES: dict[str, TraceSpec] = {
+    "a100-issue-mix-load090-seed1": TraceSpec("20x8xA100-40GB", MIX_ISSUE, 0.90, 1),
+    "a100-issue-mix-load095-seed1": TraceSpec("20x8xA100-40GB", MIX_ISSUE, 0.95, 1),
+    "a100-issue-mix-load090-seed2": TraceSpec("20x8xA100-40GB", MIX_ISSUE, 0.90, 2),
+    "a100-issue-mix-load095-seed2": TraceSpec("20x8xA100-40GB", MIX_ISSUE, 0.95, 2),
+    "a100-small-mix-load090-seed3": TraceSpec("20x8xA100-40GB", MIX_SMALL, 0.90, 3),
+    "a100-large-mix-load085-seed4": TraceSpec("20x8xA100-40GB", MIX_LARGE, 0.85, 4),
+    "a100-h100-issue-mix-load090-seed5": TraceSpec(
+        "10x8xA100-40GB,10x8xH100-80GB", MIX_ISSUE + "," + MIX_H100, 0.90, 5
+    ),
+}
+"""Trace name → how it was synthesized (``bench/traces/<name>.jsonl.gz``)."""
+
+SPEED_GPUS = "20x8xA100-40GB"
+SPEED_EVENTS = 100_000
+
+
+def trace_path(name: str) -> Path:
+    return TRACES_DIR / f"{name}.jsonl.gz"
+
+
+def regenerate() -> None:
+    TRACES_DIR.mkdir(exist_ok=True)
+    for name, spec in TRACES.items():
+        requests = synthesize(
+            fleet=parse_fleet(spec.gpus),
+            mix=parse_mix(spec.mix),
+            load=spec.load,
+            events=spec.events,
+            seed=spec.seed,
+        )
+        save_trace(requests, trace_path(name))
+        print(f"wrote {trace_path(name)}")
+
+
+def _compare(name: str, spec: TraceSpec) -> dict[str, Any]:
+    fleet = parse_fleet(spec.gpus)
+    trace = read_trace(trace_path(name))
+    floor = fluid_floor(trace, fleet).rejected
+    rejected = {policy: replay(trace, fleet, policy=policy).rejected for policy in POLICIES}
+    first_gap = rejected["firstfit"] - floor
+    best = min(rejected, key=lambda p: rejected[p])
+    return {
+        "trace": name,
+        "gpus": spec.gpus,
+        "load": spec.load,
+        "requests": len(trace),
+        "floor": floor,
+        "rejected": rejected,
+        "best": best,
+        "goal": floor + first_gap / 4,
+        "gap_ratio": round((rejected[best] - floor) / first_gap, 3) if first_gap else None,
+    }
+
+
+def _speed(events: int) -> list[dict[str, Any]]:
+    fleet = parse_fleet(SPEED_GPUS)
+    trace = synthesize(fleet=fleet, mix=parse_mix(MIX_ISSUE), load=0.9, events=events, seed=11)
+    runs = []
+    for policy in POLICIES:
+        started = time.perf_counter()
+        result = replay(trace, fleet, policy=policy)
+        runs.append(
+            {
+                "policy": policy,
+                "requests": result.requests,
+                "wall_s": round(time.perf_counter() - started, 2),
+            }
+        )
+    started = time.perf_counter()
+    fluid_floor(trace, fleet)
+    runs.append(
+        {"policy": "floor", "requests": events, "wall_s": round(time.perf_counter() - started, 2)}
+    )
+    return runs
+
+
+def run(*, quick: bool) -> dict[str, Any]:
+    names = list(TRACES)[:1] if quick else list(TRACES)
+    comparisons = []
+    for name in names:
+        spec = TRACES[name]
+        if quick:
+            spec = TraceSpec(spec.gpus, spec.mix, spec.load, spec.seed, events=300)
+            fleet = parse_fleet(spec.gpus)
+            trace = synthesize(
+                fleet=fleet, mix=parse_mix(spec.mix), load=spec.load, events=300, seed=1
+            )
+            floor = fluid_floor(trace, fleet).rejected
+            comparisons.append(
+                {
+                    "trace": "quick",
+                    "floor": floor,
+                    "rejected": {p: replay(trace, fleet, policy=p).rejected for p in POLICIES},
+                }
+            )
+            continue
+        comparisons.append(_compare(name, spec))
+    return {
+        "benchmark": "simulate",
+        "quick": quick,
+        "comparisons": comparisons,
+        "speed": _speed(2_000 if quick else SPEED_EVENTS),
+    }
+
+
+def summary(result: dict[str, Any]) -> str:
+    lines = []
+    for c in result["comparisons"]:
+        rejected = ", ".join(f"{p} {n}" for p, n in c["rejected"].items())
+        line = f"{c['trace']}: floor {c['floor']}, {rejected}"
+        if "goal" in c:
+            line += (
+                f" (goal <= {c['goal']:.0f}; best {c['best']}: {c['gap_ratio']} of first-fit's gap)"
+            )
+        lines.append(line)
+    for s in result["speed"]:
+        lines.append(f"replay {s['requests']} requests with {s['policy']}: {s['wall_s']} s")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--regenerate"]:
+        regenerate()
+        sys.exit(0)
+    print(
+        "usage: python -m bench.simulate --regenerate   (run the benchmark: python -m bench simulate)"
+    )
+    sys.exit(2)

@@ -1,0 +1,368 @@
+"""Defragmentation advice: the fewest running pods to move so that a profile fits.
+
+The input is the placement engine holding the cluster's inventory and occupancy, plus the *units*
+that can move: each the slices of one pod (or of pods sharing a claim, which can only move together).
+Slices of no unit (a claim no running pod holds, another driver's instance) stay put.
+
+A plan is valid when, after the plan's units leave their slices, ``count`` instances of the profile
+fit at the plan's target placements *and* every unit that left can be placed again elsewhere by the
+engine (largest first, with the engine's policy), never on a target placement. The search enumerates
+target placements by the units they displace — the blockers of a placement are exactly the units with
+a slice overlapping it (or holding the GPU's one ``+me`` engine for a ``+me`` profile) — cheapest
+first, and adds further units only when the blockers cannot all be re-placed. Plans are tried in
+increasing size, so the first valid plan is a smallest one (``proven_minimal``) unless the step budget
+ran out first.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from driver.errors import ConfigError, PlacementError
+from driver.placement import (
+    DeviceRequest,
+    Engine,
+    NoFit,
+    Occupant,
+    Placed,
+    PodRequest,
+    same_gpu,
+)
+from driver.placement.request import DeviceAssignment
+
+DEFAULT_BUDGET = 2_000
+"""Plans checked (each one release/commit/place round on the engine) before settling for the best
+plan found without proof that it is the smallest."""
+
+WALK_STEPS_PER_PLAN = 50
+"""Candidate steps of the target-set enumeration allowed per plan of the budget."""
+
+
+class _OutOfBudgetError(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class UnitSlice:
+    """One slice a unit holds now."""
+
+    node: str
+    gpu_index: int
+    profile: str
+    start: int
+    size: int
+    media: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """What moves together: one pod's slices (or several pods sharing a claim)."""
+
+    key: str
+    """How people name it, e.g. ``ns/pod`` or ``ns/pod-a + ns/pod-b``."""
+    slices: tuple[UnitSlice, ...]
+
+    @property
+    def memory_slices(self) -> int:
+        return sum(s.size for s in self.slices)
+
+    def request(self) -> PodRequest:
+        """The unit as a pod request: its profiles, on one GPU when they share one now."""
+        requests = tuple(
+            DeviceRequest(name=f"slice-{i}", profiles=frozenset({s.profile}))
+            for i, s in enumerate(self.slices)
+        )
+        on_one_gpu = len({(s.node, s.gpu_index) for s in self.slices}) == 1
+        constraints = (same_gpu(),) if on_one_gpu and len(self.slices) > 1 else ()
+        return PodRequest(requests=requests, constraints=constraints)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    node: str
+    gpu_index: int
+    profile: str
+    start: int
+    size: int
+    media: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    unit: Unit
+    to: tuple[DeviceAssignment, ...]
+    """Where the unit's slices could go, in the order of ``unit.slices``."""
+
+
+@dataclass(frozen=True, slots=True)
+class DefragPlan:
+    profile: str
+    count: int
+    targets: tuple[Target, ...]
+    moves: tuple[Move, ...]
+    proven_minimal: bool
+    checked: int
+    """Candidate plans checked."""
+
+
+@dataclass(frozen=True, slots=True)
+class NoPlan:
+    reason: str
+
+
+def _overlaps(a_start: int, a_size: int, b: UnitSlice) -> bool:
+    return a_start < b.start + b.size and b.start < a_start + a_size
+
+
+class _Search:
+    def __init__(
+        self, engine: Engine, units: Sequence[Unit], profile: str, count: int, budget: int
+    ) -> None:
+        self.engine = engine
+        self.budget = budget
+        self.steps = 0
+        self.units = tuple(units)
+        self.profile = profile
+        self.count = count
+        self.by_gpu: dict[tuple[str, int], list[int]] = {}
+        for i, unit in enumerate(self.units):
+            for s in unit.slices:
+                gpu = self.by_gpu.setdefault((s.node, s.gpu_index), [])
+                if i not in gpu:
+                    gpu.append(i)
+        self.checked = 0
+
+    def candidates(self) -> list[tuple[Target, frozenset[int]]]:
+        """Every placement of the profile that moving units could free, with its blockers."""
+        found: list[tuple[Target, frozenset[int]]] = []
+        inventory = self.engine.inventory
+        for node in inventory.nodes():
+            for gpu in node.gpus:
+                profile = gpu.table.profile_by_name.get(self.profile)
+                if profile is None:
+                    continue
+                held = self.by_gpu.get((node.name, gpu.index), [])
+                unit_slices = [
+                    (i, s)
+                    for i in held
+                    for s in self.units[i].slices
+                    if (s.node, s.gpu_index) == (node.name, gpu.index)
+                ]
+                fixed_mask = 0
+                fixed_media = False
+                for occupant in _fixed_occupants(
+                    inventory.occupants(node.name, gpu.index), [s for _, s in unit_slices]
+                ):
+                    fixed_mask |= occupant.mask
+                    fixed_media |= occupant.media or occupant.profile in gpu.table.media_names
+                for placement in profile.placements:
+                    if placement.mask & fixed_mask or (profile.media and fixed_media):
+                        continue
+                    blockers = frozenset(
+                        i
+                        for i, s in unit_slices
+                        if _overlaps(placement.start, placement.size, s)
+                        or (profile.media and (s.media or s.profile in gpu.table.media_names))
+                    )
+                    found.append(
+                        (
+                            Target(
+                                node=node.name,
+                                gpu_index=gpu.index,
+                                profile=self.profile,
+                                start=placement.start,
+                                size=placement.size,
+                                media=profile.media,
+                            ),
+                            blockers,
+                        )
+                    )
+        found.sort(key=lambda c: (len(c[1]), self._moved_slices(c[1])))
+        return found
+
+    def _moved_slices(self, units: frozenset[int]) -> int:
+        return sum(self.units[i].memory_slices for i in units)
+
+    def target_sets(
+        self, candidates: list[tuple[Target, frozenset[int]]], limit: int
+    ) -> Iterator[tuple[tuple[Target, ...], frozenset[int]]]:
+        """Sets of ``count`` distinct, non-overlapping targets whose blockers number ``<= limit``."""
+
+        def walk(
+            start: int, chosen: list[Target], blockers: frozenset[int]
+        ) -> Iterator[tuple[tuple[Target, ...], frozenset[int]]]:
+            if len(chosen) == self.count:
+                yield tuple(chosen), blockers
+                return
+            for j in range(start, len(candidates)):
+                self.steps += 1
+                if self.steps > self.budget * WALK_STEPS_PER_PLAN:
+                    raise _OutOfBudgetError
+                target, more = candidates[j]
+                union = blockers | more
+                if len(union) > limit:
+                    continue
+                if any(_clash(target, other) for other in chosen):
+                    continue
+                chosen.append(target)
+                yield from walk(j + 1, chosen, union)
+                chosen.pop()
+
+        yield from walk(0, [], frozenset())
+
+    def reseat(self, moving: frozenset[int], targets: Sequence[Target]) -> tuple[Move, ...] | None:
+        self.checked += 1
+        if self.checked > self.budget:
+            raise _OutOfBudgetError
+        return reseat(self.engine, [self.units[i] for i in sorted(moving)], targets)
+
+
+def reseat(
+    engine: Engine, moving: Sequence[Unit], targets: Sequence[Target]
+) -> tuple[Move, ...] | None:
+    """Whether ``targets`` fit once the ``moving`` units leave, and those units then fit elsewhere
+    (placed by the engine, largest first); their new places, or ``None``. This is what makes a plan
+    valid. Leaves the engine as it found it."""
+    for unit in moving:
+        for s in unit.slices:
+            engine.release(
+                s.node, s.gpu_index, start=s.start, size=s.size, media=s.media, profile=s.profile
+            )
+    committed: list[Placed] = []
+    try:
+        target_placed = Placed(
+            node="",
+            assignments=tuple(
+                DeviceAssignment(
+                    request="target",
+                    node=t.node,
+                    gpu_index=t.gpu_index,
+                    profile=t.profile,
+                    start=t.start,
+                    size=t.size,
+                    media=t.media,
+                )
+                for t in targets
+            ),
+        )
+        try:
+            engine.commit(target_placed)
+        except PlacementError:  # a target is still occupied: this plan is not valid
+            return None
+        committed.append(target_placed)
+        moves: list[Move] = []
+        for unit in sorted(moving, key=lambda u: (-u.memory_slices, u.key)):
+            result = engine.place(unit.request())
+            if isinstance(result, NoFit):
+                return None
+            engine.commit(result)
+            committed.append(result)
+            moves.append(Move(unit=unit, to=result.assignments))
+        return tuple(sorted(moves, key=lambda m: m.unit.key))
+    finally:
+        for placed in reversed(committed):
+            engine.release_placed(placed)
+        for unit in moving:
+            for s in unit.slices:
+                engine.occupy(
+                    s.node,
+                    s.gpu_index,
+                    start=s.start,
+                    size=s.size,
+                    media=s.media,
+                    profile=s.profile,
+                )
+
+
+def _clash(a: Target, b: Target) -> bool:
+    if (a.node, a.gpu_index) != (b.node, b.gpu_index):
+        return False
+    return (a.start < b.start + b.size and b.start < a.start + a.size) or (a.media and b.media)
+
+
+def _fixed_occupants(
+    occupants: Sequence[Occupant], unit_slices: Sequence[UnitSlice]
+) -> list[Occupant]:
+    """The occupants of one GPU that no unit holds (one occupant per unit slice is taken off)."""
+    remaining = list(occupants)
+    for s in unit_slices:
+        occupant = Occupant(start=s.start, size=s.size, media=s.media, profile=s.profile)
+        if occupant in remaining:
+            remaining.remove(occupant)
+    return remaining
+
+
+def plan_defrag(
+    engine: Engine,
+    units: Sequence[Unit],
+    *,
+    profile: str,
+    count: int = 1,
+    budget: int = DEFAULT_BUDGET,
+) -> DefragPlan | NoPlan:
+    """The fewest units to move so that ``count`` more ``profile`` slices fit; see the module doc."""
+    if count < 1:
+        raise ConfigError(f"count must be at least 1, got {count}")
+    if not engine.inventory.published_gpus(profile):
+        known = ", ".join(engine.inventory.profile_names()) or "none"
+        return NoPlan(reason=f"no node publishes MIG profile {profile} (published: {known})")
+    search = _Search(engine, units, profile, count, budget)
+    candidates = search.candidates()
+    if len(candidates) < count:
+        return NoPlan(
+            reason=f"only {len(candidates)} placements of {profile} can be freed by moving pods; "
+            f"{count} asked"
+        )
+    try:
+        return _smallest(search, candidates)
+    except _OutOfBudgetError:
+        pass
+    # Out of budget: the first valid plan among target sets that move only their blockers.
+    search.steps = search.checked = 0
+    try:
+        for targets, blockers in search.target_sets(candidates, len(search.units)):
+            moves = search.reseat(blockers, targets)
+            if moves is not None:
+                return DefragPlan(
+                    profile=profile,
+                    count=count,
+                    targets=targets,
+                    moves=moves,
+                    proven_minimal=False,
+                    checked=search.checked,
+                )
+    except _OutOfBudgetError:
+        pass
+    return NoPlan(reason=f"no plan found within {budget} checked plans")
+
+
+def _smallest(
+    search: _Search, candidates: list[tuple[Target, frozenset[int]]]
+) -> DefragPlan | NoPlan:
+    """Plans in increasing size; the first valid one (``_OutOfBudgetError`` past the budget)."""
+    for size in range(len(search.units) + 1):
+        # Plans of one size: those that move only their targets' blockers first, then those that
+        # also move other units (to make room for the blockers).
+        for only_blockers in (True, False):
+            for targets, blockers in search.target_sets(candidates, size):
+                extra = size - len(blockers)
+                if (extra == 0) != only_blockers:
+                    continue
+                rest = [i for i in range(len(search.units)) if i not in blockers]
+                for added in itertools.combinations(rest, extra):
+                    moves = search.reseat(blockers | frozenset(added), targets)
+                    if moves is not None:
+                        return DefragPlan(
+                            profile=search.profile,
+                            count=search.count,
+                            targets=targets,
+                            moves=moves,
+                            proven_minimal=True,
+                            checked=search.checked,
+                        )
+    return NoPlan(
+        reason=f"no set of pods can be moved so that {search.count} x {search.profile} fit "
+        "(the pods that would have to leave cannot be placed anywhere else)"
+    )

@@ -1,0 +1,100 @@
+"""A hypothetical cluster for capacity planning: ``20x8xA100-40GB,4x8xH100-80GB``.
+
+Each group is nodes x GPUs per node x model (a catalog name, case-insensitive). Nodes are named
+``node-0000``, ``node-0001``… across groups in the order given, so first-fit fills the first group
+first, as it would fill the alphabetically first nodes of a real cluster.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from driver.errors import ConfigError
+from driver.mig.catalog import gpu_model
+from driver.mig.model import GpuModel
+from driver.placement import GpuSpec, NodeSpec
+
+_GROUP = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*[xX]\s*([A-Za-z0-9][A-Za-z0-9.+-]*)\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class FleetGroup:
+    nodes: int
+    gpus_per_node: int
+    model: GpuModel
+
+    @property
+    def text(self) -> str:
+        return f"{self.nodes}x{self.gpus_per_node}x{self.model.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """Node specs for the placement engine plus the few totals planning needs."""
+
+    groups: tuple[FleetGroup, ...]
+    nodes: tuple[NodeSpec, ...]
+
+    @property
+    def memory_slices(self) -> int:
+        return sum(g.nodes * g.gpus_per_node * g.model.memory_slices for g in self.groups)
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(g.nodes * g.gpus_per_node for g in self.groups)
+
+    @property
+    def models(self) -> tuple[GpuModel, ...]:
+        return tuple(dict.fromkeys(g.model for g in self.groups))
+
+    @property
+    def text(self) -> str:
+        return ",".join(g.text for g in self.groups)
+
+    def slices_of(self, profile: str) -> int | None:
+        """Memory slices ``profile`` takes on the first model of the fleet that offers it."""
+        for model in self.models:
+            for candidate in model.profiles:
+                if candidate.name == profile:
+                    return candidate.memory_slices
+        return None
+
+    def profile_names(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(p.name for m in self.models for p in m.profiles))
+
+
+def parse_fleet(text: str) -> Fleet:
+    """``NODESxGPUSxMODEL[,…]``; ``ConfigError`` naming the bad group and why."""
+    groups: list[FleetGroup] = []
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        match = _GROUP.match(part)
+        if match is None:
+            raise ConfigError(
+                f"GPU group {part.strip()!r} is not NODESxGPUSxMODEL (e.g. 20x8xA100-40GB)"
+            )
+        nodes, gpus = int(match.group(1)), int(match.group(2))
+        if nodes < 1 or gpus < 1:
+            raise ConfigError(f"GPU group {part.strip()!r}: nodes and GPUs must be at least 1")
+        groups.append(FleetGroup(nodes=nodes, gpus_per_node=gpus, model=gpu_model(match.group(3))))
+    if not groups:
+        raise ConfigError("no GPUs given; write NODESxGPUSxMODEL[,…] (e.g. 20x8xA100-40GB)")
+    return fleet_of(groups)
+
+
+def fleet_of(groups: list[FleetGroup]) -> Fleet:
+    total = sum(g.nodes for g in groups)
+    width = max(4, len(str(total - 1)))
+    specs: list[NodeSpec] = []
+    for group in groups:
+        for _ in range(group.nodes):
+            n = len(specs)
+            name = f"node-{n:0{width}d}"
+            gpus = tuple(
+                GpuSpec(index=i, model=group.model, uuid=f"GPU-{name}-{i}")
+                for i in range(group.gpus_per_node)
+            )
+            specs.append(NodeSpec(name=name, gpus=gpus))
+    return Fleet(groups=tuple(groups), nodes=tuple(specs))

@@ -1,0 +1,301 @@
+"""Replaying a request trace on a fleet with the product's own placement engine.
+
+Each request becomes the pod request the controller would build for a classic pod asking ``count``
+slices of one profile (all on one GPU), and goes through ``Engine.place`` / ``commit`` exactly as in
+the controller; its slices are released at placement time + ``duration``. Releases due at or before
+an arrival happen first. By default a request that does not fit is rejected and dropped; with
+``queue=True`` it waits in one FIFO queue (the head blocks those behind it, as a fair scheduler
+would) and is placed as soon as releases make room for it.
+
+Figures per run: accepted / rejected, *stranded* (rejected although one GPU of a model offering the
+profile had enough free memory slices — counted without placement rules: the fragmentation a policy
+leaves behind), memory-slice utilization (time-weighted mean and peak between the first and the last
+arrival), queue waits, and optionally a timeline for plots.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from driver.errors import ConfigError
+from driver.placement import Engine, NoFit, Placed, PodRequest, Policy
+from driver.planning.fleet import Fleet
+from driver.planning.trace import TraceRequest
+
+Need = tuple[tuple[str, int], ...]
+"""Per GPU model offering the request's profile: (model name, memory slices it needs there)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """Sampled at every arrival: time, memory slices in use, rejections so far."""
+
+    t: tuple[float, ...]
+    used_slices: tuple[int, ...]
+    rejected: tuple[int, ...]
+    capacity: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    policy: str
+    requests: int
+    accepted: int
+    rejected: int
+    stranded: int
+    mean_utilization: float
+    peak_utilization: float
+    wall_s: float
+    queued: int = 0
+    """Requests that had to wait (``queue=True`` only)."""
+    wait_p50_s: float | None = None
+    wait_p99_s: float | None = None
+    timeline: Timeline | None = field(default=None, compare=False, repr=False)
+
+
+def percentile(sorted_values: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile of already sorted values (0.0 when there are none)."""
+    if not sorted_values:
+        return 0.0
+    index = min(len(sorted_values) - 1, max(0, math.ceil(fraction * len(sorted_values)) - 1))
+    return float(sorted_values[index])
+
+
+def needs_for(fleet: Fleet, request: TraceRequest, *, source: str = "trace") -> Need:
+    """Where the request could go at all; ``ConfigError`` naming its line if nowhere is offered."""
+    needs = []
+    for model in fleet.models:
+        for profile in model.profiles:
+            if profile.name == request.profile:
+                needs.append((model.name, profile.memory_slices * request.count))
+    if not needs:
+        where = f"{source} line {request.line}: " if request.line else ""
+        raise ConfigError(
+            f"{where}profile {request.profile!r} is not offered by any GPU of the fleet "
+            f"{fleet.text} (offered: {', '.join(fleet.profile_names())})"
+        )
+    return tuple(needs)
+
+
+def check_trace(
+    trace: Sequence[TraceRequest], fleet: Fleet, *, source: str = "trace"
+) -> dict[tuple[str, int], Need]:
+    """The needs of every distinct (profile, count) of the trace; ``ConfigError`` on the first
+    request whose profile the fleet does not offer."""
+    needs: dict[tuple[str, int], Need] = {}
+    for request in trace:
+        key = (request.profile, request.count)
+        if key not in needs:
+            needs[key] = needs_for(fleet, request, source=source)
+    return needs
+
+
+def _stranded(engine: Engine, need: Need) -> bool:
+    """Some GPU of a model offering the profile has enough free memory slices, rules aside.
+
+    Asked only on a rejection (rare), so it reads the engine's GPUs instead of tracking them."""
+    wanted = dict(need)
+    for node in engine.inventory.nodes():
+        for gpu in node.gpus:
+            slices = wanted.get(gpu.spec.model.name)
+            if slices is not None and gpu.table.slices - gpu.used >= slices:
+                return True
+    return False
+
+
+class _Utilization:
+    """Time-weighted memory-slice use between the first and the last arrival."""
+
+    def __init__(self, capacity: int, start: float) -> None:
+        self.capacity = capacity
+        self.used = 0
+        self.peak = 0
+        self.area = 0.0
+        self.last = start
+        self.start = start
+
+    def advance(self, now: float) -> None:
+        if now > self.last:
+            self.area += self.used * (now - self.last)
+            self.last = now
+
+    def change(self, delta: int) -> None:
+        self.used += delta
+        self.peak = max(self.peak, self.used)
+
+    def mean(self, end: float) -> float:
+        span = end - self.start
+        if span <= 0 or not self.capacity:
+            return self.used / self.capacity if self.capacity else 0.0
+        return self.area / span / self.capacity
+
+
+def replay(
+    trace: Sequence[TraceRequest],
+    fleet: Fleet,
+    *,
+    policy: str | Policy,
+    queue: bool = False,
+    timeline: bool = False,
+) -> ReplayResult:
+    """Replay ``trace`` on an empty ``fleet`` with ``policy``; see the module docstring."""
+    needs = check_trace(trace, fleet)
+    started = time.perf_counter()
+    engine = Engine(policy=policy)
+    for node in fleet.nodes:
+        engine.set_node(node)
+    pods: dict[tuple[str, int], PodRequest] = {
+        key: PodRequest.single(key[0], count=key[1], one_gpu=key[1] > 1) for key in needs
+    }
+    # What could not be placed even on an empty fleet is rejected at once, never queued.
+    empty = Engine(policy="firstfit")  # feasibility does not depend on the policy
+    for node in fleet.nodes:
+        empty.set_node(node)
+    impossible = {key for key, pod in pods.items() if isinstance(empty.place(pod), NoFit)}
+    first = trace[0].t if trace else 0.0
+    last_arrival = trace[-1].t if trace else 0.0
+    use = _Utilization(fleet.memory_slices, first)
+    departures: list[tuple[float, int, Placed, int]] = []
+    waiting: deque[TraceRequest] = deque()
+    waits: list[float] = []
+    sequence = 0
+    accepted = rejected = stranded = queued = 0
+    samples_t: list[float] = []
+    samples_used: list[int] = []
+    samples_rejected: list[int] = []
+
+    def try_place(request: TraceRequest, now: float) -> Placed | NoFit:
+        nonlocal sequence, accepted
+        result = engine.place(pods[(request.profile, request.count)])
+        if isinstance(result, Placed):
+            engine.commit(result)
+            slices = sum(a.size for a in result.assignments)
+            use.change(slices)
+            sequence += 1
+            heapq.heappush(departures, (now + request.duration, sequence, result, slices))
+            accepted += 1
+        return result
+
+    def drain(now: float) -> None:
+        while waiting:
+            head = waiting[0]
+            if isinstance(try_place(head, now), NoFit):
+                return
+            waiting.popleft()
+            waits.append(now - head.t)
+
+    def release_until(now: float) -> None:
+        while departures and departures[0][0] <= now:
+            end, _, placed, slices = heapq.heappop(departures)
+            use.advance(min(end, last_arrival))
+            engine.release_placed(placed)
+            use.change(-slices)
+            if queue:
+                drain(end)
+
+    for request in trace:
+        release_until(request.t)
+        use.advance(request.t)
+        key = (request.profile, request.count)
+        if key in impossible:
+            rejected += 1
+        elif queue and waiting:
+            waiting.append(request)
+            queued += 1
+        else:
+            result = try_place(request, request.t)
+            if isinstance(result, NoFit):
+                if queue:
+                    waiting.append(request)
+                    queued += 1
+                else:
+                    rejected += 1
+                    stranded += _stranded(engine, needs[key])
+            elif queue:
+                waits.append(0.0)
+        if timeline:
+            samples_t.append(request.t)
+            samples_used.append(use.used)
+            samples_rejected.append(rejected)
+    mean = use.mean(last_arrival)
+    peak = use.peak / fleet.memory_slices if fleet.memory_slices else 0.0
+    if queue:
+        # Let the cluster run on until everyone waiting is placed (releases free everything).
+        while waiting and departures:
+            release_until(departures[0][0])
+        rejected += len(waiting)
+    waits.sort()
+    return ReplayResult(
+        policy=engine.policy.name,
+        requests=len(trace),
+        accepted=accepted,
+        rejected=rejected,
+        stranded=stranded,
+        mean_utilization=round(mean, 4),
+        peak_utilization=round(peak, 4),
+        wall_s=round(time.perf_counter() - started, 3),
+        queued=queued,
+        wait_p50_s=round(percentile(waits, 0.50), 3) if queue else None,
+        wait_p99_s=round(percentile(waits, 0.99), 3) if queue else None,
+        timeline=Timeline(
+            t=tuple(samples_t),
+            used_slices=tuple(samples_used),
+            rejected=tuple(samples_rejected),
+            capacity=fleet.memory_slices,
+        )
+        if timeline
+        else None,
+    )
+
+
+# ------------------------------------------------------------------------------ the floor
+
+
+@dataclass(frozen=True, slots=True)
+class FloorResult:
+    """Rejections of a *fluid* fleet on the same trace: no online policy can do better."""
+
+    requests: int
+    rejected: int
+
+
+def fluid_floor(trace: Sequence[TraceRequest], fleet: Fleet) -> FloorResult:
+    """Replay ``trace`` on a fleet where only each model's total of free memory slices counts.
+
+    No placement starts, no GPU boundaries, no ``max_count``: a request fits when some model that
+    offers its profile has that many memory slices free anywhere (and one GPU of it is large enough
+    at all). Where several models could take it, the one with the most free slices does. Perfect
+    packing can only accept more than any real policy, so its rejections are the floor the
+    policies are measured against.
+    """
+    needs = check_trace(trace, fleet)
+    free: dict[str, int] = {}
+    size: dict[str, int] = {}
+    for group in fleet.groups:
+        name = group.model.name
+        free[name] = (
+            free.get(name, 0) + group.nodes * group.gpus_per_node * group.model.memory_slices
+        )
+        size[name] = group.model.memory_slices
+    departures: list[tuple[float, int, str, int]] = []
+    rejected = 0
+    for sequence, request in enumerate(trace):
+        while departures and departures[0][0] <= request.t:
+            _, _, model, slices = heapq.heappop(departures)
+            free[model] += slices
+        chosen = None
+        for model, slices in needs[(request.profile, request.count)]:
+            fits = slices <= size[model] and slices <= free[model]
+            if fits and (chosen is None or free[model] > free[chosen[0]]):
+                chosen = (model, slices)
+        if chosen is None:
+            rejected += 1
+            continue
+        free[chosen[0]] -= chosen[1]
+        heapq.heappush(departures, (request.t + request.duration, sequence, *chosen))
+    return FloorResult(requests=len(trace), rejected=rejected)

@@ -1,0 +1,42 @@
+"""The capacity-planning benchmark: its kept traces are what their recorded parameters make."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.__main__ import main
+from bench.simulate import TRACES, trace_path
+from driver.planning.fleet import parse_fleet
+from driver.planning.trace import parse_mix, read_trace, synthesize
+
+
+@pytest.mark.parametrize("name", list(TRACES)[:2])
+def test_kept_traces_are_reproducible(name: str) -> None:
+    spec = TRACES[name]
+    made = synthesize(
+        fleet=parse_fleet(spec.gpus),
+        mix=parse_mix(spec.mix),
+        load=spec.load,
+        events=spec.events,
+        seed=spec.seed,
+    )
+    kept = read_trace(trace_path(name))
+    assert [(r.t, r.profile, r.count, r.duration) for r in kept] == [
+        (r.t, r.profile, r.count, r.duration) for r in made
+    ]
+
+
+def test_every_kept_trace_exists() -> None:
+    for name in TRACES:
+        assert trace_path(name).stat().st_size > 0
+
+
+def test_simulate_bench_quick_writes_its_figures(tmp_path: Path) -> None:
+    assert main(["--quick", "--out", str(tmp_path), "simulate"]) == 0
+    result = json.loads((tmp_path / "simulate.json").read_text())
+    (comparison,) = result["comparisons"]
+    assert all(n >= comparison["floor"] for n in comparison["rejected"].values())
+    assert {s["policy"] for s in result["speed"]} >= {"firstfit", "bestfit", "floor"}

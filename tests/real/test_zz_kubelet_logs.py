@@ -1,0 +1,37 @@
+"""Runs last (file order): the kubelets' error lines about our plugins over the whole session.
+
+Errors that the scenarios cause on purpose (a plugin or kubelet killed mid-burst: refused
+connections, a prepare or an Allocate that failed while the plugin was gone, a pod rejected at
+admission) are expected; any other error line that names our driver or resources is a finding.
+"""
+
+from __future__ import annotations
+
+import re
+
+from api import names
+from localcluster.realstack import RealStack
+
+OURS = re.compile(
+    rf"{re.escape(names.DRIVER_NAME)}|{re.escape(names.CLASSIC_RESOURCE_PREFIX)}|instaslice"
+)
+CAUSED_BY_THE_KILL_SCENARIOS = re.compile(
+    r"connection refused|Error while dialing|ListAndWatch ended unexpectedly|"
+    r"UnexpectedAdmissionError|Failed to admit pod|code = Unavailable|context deadline exceeded|"
+    r"error reading from server: EOF|transport is closing|no such file or directory"
+)
+
+
+def test_the_kubelets_logged_no_error_about_our_plugins(real_stack: RealStack) -> None:
+    findings: list[str] = []
+    expected = 0
+    for node, lines in real_stack.kubelet_errors().items():
+        for line in lines:
+            if not OURS.search(line):
+                continue
+            if CAUSED_BY_THE_KILL_SCENARIOS.search(line):
+                expected += 1
+                continue
+            findings.append(f"{node}: {line}")
+    print(f"{expected} error lines from the kill scenarios")
+    assert not findings, "\n".join(findings[:30])
