@@ -399,7 +399,16 @@ def _pod_sees_its_own_slices(stack: Stack, view: ClusterView, pod: JsonObject) -
         problems.append(
             f"{where} sees MIG devices {sorted(seen)} but holds {sorted(map(str, own))}"
         )
-    if classic and len([h for h in held if h[2].shadow]) != classic:
+    # Classic slices come from shadow claims (controller mode) or from the claim kube-scheduler
+    # made for the pod's extended resources (scheduler mode: pod.status.extendedResourceClaimStatus).
+    extended = ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get(
+        "resourceClaimName"
+    )
+    extended_key = f"{meta['namespace']}/{extended}" if extended else None
+    if (
+        classic
+        and len([h for h in held if h[2].shadow or h[2].claim_key == extended_key]) != classic
+    ):
         problems.append(f"{where} asks {classic} classic slices but holds {len(held)}")
     return problems
 
