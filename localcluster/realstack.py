@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import yaml
 
@@ -157,6 +157,15 @@ class ContainerRecord:
     container: str
     cdi_devices: tuple[str, ...]
     envs: Mapping[str, str]
+
+
+def _cri_bytes(value: Any) -> str:
+    """A CRI ``KeyValue.value``: ``bytes`` in the 1.36 CRI API, so protojson wrote it base64."""
+    text = str(value or "")
+    try:
+        return base64.b64decode(text, validate=True).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return text
 
 
 def read_container_records(state_dir: Path) -> list[ContainerRecord]:

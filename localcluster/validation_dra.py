@@ -6,7 +6,8 @@ each ``status.devices`` entry must name an allocated device;
 a ResourceSlice holds either ``devices`` or ``sharedCounters``, at most 128 devices (64 when any
 device consumes counters or has taints), and its driver and node are immutable. CEL selectors of
 requests and DeviceClasses must compile (kube-apiserver compiles them on create: a claim with a
-malformed selector never reaches an allocator), and an exact count must be positive.
+malformed selector never reaches an allocator), and an exact count must be positive (``0`` is
+defaulted to 1 before: ``strategy``).
 """
 
 from __future__ import annotations

@@ -236,7 +236,7 @@ def _request(**exactly: Any) -> dict[str, Any]:
             _request(selectors=[{"cel": {"expression": 'device.attributes["x" ==  '}}]),
             "spec.devices.requests[0].exactly.selectors[0].cel.expression: Invalid value",
         ),
-        (_request(count=0), "spec.devices.requests[0].exactly.count: Invalid value"),
+        (_request(count=-1), "spec.devices.requests[0].exactly.count: Invalid value"),
         (
             {
                 "name": "gpu",
@@ -251,7 +251,7 @@ def _request(**exactly: Any) -> dict[str, Any]:
             "spec.devices.requests[0].firstAvailable[0].selectors[0].cel.expression",
         ),
     ],
-    ids=["selector-does-not-compile", "count-zero", "subrequest-selector-does-not-compile"],
+    ids=["selector-does-not-compile", "count-negative", "subrequest-selector-does-not-compile"],
 )
 def test_a_claim_kube_apiserver_would_refuse_is_refused(
     resource_api: Any, request_body: dict[str, Any], fragment: str
@@ -275,3 +275,11 @@ def test_a_device_class_with_a_malformed_selector_is_refused(resource_api: Any) 
     with pytest.raises(ApiException) as caught:
         resource_api.create_device_class(body)
     assert "spec.selectors[0].cel.expression: Invalid value" in _invalid_message(caught)
+
+
+def test_a_zero_count_is_defaulted_to_one(resource_api: Any) -> None:
+    """As the real 1.36 API server does (0 is the field's zero value)."""
+    body = claim("c")
+    body["spec"]["devices"]["requests"] = [_request(count=0)]
+    created = resource_api.create_namespaced_resource_claim(NS, body)
+    assert created.spec.devices.requests[0].exactly.count == 1
