@@ -23,6 +23,7 @@ _ERROR_TEXT: Final = {
     api.NVML_ERROR_GPU_IS_LOST: "GPU is lost",
     api.NVML_ERROR_UNKNOWN: "Unknown Error",
     api.NVML_ERROR_IN_USE: "In use by another client",
+    api.NVML_ERROR_TIMEOUT: "Timeout",
     api.NVML_ERROR_INSUFFICIENT_RESOURCES: "Insufficient Resources",
 }
 
