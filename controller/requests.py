@@ -167,8 +167,8 @@ def build_alternatives(
                 found = cache.candidates(device_class, choice.selectors, choice.tolerations)
                 if not found.profiles:
                     tainted = (
-                        f" ({found.untolerated} that do carry taints the request does not "
-                        f"tolerate, e.g. {found.example_taint})"
+                        f" that carries no taint the request does not tolerate ({found.untolerated}"
+                        f" matching devices are tainted, e.g. {found.example_taint})"
                         if found.untolerated
                         else ""
                     )

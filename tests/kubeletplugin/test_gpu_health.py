@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 import pytest
 
@@ -18,13 +19,14 @@ from api.names import DRIVER_NAME
 from driver.cluster.events import NORMAL, WARNING, EventRecorder
 from driver.cluster.kube import KubeClusterApi
 from driver.cluster.port import EVENTS, NODES, RESOURCE_SLICES, JsonObject
-from driver.resourceslices import complete_pools, parse_devices
-from driver.gpu.backend import GpuInfo, XidEvent
+from driver.errors import BackendError
+from driver.gpu.backend import GpuBackend, GpuInfo, XidEvent
 from driver.gpu.emulated import EmulatedGpuBackend
+from driver.resourceslices import complete_pools, parse_devices
+from kubeletplugin.health_settings import XidPolicy
 from kubeletplugin.inventory import build_inventory
 from kubeletplugin.metrics import PluginMetrics
 from kubeletplugin.plugin import KubeletPlugin, PluginConfig
-from kubeletplugin.health_settings import XidPolicy
 from kubeletplugin.publisher import GPU_HEALTHY_REASON, GPU_UNHEALTHY_REASON, SlicePublisher
 from kubeletplugin.xid_health import XidHealth
 from localcluster.apiserver import LocalApiServer
@@ -239,7 +241,9 @@ def test_a_restarted_plugin_keeps_the_time_the_taint_was_added(api: KubeClusterA
     later = Clock()
     later.now += timedelta(hours=2)
     assert make(later).sync() is False  # same taint, same time: nothing to write
-    assert taints_by_gpu(api, NODE)[1] == {f"{TAINT}=MarkedUnhealthy:NoSchedule@2026-12-01T17:00:00Z"}
+    assert taints_by_gpu(api, NODE)[1] == {
+        f"{TAINT}=MarkedUnhealthy:NoSchedule@2026-12-01T17:00:00Z"
+    }
     backend.close()
 
 
@@ -398,3 +402,61 @@ def test_plugin_taints_a_gpu_on_a_critical_xid_at_once(node: NodeHarness) -> Non
             watch.cancel()
         plugin.stop()
         backend.close()
+
+
+class _FailingOnce:
+    """Waiting for XID events fails once (the driver hiccups), then works."""
+
+    def __init__(self, inner: EmulatedGpuBackend) -> None:
+        self.inner = inner
+        self.failed = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def next_xid_event(self, *, timeout_seconds: float) -> XidEvent | None:
+        if not self.failed:
+            self.failed = True
+            raise BackendError("NVML nvmlEventSetWait_v2 failed: Unknown Error (code 999)")
+        return self.inner.next_xid_event(timeout_seconds=timeout_seconds)
+
+
+def test_the_xid_watch_outlives_a_failed_wait_and_marks_by_gpu_uuid() -> None:
+    inner = EmulatedGpuBackend(node_name=NODE, spec="2xA100-40GB")
+    flaky = _FailingOnce(inner)
+    changed: list[str] = []
+    xids = XidHealth(
+        backend=cast(GpuBackend, flaky),
+        policy=XidPolicy(),
+        on_change=lambda: changed.append("woken"),
+        wait_seconds=0.05,
+        retry_seconds=0.01,
+    )
+    xids.start()
+    try:
+        inner.inject_xid(1, 94, gi_id=2)
+        wait_for(lambda: bool(changed), what="the publisher to be woken")
+    finally:
+        xids.stop()
+    assert flaky.failed
+    (mark,) = xids.marks.values()
+    assert (mark.gpu_index, mark.xid, mark.gi_id, mark.code) == (1, 94, 2, "Xid94")
+    assert list(xids.marks) == [inner.gpus()[1].uuid]
+    first, second = xids.apply(inner.gpus())
+    assert first.healthy
+    assert (second.healthy, second.health_code) == (False, "Xid94")
+    assert second.health_reason is not None
+    assert "on GPU instance 2" in second.health_reason
+    inner.close()
+
+
+def test_an_xid_on_a_gpu_already_unhealthy_adds_to_its_reason() -> None:
+    backend = EmulatedGpuBackend(node_name=NODE, spec="A100-40GB")
+    backend.set_health(0, healthy=False, reason="rows pending")
+    xids = XidHealth(backend=backend, policy=XidPolicy())
+    assert xids.record(XidEvent(gpu_index=0, gpu_uuid=backend.gpus()[0].uuid, xid=79))
+    (gpu,) = xids.apply(backend.gpus())
+    assert gpu.health_code == "MarkedUnhealthy"  # the first reason stays the taint's
+    assert gpu.health_reason is not None
+    assert gpu.health_reason.startswith("rows pending; XID 79")
+    backend.close()
