@@ -26,6 +26,10 @@ it are **not** destroyed by the plugin: their pods may still run, and whether to
 administrator's call (the ``NoExecute`` effect, or deleting the pods). The gauge ``gpus{health}``
 counts GPUs by health.
 
+An API server without the ``DRADeviceTaints`` feature (Kubernetes 1.35 by default) silently drops the
+taints; the publisher notices that in the objects it gets back and from then on withdraws an
+unhealthy GPU's devices instead (a new pool generation without them), as before taints existed.
+
 Listeners (``InventoryListener``: the health stream) hear of every inventory read and of every
 failure to read the GPUs.
 """
@@ -49,7 +53,7 @@ from driver.cluster.port import (
 )
 from driver.errors import ApiNotFoundError, ConflictError, DriverError
 from driver.gpu.backend import GpuBackend, GpuInfo
-from driver.resourceslices import build_pool
+from driver.resourceslices import GpuInventory, build_pool
 from driver.taints import EFFECT_NO_SCHEDULE, UNHEALTHY_TAINT_KEY, DeviceTaint, parse_taints
 from kubeletplugin.inventory import NodeInventory, build_inventory
 from kubeletplugin.metrics import PluginMetrics
@@ -113,6 +117,8 @@ class SlicePublisher:
         self._listeners = tuple(listeners)
         self._clock = clock
         self._taint_since: dict[int, tuple[str, datetime]] = {}
+        self._taints_kept = True
+        """False once the API server dropped our taints: then unhealthy GPUs are withdrawn."""
         """GPU index → (taint value, timeAdded) of the taint on its devices."""
         self._kick = threading.Event()
         self._lock = threading.Lock()
@@ -229,8 +235,11 @@ class SlicePublisher:
         current_generation = max(
             (int(o["spec"]["pool"].get("generation", 0)) for o in existing), default=0
         )
-        gpus = (*inventory.gpus, *inventory.tainted_gpus)
-        taints = self._taints(inventory, existing)
+        if self._taints_kept:
+            gpus: tuple[GpuInventory, ...] = (*inventory.gpus, *inventory.tainted_gpus)
+            taints = self._taints(inventory, existing)
+        else:
+            gpus, taints = inventory.gpus, {}
         desired = build_pool(
             node=self._node,
             gpus=gpus,
@@ -253,13 +262,24 @@ class SlicePublisher:
             if name not in wanted:
                 with contextlib.suppress(ApiNotFoundError):
                     self._api.delete(RESOURCE_SLICES, name=name, uid=uid_of(obj))
+        dropped = False
         for obj in desired:
             old = by_name.get(name_of(obj))
             if old is None:
-                self._api.create(RESOURCE_SLICES, obj)
+                written = self._api.create(RESOURCE_SLICES, obj)
             else:
                 obj["metadata"]["resourceVersion"] = resource_version_of(old)
-                self._api.update(RESOURCE_SLICES, obj)
+                written = self._api.update(RESOURCE_SLICES, obj)
+            dropped = dropped or _taints_dropped(obj, written)
+        if dropped:
+            self._taints_kept = False
+            logger.warning(
+                "the API server dropped the device taints (its DRADeviceTaints feature is off: "
+                "Kubernetes < 1.36?); unhealthy GPUs' devices are withdrawn instead",
+                extra={"node": self._node},
+            )
+            self.publish(inventory)
+            return True
         logger.info(
             "published %d devices of %d MIG GPUs in %d ResourceSlices (generation %d); "
             "tainted unhealthy GPUs: %s",
@@ -379,3 +399,15 @@ def _published_taint_times(existing: Sequence[JsonObject]) -> Mapping[str, tuple
                 if taint.key == UNHEALTHY_TAINT_KEY and taint.time_added is not None:
                     found[str(device.get("name"))] = (taint.value, taint.time_added)
     return found
+
+
+def _taints_dropped(sent: JsonObject, written: JsonObject) -> bool:
+    """True when ``sent`` had device taints that the API server's answer ``written`` lacks (what
+    kube-apiserver does to fields of a disabled feature gate)."""
+    had = {d["name"] for d in sent["spec"].get("devices") or [] if d.get("taints")}
+    if not had:
+        return False
+    kept = {
+        d.get("name") for d in (written.get("spec") or {}).get("devices") or [] if d.get("taints")
+    }
+    return not had <= kept

@@ -7,18 +7,19 @@ process's view, as an operator's tool would be — and the plugin sees it on its
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
 from api.names import DRIVER_NAME
 from driver.cluster.events import NORMAL, WARNING, EventRecorder
 from driver.cluster.kube import KubeClusterApi
-from driver.cluster.port import EVENTS, NODES, RESOURCE_SLICES, JsonObject
+from driver.cluster.port import EVENTS, NODES, RESOURCE_SLICES, ClusterApi, JsonObject
 from driver.errors import BackendError
 from driver.gpu.backend import GpuBackend, GpuInfo, XidEvent
 from driver.gpu.emulated import EmulatedGpuBackend
@@ -459,4 +460,53 @@ def test_an_xid_on_a_gpu_already_unhealthy_adds_to_its_reason() -> None:
     assert gpu.health_code == "MarkedUnhealthy"  # the first reason stays the taint's
     assert gpu.health_reason is not None
     assert gpu.health_reason.startswith("rows pending; XID 79")
+    backend.close()
+
+
+class _NoDeviceTaintsApi:
+    """Our API wrapper in front of an API server whose DRADeviceTaints gate is off: like
+    kube-apiserver, it drops the ``taints`` of ResourceSlice devices on every write."""
+
+    def __init__(self, inner: KubeClusterApi) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    @staticmethod
+    def _drop(obj: JsonObject) -> JsonObject:
+        body = copy.deepcopy(obj)
+        for device in body.get("spec", {}).get("devices") or []:
+            device.pop("taints", None)
+        return body
+
+    def create(self, resource: Any, obj: JsonObject, **kwargs: Any) -> JsonObject:
+        if resource == RESOURCE_SLICES:
+            obj = self._drop(obj)
+        return self.inner.create(resource, obj, **kwargs)
+
+    def update(self, resource: Any, obj: JsonObject) -> JsonObject:
+        if resource == RESOURCE_SLICES:
+            obj = self._drop(obj)
+        return self.inner.update(resource, obj)
+
+
+def test_without_device_taints_in_the_api_server_unhealthy_gpus_are_withdrawn(
+    api: KubeClusterApi,
+) -> None:
+    backend = EmulatedGpuBackend(node_name=NODE, spec="2xA100-40GB")
+    publisher = SlicePublisher(
+        api=cast(ClusterApi, _NoDeviceTaintsApi(api)),
+        backend=backend,
+        node_name=NODE,
+        driver_name=DRIVER_NAME,
+    )
+    assert publisher.sync() is True
+    backend.set_health(1, healthy=False, reason="marked")
+    assert publisher.sync() is True
+    assert devices_by_gpu(api, NODE) == {0: A100_40GB_DEVICES}  # not published untainted
+    assert publisher.sync() is False
+    backend.set_health(1, healthy=True)
+    assert publisher.sync() is True
+    assert devices_by_gpu(api, NODE) == {0: A100_40GB_DEVICES, 1: A100_40GB_DEVICES}
     backend.close()
