@@ -45,7 +45,7 @@ UNKNOWN: Final = health_pb2.UNKNOWN
 
 
 @dataclass(frozen=True, slots=True)
-class DeviceState:
+class DeviceHealthState:
     health: "health_pb2.HealthStatus.ValueType"
     message: str
     since: float
@@ -66,7 +66,7 @@ class DeviceHealthBoard:
         self._stale_after = stale_after_seconds
         self._clock = clock
         self._cond = threading.Condition()
-        self._devices: dict[str, DeviceState] = {}
+        self._devices: dict[str, DeviceHealthState] = {}
         self._checked_at: float | None = None
         self._version = 0
         self._closed = False
@@ -103,7 +103,7 @@ class DeviceHealthBoard:
         with self._cond:
             return self._closed
 
-    def snapshot(self) -> tuple[int, Mapping[str, DeviceState]]:
+    def snapshot(self) -> tuple[int, Mapping[str, DeviceHealthState]]:
         """(version, device → state); a device not checked for ``stale_after_seconds`` is
         Unknown."""
         now = self._clock()
@@ -112,7 +112,7 @@ class DeviceHealthBoard:
         if checked is not None and now - checked > self._stale_after:
             message = f"GPU health not checked for {int(now - checked)} s"
             devices = {
-                name: DeviceState(health=UNKNOWN, message=message, since=checked)
+                name: DeviceHealthState(health=UNKNOWN, message=message, since=checked)
                 for name in devices
             }
         return version, MappingProxyType(devices)
@@ -142,13 +142,13 @@ class DeviceHealthBoard:
         self, states: Mapping[str, tuple["health_pb2.HealthStatus.ValueType", str]], now: float
     ) -> None:
         changed = states.keys() != self._devices.keys()
-        devices: dict[str, DeviceState] = {}
+        devices: dict[str, DeviceHealthState] = {}
         for name, (health, message) in states.items():
             old = self._devices.get(name)
             if old is not None and (old.health, old.message) == (health, message):
                 devices[name] = old
             else:
-                devices[name] = DeviceState(health=health, message=message, since=now)
+                devices[name] = DeviceHealthState(health=health, message=message, since=now)
                 changed = True
         self._devices = devices
         if changed:
@@ -208,7 +208,7 @@ class DraHealthServicer(health_grpc.DRAResourceHealthServicer):
         logger.info("kubelet health watcher done")
 
     def _response(
-        self, devices: Mapping[str, DeviceState]
+        self, devices: Mapping[str, DeviceHealthState]
     ) -> health_pb2.NodeWatchResourcesResponse:
         return health_pb2.NodeWatchResourcesResponse(
             devices=[

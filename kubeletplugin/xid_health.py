@@ -4,8 +4,7 @@ A critical XID (``health_settings.XidPolicy``) marks its GPU — the whole GPU, 
 names one MIG instance: the errors that count (ECC, row remapping, fallen off the bus, NVLink,
 GSP) are about the hardware under every slice — until the plugin restarts, as NVIDIA's device
 plugin does: such a GPU needs an administrator (a reset, or draining and replacing it), and
-nothing NVML answers afterwards proves it healthy. Marks are kept by GPU UUID, so a GPU that
-comes back with another index after a reboot of the driver keeps its own.
+nothing NVML answers afterwards proves it healthy. Marks are kept by GPU UUID.
 
 ``apply`` overlays the marks on what the backend reports (``GpuInfo.healthy`` False, the XID in
 ``health_reason`` and ``health_code`` ``Xid<n>``); a GPU already unhealthy for another reason keeps
