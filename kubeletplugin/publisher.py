@@ -117,9 +117,10 @@ class SlicePublisher:
         self._listeners = tuple(listeners)
         self._clock = clock
         self._taint_since: dict[int, tuple[str, datetime]] = {}
-        self._taints_kept = True
-        """False once the API server dropped our taints: then unhealthy GPUs are withdrawn."""
         """GPU index → (taint value, timeAdded) of the taint on its devices."""
+        self._taints_kept = True
+        """False once the API server dropped our taints (until restart): unhealthy GPUs are then
+        withdrawn."""
         self._kick = threading.Event()
         self._lock = threading.Lock()
         self._inventory = NodeInventory()
@@ -283,7 +284,8 @@ class SlicePublisher:
         logger.info(
             "published %d devices of %d MIG GPUs in %d ResourceSlices (generation %d); "
             "tainted unhealthy GPUs: %s",
-            inventory.published_device_count + inventory.tainted_device_count,
+            inventory.published_device_count
+            + (inventory.tainted_device_count if self._taints_kept else 0),
             len(gpus),
             len(desired),
             current_generation + 1,
@@ -334,6 +336,7 @@ class SlicePublisher:
     def start(self) -> None:
         """Poll the backend every ``poll_seconds`` (or when woken) in a daemon thread."""
         self._stop.clear()
+        self._kick.clear()
         self._thread = threading.Thread(target=self._run, name="slice-publisher", daemon=True)
         self._thread.start()
 
