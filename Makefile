@@ -5,7 +5,7 @@ PACKAGES := api driver controller kubeletplugin localcluster protos
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: help install protos protos-check lint fmt typecheck test test-unit bench demo check-nvml clean
+.PHONY: help install protos protos-check lint fmt typecheck test test-real test-unit bench demo check-nvml clean
 
 help: ## list targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-28s %s\n", $$1, $$2}'
@@ -33,6 +33,11 @@ typecheck: ## mypy --strict over our packages (generated stubs excluded)
 
 test: ## the whole test suite (unit, contract, integration, end-to-end on the local cluster)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-real: ## the real-stack tier (tests/real) on Kubernetes built by ../shared/realstack; skips in one line when not built
+	@reason=$$($(PY) -c 'from localcluster.realstack import describe_missing; print(describe_missing() or "")'); \
+	if [ -n "$$reason" ]; then echo "test-real: skipped: $$reason"; \
+	else $(PY) -m pytest tests/real --real-stack -p no:cacheprovider $(PYTEST_ARGS); fi
 
 bench: ## run the benchmarks; figures go to stdout and bench/results/*.json
 	$(PY) -m bench

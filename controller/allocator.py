@@ -182,6 +182,9 @@ class Allocator:
     def _pod_updated(self, pod: JsonObject) -> None:
         if self.state.nodes.pod_changed(pod):
             self._wake(everyone=False)  # it finished: its CPU, memory, ... are free again
+        pause = self.state.nodes.classic_admission(pod)
+        if pause is not None:
+            self._classic_rejected(pod, pause)
         if SCHEDULING_GATE in gate_names(pod) or (is_terminal(pod) and _has_classic(pod)):
             self.queue.add(object_key(pod))
 
@@ -242,6 +245,22 @@ class Allocator:
 
     def _node_deleted(self, node: JsonObject) -> None:
         self.state.nodes.node_deleted(node)
+
+    def _classic_rejected(self, pod: JsonObject, pause: float) -> None:
+        """The kubelet refused a classic pod (our shim did not answer): waiting classic pods
+        avoid that node for ``pause`` seconds, then are tried again."""
+        node = str((pod.get("spec") or {}).get("nodeName"))
+        logger.warning(
+            "the kubelet on node %s rejected classic pod %s at admission (%s); no classic pods "
+            "go there for %.0fs",
+            node,
+            object_key(pod),
+            (pod.get("status") or {}).get("message", ""),
+            pause,
+        )
+        timer = threading.Timer(pause, self._wake, kwargs={"everyone": True})
+        timer.daemon = True
+        timer.start()
 
     def _wake(self, *, everyone: bool) -> None:
         """Requeue waiting pods: those waiting for capacity, and with ``everyone`` all of them."""

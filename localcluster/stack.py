@@ -26,7 +26,7 @@ import socket
 import ssl
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -38,15 +38,20 @@ from controller.certs import generate_ca, issue_serving_certificate
 from controller.statussource import mig_uuids_from_checkpoints, read_view
 from controller.statusview import ClusterView
 from driver.checkpoint import CHECKPOINT_FILE_NAME
-from driver.cluster.port import LEASES, RESOURCE_SLICES
+from driver.cluster.port import LEASES, RESOURCE_SLICES, JsonObject
 from driver.errors import ApiNotFoundError, ConfigError
 from driver.gpu.backend import MigInstance
 from driver.gpu.emulated import EmulatedGpuBackend
 from driver.resourceslices import complete_pools
 from localcluster.cluster.client import LocalClusterClient
-from localcluster.cluster.kubelet import Kubelet, NodeSpec
+from localcluster.cluster.kubelet import RUN_SECONDS_ANNOTATION, Kubelet, NodeSpec
 from localcluster.cluster.runner import LocalCluster
-from localcluster.manifests import MUTATING_WEBHOOK_CONFIGURATIONS, apply_object, load_file
+from localcluster.manifests import (
+    MUTATING_WEBHOOK_CONFIGURATIONS,
+    Outcome,
+    apply_object,
+    load_file,
+)
 from localcluster.processes import ManagedProcess
 
 log = logging.getLogger(__name__)
@@ -144,6 +149,20 @@ class InstaSliceStack:
 
     def kubelet(self, node: str) -> Kubelet:
         return self.cluster.kubelet(node)
+
+    timeout_scale = 1.0
+    """Waits in scenarios shared with the real stack are multiplied by this."""
+
+    def apply(self, objects: Iterable[JsonObject]) -> list[Outcome]:
+        """Create or update ``objects`` as ``kubectl apply`` would (kinds the local API server
+        does not serve are skipped, and say so)."""
+        return [apply_object(self.api, obj) for obj in objects]
+
+    def exit_annotations(self, container: str, seconds: float) -> dict[str, str]:
+        """Pod annotations that end the pod's containers ``seconds`` after they start (the
+        local kubelet ends the whole pod; ``container`` matters on the real stack)."""
+        del container
+        return {RUN_SECONDS_ANNOTATION: f"{seconds:g}"}
 
     @property
     def logs_dir(self) -> Path:

@@ -1,17 +1,40 @@
 """Project-wide fixtures: a local API server per test and a ``kubernetes`` client bound to it.
 
-Sub-folder conftests add their own fixtures; these two are the shared contract.
+Sub-folder conftests add their own fixtures; these two are the shared contract. The real-stack
+tier (``tests/real``) is collected only with ``--real-stack`` (``make test-real``): it needs the
+Kubernetes components built by ``../shared/realstack`` and takes minutes, so ``make test`` leaves
+it out even where the stack is built.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from localcluster.apiserver import LocalApiServer
 from localcluster.testing import api_client, close_client
+
+REAL_TIER = Path(__file__).resolve().parent / "real"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--real-stack",
+        action="store_true",
+        default=False,
+        help="run tests/real on the real Kubernetes stack (make test-real)",
+    )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if config.getoption("--real-stack"):
+        return None
+    if collection_path == REAL_TIER or REAL_TIER in collection_path.parents:
+        return True
+    return None
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from controller.shadowrelease import PodFate, pod_fate
 from driver.cluster import ops
 from driver.cluster.kube import KubeClusterApi
 from driver.cluster.port import PODS, RESOURCE_CLAIMS, RESOURCE_SLICES, JsonObject
-from driver.errors import ApiNotFoundError
+from driver.errors import ApiNotFoundError, ConflictError
 from driver.resourceslices import complete_pools, parse_devices
 from localcluster.apiserver import LocalApiServer
 from tests.controller.harness import (
@@ -273,3 +273,54 @@ def test_release_keeps_the_allocation_while_another_consumer_reserves_the_claim(
 
     assert classic.release(api, kept, pod_uid="uid-other") is True
     assert _gone(api, "shared"), "unreserved and unallocated, the finalizer is lifted"
+
+
+def _release_as_kube_controller_manager(api: KubeClusterApi, uid: str) -> None:
+    """What kube-controller-manager's claim controller does when it syncs the shadow claim of a
+    finished pod (DESIGN fact 6): drop the pod from reservedFor and the allocation, lift the
+    finalizer, delete the claim (its controller owner is done). It may run before or after ours."""
+    for _ in range(5):
+        claims = _shadow_claims(api, uid)
+        if not claims:
+            return
+        (claim,) = claims
+        try:
+            claim = ops.clear_claim_allocation(api, claim=claim)
+            claim["metadata"]["finalizers"] = []
+            api.update(RESOURCE_CLAIMS, claim)
+            api.delete(RESOURCE_CLAIMS, name=claim["metadata"]["name"], namespace=NS)
+            return
+        except ApiNotFoundError:
+            return
+        except ConflictError:
+            continue  # our controller wrote first: read again, as a real controller would
+
+
+@pytest.mark.parametrize("kcm_first", [True, False], ids=["kcm-first", "ours-first"])
+def test_a_finished_pods_shadow_claim_ends_released_whichever_controller_syncs_it_first(
+    apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack, kcm_first: bool
+) -> None:
+    api.create(PODS, pod_object("job", classic=WHOLE_GPU), namespace=NS)
+    api.create(PODS, pod_object("next", classic=WHOLE_GPU), namespace=NS)
+    start_controller(apiserver, stack)
+    wait_for(lambda: ungated(api, "job") != ungated(api, "next"), what="one of two placed")
+    done, waiting = ("job", "next") if ungated(api, "job") else ("next", "job")
+    pod = get_pod(api, done)
+    uid = pod["metadata"]["uid"]
+    if kcm_first:
+        # kube-controller-manager syncs the claim between the pod finishing and our controller
+        # seeing it: emulate it by finishing the pod and releasing at once, in that order
+        api.update_status(PODS, {**pod, "status": {**pod.get("status", {}), "phase": "Succeeded"}})
+        _release_as_kube_controller_manager(api, uid)
+    else:
+        api.update_status(PODS, {**pod, "status": {**pod.get("status", {}), "phase": "Succeeded"}})
+        wait_for(
+            lambda: (
+                not any(c.get("status", {}).get("allocation") for c in _shadow_claims(api, uid))
+            ),
+            what="our controller released the finished pod's shadow claim",
+        )
+        _release_as_kube_controller_manager(api, uid)
+    wait_for(lambda: _no_claims(api, uid), what="the finished pod's shadow claim gone")
+    wait_for(lambda: ungated(api, waiting), what="the freed GPU reused")
+    assert assert_no_overlap(api) == 1

@@ -9,24 +9,19 @@ instance, no CDI spec and no checkpoint entry. A failing test gets the daemons' 
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Generator, Iterator
 from typing import Any
 
 import pytest
 
-from driver.cluster.port import PODS, RESOURCE_CLAIMS
-from driver.errors import DriverError
 from localcluster.stack import InstaSliceStack, StackConfig
 from tests.e2e.helpers import (
     QUOTA_NS,
     SAMPLES_NS,
     apply,
-    delete_everything,
-    node_leftovers,
+    attach_daemon_logs,
     sample,
-    wait_for,
-    wait_invariants,
+    scenario,
 )
 
 E2E_NS = "e2e"
@@ -44,61 +39,8 @@ def stack() -> Iterator[InstaSliceStack]:
 
 @pytest.fixture
 def cluster(stack: InstaSliceStack) -> Iterator[InstaSliceStack]:
-    stack.check_daemons()
-    yield stack
-    try:
-        wait_invariants(stack, NAMESPACES)
-    finally:
-        delete_everything(stack, NAMESPACES)
-        try:
-            wait_for(
-                stack,
-                lambda: not _scenario_objects(stack),
-                timeout=CLEANUP_S,
-                explain=lambda: f"not removed: {_scenario_objects(stack)}",
-            )
-            wait_for(
-                stack,
-                lambda: not node_leftovers(stack),
-                timeout=CLEANUP_S,
-                explain=lambda: f"left on the nodes: {node_leftovers(stack)}",
-            )
-        except TimeoutError:
-            _repair(stack)  # so that the module's next scenarios start from a clean cluster
-            raise
-
-
-def _scenario_objects(stack: InstaSliceStack) -> list[str]:
-    left = []
-    for namespace in NAMESPACES:
-        for resource in (PODS, RESOURCE_CLAIMS):
-            for obj in stack.api.list_objects(resource, namespace=namespace).items:
-                meta, status = obj["metadata"], obj.get("status") or {}
-                state = {
-                    "phase": status.get("phase"),
-                    "deleting": bool(meta.get("deletionTimestamp")),
-                    "finalizers": meta.get("finalizers"),
-                    "reservedFor": [r.get("name") for r in status.get("reservedFor") or []],
-                    "allocated": bool(status.get("allocation")),
-                }
-                shown = {k: v for k, v in state.items() if v}
-                left.append(f"{resource.kind} {namespace}/{meta['name']} {shown}")
-    return left
-
-
-def _repair(stack: InstaSliceStack) -> None:
-    """Force out what a failed cleanup left (claims held by finalizers), best effort."""
-    for namespace in NAMESPACES:
-        for claim in stack.api.list_objects(RESOURCE_CLAIMS, namespace=namespace).items:
-            claim["metadata"]["finalizers"] = []
-            with contextlib.suppress(DriverError):
-                stack.api.update(RESOURCE_CLAIMS, claim)
-            with contextlib.suppress(DriverError):
-                stack.api.delete(
-                    RESOURCE_CLAIMS, name=claim["metadata"]["name"], namespace=namespace
-                )
-    with contextlib.suppress(TimeoutError):
-        wait_for(stack, lambda: not node_leftovers(stack), timeout=CLEANUP_S)
+    with scenario(stack, NAMESPACES, cleanup_s=CLEANUP_S):
+        yield stack
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -110,6 +52,4 @@ def pytest_runtest_makereport(
     funcargs = getattr(item, "funcargs", {})
     stack = funcargs.get("cluster") or funcargs.get("stack")
     if report.failed and isinstance(stack, InstaSliceStack):
-        processes = [*stack.plugins.values(), *([stack.controller] if stack.controller else [])]
-        for process in processes:
-            report.sections.append((f"{process.name} log", process.log_tail(60)))
+        attach_daemon_logs(report, stack)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,23 +26,25 @@ from driver.cluster.port import (
     PatchType,
     gate_names,
 )
-from driver.errors import ApiNotFoundError
+from driver.errors import ApiNotFoundError, DriverError
 from localcluster.manifests import (
     DEPLOYMENTS,
     JOBS,
     REPLICASETS,
     STATEFULSETS,
-    apply_object,
     load_file,
 )
+from localcluster.realstack import RealStack
 from localcluster.stack import SAMPLES_DIR, InstaSliceStack
 
 T = TypeVar("T")
 
+Stack = InstaSliceStack | RealStack
+"""The scenarios run on both: the local emulation and real Kubernetes (``tests/real``)."""
+
 SAMPLES_NS = "instaslice-demo"
 QUOTA_NS = "instaslice-quota-demo"
 KUEUE_GATE = "kueue.x-k8s.io/admission"
-RUN_SECONDS_ANNOTATION = "localcluster.instaslice.dev/run-seconds"
 WAIT_S = 20.0
 
 
@@ -124,19 +126,18 @@ def classic_pod(name: str, *, profile: str, count: int = 1, namespace: str) -> J
     }
 
 
-def apply(stack: InstaSliceStack, objects: Iterable[JsonObject]) -> None:
-    for obj in objects:
-        apply_object(stack.api, obj)
+def apply(stack: Stack, objects: Iterable[JsonObject]) -> None:
+    stack.apply(objects)
 
 
 # --- reading ----------------------------------------------------------------------------------
 
 
-def pods(stack: InstaSliceStack, namespace: str, *, label: str | None = None) -> list[JsonObject]:
+def pods(stack: Stack, namespace: str, *, label: str | None = None) -> list[JsonObject]:
     return stack.api.list_objects(PODS, namespace=namespace, label_selector=label).items
 
 
-def get_pod(stack: InstaSliceStack, namespace: str, name: str) -> JsonObject | None:
+def get_pod(stack: Stack, namespace: str, name: str) -> JsonObject | None:
     try:
         return stack.api.get(PODS, name=name, namespace=namespace)
     except ApiNotFoundError:
@@ -166,16 +167,19 @@ def slices_of_pod(
 
 
 def wait_for(
-    stack: InstaSliceStack,
+    stack: Stack,
     predicate: Callable[[], T | None],
     *,
     timeout: float = WAIT_S,
     message: str = "",
     explain: Callable[[], str] | None = None,
 ) -> T:
-    """Poll ``predicate``; on timeout the error says ``message`` and what ``explain`` tells then."""
+    """Poll ``predicate``; on timeout the error says ``message`` and what ``explain`` tells then.
+    ``timeout`` is scaled by the stack's ``timeout_scale`` (real kubelets start pods slower)."""
     try:
-        return stack.wait_for(predicate, timeout=timeout, interval=0.1, message=message)
+        return stack.wait_for(
+            predicate, timeout=timeout * stack.timeout_scale, interval=0.1, message=message
+        )
     except TimeoutError as exc:
         if explain is None:
             raise
@@ -183,7 +187,7 @@ def wait_for(
 
 
 def wait_running(
-    stack: InstaSliceStack, namespace: str, count: int, *, label: str | None = None
+    stack: Stack, namespace: str, count: int, *, label: str | None = None
 ) -> list[JsonObject]:
     """Until exactly ``count`` pods (of ``label``) exist and all run; returns them by name."""
 
@@ -205,7 +209,7 @@ def wait_running(
         ) from exc
 
 
-def wait_pod_running(stack: InstaSliceStack, namespace: str, name: str) -> JsonObject:
+def wait_pod_running(stack: Stack, namespace: str, name: str) -> JsonObject:
     def check() -> JsonObject | None:
         pod = get_pod(stack, namespace, name)
         return pod if pod is not None and running(pod) else None
@@ -213,7 +217,7 @@ def wait_pod_running(stack: InstaSliceStack, namespace: str, name: str) -> JsonO
     return wait_for(stack, check, message=f"pod {namespace}/{name} is not running")
 
 
-def remove_gate(stack: InstaSliceStack, pod: JsonObject, gate: str) -> None:
+def remove_gate(stack: Stack, pod: JsonObject, gate: str) -> None:
     gates = pod["spec"].get("schedulingGates") or []
     stack.api.patch(
         PODS,
@@ -231,7 +235,7 @@ def remove_gate(stack: InstaSliceStack, pod: JsonObject, gate: str) -> None:
     )
 
 
-def scale(stack: InstaSliceStack, kind: str, namespace: str, name: str, replicas: int) -> None:
+def scale(stack: Stack, kind: str, namespace: str, name: str, replicas: int) -> None:
     resource = {"Deployment": DEPLOYMENTS, "StatefulSet": STATEFULSETS}[kind]
     stack.api.patch(
         resource,
@@ -242,16 +246,14 @@ def scale(stack: InstaSliceStack, kind: str, namespace: str, name: str, replicas
     )
 
 
-def container_env(
-    stack: InstaSliceStack, pod: JsonObject, container: str = "app"
-) -> dict[str, str]:
+def container_env(stack: Stack, pod: JsonObject, container: str = "app") -> dict[str, str]:
     """The environment the emulated kubelet started the container with (CDI edits applied)."""
     node = pod["spec"]["nodeName"]
     _, envs = stack.kubelet(node).container_devices(pod["metadata"]["uid"], container)
     return envs
 
 
-def visible_devices(stack: InstaSliceStack, pod: JsonObject, container: str = "app") -> set[str]:
+def visible_devices(stack: Stack, pod: JsonObject, container: str = "app") -> set[str]:
     value = container_env(stack, pod, container).get("NVIDIA_VISIBLE_DEVICES", "")
     return {v for v in value.split(",") if v}
 
@@ -263,7 +265,7 @@ def is_gated(pod: JsonObject | None) -> bool:
 # --- cleaning up ------------------------------------------------------------------------------
 
 
-def delete_everything(stack: InstaSliceStack, namespaces: Iterable[str]) -> None:
+def delete_everything(stack: Stack, namespaces: Iterable[str]) -> None:
     """What a user deletes: workloads, pods, claims they made, templates (shadow claims go with
     their pods; generated claims with theirs)."""
     api = stack.api
@@ -282,7 +284,7 @@ def delete_everything(stack: InstaSliceStack, namespaces: Iterable[str]) -> None
 
 
 def _delete(
-    stack: InstaSliceStack, resource: Any, obj: JsonObject, *, propagation: str | None = None
+    stack: Stack, resource: Any, obj: JsonObject, *, propagation: str | None = None
 ) -> None:
     with contextlib.suppress(ApiNotFoundError):
         stack.api.delete(
@@ -296,7 +298,7 @@ def _delete(
 # --- invariants -------------------------------------------------------------------------------
 
 
-def invariant_violations(stack: InstaSliceStack, namespaces: Iterable[str] = ()) -> list[str]:
+def invariant_violations(stack: Stack, namespaces: Iterable[str] = ()) -> list[str]:
     """What must hold whenever the cluster has settled (DESIGN: every MIG slice is one allocated
     claim, and a pod uses exactly the slices allocated to it). Empty when all is well."""
     problems: list[str] = []
@@ -348,9 +350,7 @@ def invariant_violations(stack: InstaSliceStack, namespaces: Iterable[str] = ())
     return problems
 
 
-def _pod_sees_its_own_slices(
-    stack: InstaSliceStack, view: ClusterView, pod: JsonObject
-) -> list[str]:
+def _pod_sees_its_own_slices(stack: Stack, view: ClusterView, pod: JsonObject) -> list[str]:
     meta, spec = pod["metadata"], pod["spec"]
     held = slices_of_pod(view, meta["namespace"], meta["name"])
     own = {item.mig_uuid for _, _, item in held}
@@ -378,9 +378,7 @@ def _pod_sees_its_own_slices(
     return problems
 
 
-def wait_invariants(
-    stack: InstaSliceStack, namespaces: Iterable[str] = (), *, timeout: float = 10.0
-) -> None:
+def wait_invariants(stack: Stack, namespaces: Iterable[str] = (), *, timeout: float = 10.0) -> None:
     """The invariants, given a few seconds to settle (a slice being destroyed right after its
     pod went is not a leak yet); overlaps are never tolerated."""
     deadline = time.monotonic() + timeout
@@ -395,7 +393,7 @@ def wait_invariants(
         time.sleep(0.1)
 
 
-def node_leftovers(stack: InstaSliceStack) -> list[str]:
+def node_leftovers(stack: Stack) -> list[str]:
     """MIG instances, CDI specs and checkpoint entries left on the nodes."""
     left: list[str] = []
     for node in stack.node_names:
@@ -408,6 +406,81 @@ def node_leftovers(stack: InstaSliceStack) -> list[str]:
     return left
 
 
-def cdi_specs(stack: InstaSliceStack, node: str) -> list[Path]:
+def cdi_specs(stack: Stack, node: str) -> list[Path]:
     root = stack.node_paths(node).cdi_root
     return sorted(p for p in root.glob("*") if p.is_file()) if root.is_dir() else []
+
+
+# --- one scenario ------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def scenario(stack: Stack, namespaces: Sequence[str], *, cleanup_s: float) -> Iterator[Stack]:
+    """Around one scenario: the daemons must be up; afterwards the invariants are checked while
+    its pods still run, then everything it made is deleted and the nodes must end with no MIG
+    instance, no CDI spec and no checkpoint entry (a failed cleanup is forced out, so the next
+    scenario starts clean)."""
+    stack.check_daemons()
+    yield stack
+    try:
+        wait_invariants(stack, namespaces)
+    finally:
+        delete_everything(stack, namespaces)
+        try:
+            wait_for(
+                stack,
+                lambda: not _scenario_objects(stack, namespaces),
+                timeout=cleanup_s,
+                explain=lambda: f"not removed: {_scenario_objects(stack, namespaces)}",
+            )
+            wait_for(
+                stack,
+                lambda: not node_leftovers(stack),
+                timeout=cleanup_s,
+                explain=lambda: f"left on the nodes: {node_leftovers(stack)}",
+            )
+        except TimeoutError:
+            _repair(stack, namespaces, cleanup_s)
+            raise
+
+
+def attach_daemon_logs(report: Any, stack: Stack) -> None:
+    """Add each daemon's log tail to a failed test's report."""
+    controllers = getattr(stack, "controllers", None) or (
+        [stack.controller] if stack.controller else []
+    )
+    for process in [*stack.plugins.values(), *controllers]:
+        report.sections.append((f"{process.name} log", process.log_tail(60)))
+
+
+def _scenario_objects(stack: Stack, namespaces: Sequence[str]) -> list[str]:
+    left = []
+    for namespace in namespaces:
+        for resource in (PODS, RESOURCE_CLAIMS):
+            for obj in stack.api.list_objects(resource, namespace=namespace).items:
+                meta, status = obj["metadata"], obj.get("status") or {}
+                state = {
+                    "phase": status.get("phase"),
+                    "deleting": bool(meta.get("deletionTimestamp")),
+                    "finalizers": meta.get("finalizers"),
+                    "reservedFor": [r.get("name") for r in status.get("reservedFor") or []],
+                    "allocated": bool(status.get("allocation")),
+                }
+                shown = {k: v for k, v in state.items() if v}
+                left.append(f"{resource.kind} {namespace}/{meta['name']} {shown}")
+    return left
+
+
+def _repair(stack: Stack, namespaces: Sequence[str], cleanup_s: float) -> None:
+    """Force out what a failed cleanup left (claims held by finalizers), best effort."""
+    for namespace in namespaces:
+        for claim in stack.api.list_objects(RESOURCE_CLAIMS, namespace=namespace).items:
+            claim["metadata"]["finalizers"] = []
+            with contextlib.suppress(DriverError):
+                stack.api.update(RESOURCE_CLAIMS, claim)
+            with contextlib.suppress(DriverError):
+                stack.api.delete(
+                    RESOURCE_CLAIMS, name=claim["metadata"]["name"], namespace=namespace
+                )
+    with contextlib.suppress(TimeoutError):
+        wait_for(stack, lambda: not node_leftovers(stack), timeout=cleanup_s)

@@ -10,7 +10,6 @@ from localcluster.stack import InstaSliceStack
 from tests.e2e.conftest import E2E_NS
 from tests.e2e.helpers import (
     KUEUE_GATE,
-    RUN_SECONDS_ANNOTATION,
     SAMPLES_NS,
     apply,
     claim_template,
@@ -146,7 +145,9 @@ def test_a_job_of_three_runs_to_completion_and_gives_its_slices_back(
     template = sample_object("job.yaml", "ResourceClaimTemplate")
     job = sample_object("job.yaml", "Job")
     job["spec"].update(completions=3, parallelism=3)
-    job["spec"]["template"]["metadata"].setdefault("annotations", {})[RUN_SECONDS_ANNOTATION] = "1"
+    job["spec"]["template"]["metadata"].setdefault("annotations", {}).update(
+        cluster.exit_annotations(job["spec"]["template"]["spec"]["containers"][0]["name"], 1)
+    )
     apply(cluster, [template, job])
     label = "app.kubernetes.io/name=mig-job"
     held: set[str] = set()

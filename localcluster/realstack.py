@@ -1,0 +1,838 @@
+"""InstaSlice on a real Kubernetes control plane and real kubelets: the real-stack test tier.
+
+``../shared/realstack/`` builds kube-apiserver, kube-scheduler, kube-controller-manager, etcd and the
+kubelet from public source, and a fake CRI runtime that records what every container would have been
+given. :class:`RealStack` runs our daemons on it the way a cluster does:
+
+* the control plane is (re)started clean from the scripts' own directory;
+* our namespace, RBAC (``deploy/base/rbac-*.yaml``) and DeviceClasses are applied; each daemon talks
+  to the API server **as its own ServiceAccount** (a token from the TokenRequest API), so a missing
+  grant fails here as it would in a cluster;
+* one real kubelet per node (``run-node.sh``), one ``instaslice-kubelet-plugin`` per node on the
+  host, pointed at that kubelet's directories, with emulated GPUs;
+* ``instaslice-controller`` with its webhook reached by URL (certificate for 127.0.0.1).
+
+It offers what the end-to-end scenarios use from :class:`localcluster.stack.InstaSliceStack`
+(``api``, ``node_names``, ``node_paths``, ``kubelet(node).container_devices``, ``mig_instances``,
+``view``, ``wait_for``, ``restart_plugin``...), so one scenario runs on both stacks. What a container
+got is read from the fake runtime's records, with its CDI ids resolved by the CDI library itself
+(``cdi-validate``).
+
+Where the stack lives (defaults are the build scripts' own):
+
+``INSTASLICE_REAL_K8S``       control plane directory (``${TMPDIR:-/tmp}/k8s``)
+``INSTASLICE_REAL_NODES``     kubelet directory (``${TMPDIR:-/tmp}/k8s-node``)
+``INSTASLICE_REAL_CDI``       the CDI validator (``${TMPDIR:-/tmp}/cdi-validate/bin/cdi-validate``)
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import copy
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import TracebackType
+from typing import TypeVar
+
+import yaml
+
+from api import names
+from controller.certs import generate_ca, issue_serving_certificate
+from controller.statussource import mig_uuids_from_checkpoints, read_view
+from controller.statusview import ClusterView
+from driver.cluster.kube import KubeClusterApi, load_configuration
+from driver.cluster.port import LEASES, NODES, RESOURCE_SLICES, JsonObject
+from driver.errors import ApiNotFoundError, ConfigError
+from driver.gpu.backend import MigInstance
+from driver.gpu.emulated import EmulatedGpuBackend
+from driver.resourceslices import complete_pools
+from localcluster.manifests import (
+    MUTATING_WEBHOOK_CONFIGURATIONS,
+    Outcome,
+    apply_object,
+    load_file,
+    resource_for,
+)
+from localcluster.processes import ManagedProcess
+from localcluster.stack import DEPLOY_BASE, WEBHOOK_PATH, NodePaths, free_port
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+READY_TIMEOUT_S = 120.0
+EXIT_ANNOTATION_PREFIX = "fake-cri/exit."
+"""The fake runtime ends a container that many seconds after it started: ``"<s>[:<code>]"``."""
+_TOKEN_SECONDS = 6 * 3600
+_KUBELET_ERROR = re.compile(r"^E\d{4} ")
+
+
+def _default(env: str, *parts: str) -> Path:
+    value = os.environ.get(env)
+    if value:
+        return Path(value)
+    return Path(os.environ.get("TMPDIR") or "/tmp").joinpath(*parts)
+
+
+@dataclass(frozen=True, slots=True)
+class RealStackPaths:
+    """Where ``../shared/realstack/`` put the control plane, the kubelet and the CDI validator."""
+
+    control_plane: Path
+    nodes: Path
+    cdi_validate: Path
+
+    @classmethod
+    def from_environment(cls) -> RealStackPaths:
+        return cls(
+            control_plane=_default("INSTASLICE_REAL_K8S", "k8s"),
+            nodes=_default("INSTASLICE_REAL_NODES", "k8s-node"),
+            cdi_validate=_default("INSTASLICE_REAL_CDI", "cdi-validate", "bin", "cdi-validate"),
+        )
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.control_plane / "kubeconfig"
+
+    @property
+    def kubectl(self) -> Path:
+        return self.control_plane / "bin" / "kubectl"
+
+    def missing(self) -> list[str]:
+        """What is not built (empty when the stack can run), as paths."""
+        wanted = [
+            self.control_plane / "start.sh",
+            self.control_plane / "stop.sh",
+            self.control_plane / "bin" / "kube-apiserver",
+            self.kubectl,
+            self.kubeconfig,
+            self.nodes / "run-node.sh",
+            self.nodes / "stop-node.sh",
+            self.nodes / "bin" / "kubelet",
+            self.nodes / "bin" / "fake-cri",
+            self.cdi_validate,
+        ]
+        return [str(p) for p in wanted if not p.exists()]
+
+
+@dataclass(frozen=True, slots=True)
+class RealStackConfig:
+    nodes: int = 2
+    gpus: str = "2xA100-40GB"
+    node_prefix: str = "node-"
+    log_level: str = "INFO"
+    leader_elect: bool = True
+    controllers: int = 1
+    """Controller replicas (leader election decides which one allocates)."""
+    lease_duration_s: int = 4
+    inventory_poll_s: float = 30.0
+    controller_args: tuple[str, ...] = ()
+    plugin_args: tuple[str, ...] = ()
+    control_plane_env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment for ``start.sh`` (``KCM_EXTRA_FLAGS``, ``APISERVER_EXTRA_FLAGS``...)."""
+
+    def node_names(self) -> list[str]:
+        return [f"{self.node_prefix}{i}" for i in range(self.nodes)]
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRecord:
+    """One CreateContainer request the fake runtime recorded."""
+
+    pod_uid: str
+    pod_namespace: str
+    pod_name: str
+    container: str
+    cdi_devices: tuple[str, ...]
+    envs: Mapping[str, str]
+
+
+def read_container_records(state_dir: Path) -> list[ContainerRecord]:
+    """The live containers of one node, from ``cri-state/containers/<id>.json``."""
+    records = []
+    for path in sorted((state_dir / "containers").glob("*.json")):
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # removed or being written meanwhile
+        config = raw.get("config") or {}
+        sandbox = (raw.get("sandboxConfig") or raw.get("sandbox_config") or {}).get(
+            "metadata"
+        ) or {}
+        cdi = config.get("CDIDevices") or config.get("cdiDevices") or config.get("cdi_devices")
+        records.append(
+            ContainerRecord(
+                pod_uid=str(sandbox.get("uid") or ""),
+                pod_namespace=str(sandbox.get("namespace") or ""),
+                pod_name=str(sandbox.get("name") or ""),
+                container=str((config.get("metadata") or {}).get("name") or ""),
+                cdi_devices=tuple(str(d.get("name") or "") for d in cdi or []),
+                envs={
+                    str(e.get("key")): str(e.get("value") or "") for e in config.get("envs") or []
+                },
+            )
+        )
+    return records
+
+
+class CdiValidator:
+    """The CDI library (v1.1.0, what containerd and CRI-O use) through ``cdi-validate``."""
+
+    def __init__(self, binary: Path) -> None:
+        self.binary = binary
+
+    def check_spec(self, spec: Path) -> str | None:
+        """None when the spec file loads; else the library's error."""
+        done = subprocess.run(
+            [str(self.binary), "--spec", str(spec)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        return None if done.returncode == 0 else (done.stderr or done.stdout).strip()
+
+    def inject(self, cdi_dir: Path, devices: Sequence[str]) -> JsonObject:
+        """What injecting ``devices`` from the specs in ``cdi_dir`` does to an empty OCI spec
+        (``{"env": [...], "devices": [...]}``); ``ConfigError`` when the library refuses."""
+        done = subprocess.run(
+            [str(self.binary), str(cdi_dir), *devices],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise ConfigError(f"CDI injection of {list(devices)} failed: {done.stderr.strip()}")
+        parsed = json.loads(done.stdout)
+        if not isinstance(parsed, dict):
+            raise ConfigError(f"cdi-validate printed {done.stdout!r}")
+        return parsed
+
+
+class RealKubelet:
+    """One real kubelet (``run-node.sh``) and what its fake runtime recorded."""
+
+    def __init__(self, *, name: str, paths: RealStackPaths, cdi: CdiValidator, cdi_root: Path):
+        self.name = name
+        self.dir = paths.nodes / name
+        self._paths = paths
+        self._cdi = cdi
+        self._cdi_root = cdi_root
+
+    @property
+    def root(self) -> Path:
+        return self.dir / "root"
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.root / "plugins_registry"
+
+    @property
+    def plugins_dir(self) -> Path:
+        return self.root / "plugins"
+
+    @property
+    def device_plugins_dir(self) -> Path:
+        return self.root / "device-plugins"
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        return self.root / "pod-resources" / "kubelet.sock"
+
+    @property
+    def log_file(self) -> Path:
+        return self.dir / "kubelet.log"
+
+    def pid(self) -> int | None:
+        try:
+            return int((self.dir / "kubelet.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def running(self) -> bool:
+        pid = self.pid()
+        if pid is None:
+            return False
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return True
+
+    def containers(self) -> list[ContainerRecord]:
+        return read_container_records(self.dir / "cri-state")
+
+    def container_devices(
+        self, pod_uid: str, container: str
+    ) -> tuple[tuple[str, ...], dict[str, str]]:
+        """CDI ids and environment the container was created with, CDI edits applied by the CDI
+        library (the env of the devices after the container's own); ``KeyError`` if none."""
+        for record in self.containers():
+            if record.pod_uid == pod_uid and record.container == container:
+                envs = dict(record.envs)
+                if record.cdi_devices:
+                    injected = self._cdi.inject(self._cdi_root, record.cdi_devices)
+                    for item in injected.get("env") or []:
+                        key, _, value = str(item).partition("=")
+                        envs[key] = value
+                return record.cdi_devices, envs
+        raise KeyError(f"pod {pod_uid} has no created container {container!r} on {self.name}")
+
+    def error_lines(self) -> list[str]:
+        """The kubelet's error-level log lines (klog ``E`` lines)."""
+        try:
+            text = self.log_file.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return []
+        return [line for line in text.splitlines() if _KUBELET_ERROR.match(line)]
+
+
+class RealStack:
+    """The control plane, real kubelets and our daemons; a context manager."""
+
+    def __init__(
+        self,
+        config: RealStackConfig | None = None,
+        *,
+        paths: RealStackPaths | None = None,
+        root: Path | None = None,
+    ) -> None:
+        self.config = config or RealStackConfig()
+        self.paths = paths or RealStackPaths.from_environment()
+        self._owns_root = root is None
+        self.root = Path(tempfile.mkdtemp(prefix="instaslice-real-")) if root is None else root
+        self.cdi = CdiValidator(self.paths.cdi_validate)
+        self._api: KubeClusterApi | None = None
+        self.webhook_port = 0
+        self.controllers: list[ManagedProcess] = []
+        self.plugins: dict[str, ManagedProcess] = {}
+        self._kubelets = {
+            name: RealKubelet(
+                name=name, paths=self.paths, cdi=self.cdi, cdi_root=self.node_paths(name).cdi_root
+            )
+            for name in self.config.node_names()
+        }
+        self._ca_bundle = b""
+        self._cert_dir = self.root / "controller" / "webhook-certs"
+
+    # --- parts ----------------------------------------------------------------------------------
+
+    @property
+    def api(self) -> KubeClusterApi:
+        if self._api is None:
+            raise RuntimeError("the stack is not started")
+        return self._api
+
+    @property
+    def controller(self) -> ManagedProcess | None:
+        return self.controllers[0] if self.controllers else None
+
+    @property
+    def node_names(self) -> list[str]:
+        return self.config.node_names()
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.paths.kubeconfig
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.root / "logs"
+
+    def node_paths(self, node: str) -> NodePaths:
+        base = self.root / "nodes" / node
+        return NodePaths(
+            state_dir=base / "instaslice",
+            cdi_root=base / "cdi",
+            emulated_state_file=base / "gpus" / "emulated-gpus.json",
+        )
+
+    def kubelet(self, node: str) -> RealKubelet:
+        return self._kubelets[node]
+
+    timeout_scale = 3.0
+    """Real kubelets sync pods on their own loops: scenario waits get more time here."""
+
+    # --- life cycle -----------------------------------------------------------------------------
+
+    def start(self, *, timeout: float = READY_TIMEOUT_S) -> RealStack:
+        missing = self.paths.missing()
+        if missing:
+            raise ConfigError(f"the real stack is not built: missing {', '.join(missing)}")
+        try:
+            self._start(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self, timeout: float) -> None:
+        self._run_script(
+            [str(self.paths.control_plane / "start.sh"), "--clean"],
+            env=dict(self.config.control_plane_env),
+            what="control plane start",
+            timeout=300,
+        )
+        self._api = KubeClusterApi(
+            configuration=load_configuration(kubeconfig=str(self.paths.kubeconfig))
+        )
+        self.kubectl_apply(load_file(DEPLOY_BASE / "namespace.yaml"))
+        self.kubectl_apply(load_file(DEPLOY_BASE / "rbac-controller.yaml"))
+        self.kubectl_apply(load_file(DEPLOY_BASE / "rbac-kubelet-plugin.yaml"))
+        self.kubectl_apply(load_file(DEPLOY_BASE / "deviceclasses.yaml"))
+        controller_kubeconfig = self._service_account_kubeconfig("instaslice-controller")
+        plugin_kubeconfig = self._service_account_kubeconfig("instaslice-kubelet-plugin")
+        for node in self.node_names:
+            self.start_node(node)
+        self._make_certificates()
+        self.webhook_port = free_port()
+        self._register_webhook()
+        for node in self.node_names:
+            self.plugins[node] = self._plugin_process(node, plugin_kubeconfig)
+            self.plugins[node].start()
+        for index in range(self.config.controllers):
+            process = self._controller_process(index, controller_kubeconfig)
+            self.controllers.append(process)
+            process.start()
+        self.wait_ready(timeout=timeout)
+
+    def stop(self, *, keep_logs: Path | None = None) -> None:
+        """Controllers, plugins, kubelets (Nodes deleted), control plane; idempotent."""
+        for process in self.controllers:
+            process.stop()
+        for process in self.plugins.values():
+            process.stop()
+        for node in self.node_names:
+            self._save_kubelet_log(node)
+            self.stop_node(node, delete=False, purge=True)
+        if self._api is not None:
+            self._api.close()
+            self._api = None
+        with contextlib.suppress(ConfigError):
+            self._run_script(
+                [str(self.paths.control_plane / "stop.sh")], what="control plane stop", timeout=60
+            )
+        if keep_logs is not None and self.logs_dir.is_dir():
+            shutil.copytree(self.logs_dir, keep_logs, dirs_exist_ok=True)
+        if self._owns_root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> RealStack:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # --- kubelets -------------------------------------------------------------------------------
+
+    def start_node(self, node: str) -> None:
+        """``run-node.sh``: fake runtime + kubelet, waits until the Node is Ready."""
+        self._run_script(
+            [str(self.paths.nodes / "run-node.sh"), node],
+            env={"CLUSTER_KUBECONFIG": str(self.paths.kubeconfig)},
+            what=f"kubelet {node} start",
+            timeout=180,
+        )
+
+    def stop_node(self, node: str, *, delete: bool = False, purge: bool = False) -> None:
+        if not (self.paths.nodes / node).is_dir():
+            return
+        args = [str(self.paths.nodes / "stop-node.sh"), node]
+        args += ["--delete"] if delete else []
+        args += ["--purge"] if purge else []
+        with contextlib.suppress(ConfigError):
+            self._run_script(args, what=f"kubelet {node} stop", timeout=60)
+
+    def kill_kubelet(self, node: str) -> None:
+        """SIGKILL the node's kubelet (its fake runtime keeps running, as containerd would)."""
+        pid = self.kubelet(node).pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while self.kubelet(node).running() and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+    def restart_kubelet(self, node: str) -> None:
+        """Start the kubelet of a node whose kubelet was killed (``run-node.sh`` again)."""
+        self.stop_node(node)
+        self.start_node(node)
+
+    def _save_kubelet_log(self, node: str) -> None:
+        source = self.kubelet(node).log_file
+        if source.is_file():
+            self.logs_dir.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(OSError):
+                shutil.copyfile(source, self.logs_dir / f"kubelet-{node}.log")
+
+    # --- our daemons ----------------------------------------------------------------------------
+
+    def _plugin_process(self, node: str, kubeconfig: Path) -> ManagedProcess:
+        kubelet = self.kubelet(node)
+        paths = self.node_paths(node)
+        paths.emulated_state_file.parent.mkdir(parents=True, exist_ok=True)
+        args = [
+            "--node-name", node,
+            "--gpu-backend", "emulated",
+            "--emulated-gpus", self.config.gpus,
+            "--emulated-state-file", str(paths.emulated_state_file),
+            "--kubeconfig", str(kubeconfig),
+            "--plugin-registry-dir", str(kubelet.registry_dir),
+            "--plugin-dir", str(kubelet.plugins_dir / names.DRIVER_NAME),
+            "--device-plugin-dir", str(kubelet.device_plugins_dir),
+            "--pod-resources-socket", str(kubelet.pod_resources_socket),
+            "--cdi-root", str(paths.cdi_root),
+            "--state-dir", str(paths.state_dir),
+            "--metrics-address", "",
+            "--healthz-address", "",
+            "--inventory-poll-seconds", str(self.config.inventory_poll_s),
+            "--log-level", self.config.log_level,
+            *self.config.plugin_args,
+        ]  # fmt: skip
+        return ManagedProcess(
+            name=f"kubelet-plugin/{node}",
+            module="kubeletplugin",
+            args=args,
+            log_file=self.logs_dir / f"kubelet-plugin-{node}.log",
+        )
+
+    def _controller_process(self, index: int, kubeconfig: Path) -> ManagedProcess:
+        lease = self.config.lease_duration_s
+        # every replica serves the webhook; kube-apiserver calls the first one's port
+        port = self.webhook_port if index == 0 else free_port()
+        args = [
+            "--kubeconfig", str(kubeconfig),
+            "--webhook-port", str(port),
+            "--webhook-cert-dir", str(self._cert_dir),
+            "--cert-mode", "files",
+            "--metrics-address", "",
+            "--healthz-address", "",
+            "--log-level", self.config.log_level,
+            *self.config.controller_args,
+        ]  # fmt: skip
+        if self.config.leader_elect:
+            args += [
+                "--leader-elect",
+                "--lease-duration", str(lease),
+                "--renew-deadline", str(max(lease - 1, 1) * 0.75),
+                "--retry-period", "0.5",
+            ]  # fmt: skip
+        else:
+            args.append("--no-leader-elect")
+        suffix = "" if index == 0 else f"-{index}"
+        return ManagedProcess(
+            name=f"controller{suffix}",
+            module="controller",
+            args=args,
+            log_file=self.logs_dir / f"controller{suffix}.log",
+        )
+
+    def restart_plugin(self, node: str, *, kill: bool = True) -> None:
+        process = self.plugins[node]
+        if kill:
+            process.kill()
+        else:
+            process.stop()
+        process.start()
+
+    def restart_controller(self, *, kill: bool = True) -> None:
+        if self.controller is None:
+            raise RuntimeError("the stack is not started")
+        if kill:
+            self.controller.kill()
+        else:
+            self.controller.stop()
+        self.controller.start()
+
+    # --- credentials and the webhook ------------------------------------------------------------
+
+    def _service_account_kubeconfig(self, account: str) -> Path:
+        """A kubeconfig that authenticates as ``instaslice-system/<account>`` (TokenRequest)."""
+        token = self._kubectl(
+            [
+                "create",
+                "token",
+                account,
+                "-n",
+                names.SYSTEM_NAMESPACE,
+                f"--duration={_TOKEN_SECONDS}s",
+            ]
+        ).strip()
+        admin = yaml.safe_load(self.paths.kubeconfig.read_text(encoding="utf-8"))
+        cluster = admin["clusters"][0]["cluster"]
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "real", "cluster": cluster}],
+            "users": [{"name": account, "user": {"token": token}}],
+            "contexts": [{"name": "real", "context": {"cluster": "real", "user": account}}],
+            "current-context": "real",
+        }
+        path = self.root / "credentials" / f"{account}.kubeconfig"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        path.chmod(0o600)
+        return path
+
+    def _make_certificates(self) -> None:
+        now = datetime.now(UTC)
+        ca_cert, ca_key = generate_ca(
+            common_name="instaslice-real-ca", now=now, validity=timedelta(days=1)
+        )
+        cert, key = issue_serving_certificate(
+            ca_cert_pem=ca_cert,
+            ca_key_pem=ca_key,
+            dns_names=["localhost"],
+            ip_addresses=["127.0.0.1"],
+            now=now,
+            validity=timedelta(days=1),
+        )
+        self._cert_dir.mkdir(parents=True, exist_ok=True)
+        (self._cert_dir / "tls.key").write_bytes(key)
+        (self._cert_dir / "tls.key").chmod(0o600)
+        (self._cert_dir / "tls.crt").write_bytes(cert)
+        (self._cert_dir / "ca.crt").write_bytes(ca_cert)
+        self._ca_bundle = ca_cert
+
+    def webhook_configuration(self, source: Path | None = None) -> JsonObject:
+        """``deploy/base/webhook.yaml``'s configuration, pointed at our webhook's URL."""
+        path = source or DEPLOY_BASE / "webhook.yaml"
+        configs = [
+            o for o in load_file(path) if o.get("kind") == MUTATING_WEBHOOK_CONFIGURATIONS.kind
+        ]
+        if len(configs) != 1:
+            raise ConfigError(f"{path} must hold one webhook configuration")
+        config = copy.deepcopy(configs[0])
+        for hook in config.get("webhooks") or []:
+            hook["clientConfig"] = {
+                "url": f"https://127.0.0.1:{self.webhook_port}{WEBHOOK_PATH}",
+                "caBundle": base64.b64encode(self._ca_bundle).decode(),
+            }
+        return config
+
+    def _register_webhook(self) -> None:
+        apply_object(self.api, self.webhook_configuration())
+
+    def webhook_serving(self) -> bool:
+        import socket  # noqa: PLC0415 - only here
+        import ssl  # noqa: PLC0415
+
+        context = ssl.create_default_context(cadata=self._ca_bundle.decode())
+        try:
+            with (
+                socket.create_connection(("127.0.0.1", self.webhook_port), timeout=1.0) as raw,
+                context.wrap_socket(raw, server_hostname="127.0.0.1"),
+            ):
+                return True
+        except (OSError, ssl.SSLError):
+            return False
+
+    # --- applying objects -----------------------------------------------------------------------
+
+    def apply(self, objects: Iterable[JsonObject]) -> list[Outcome]:
+        """Kinds our client knows go through it (the API server's own errors come back as
+        ``ClusterError``); any other kind (ResourceQuota, RBAC...) through ``kubectl apply``."""
+        outcomes = []
+        others = []
+        for obj in objects:
+            if resource_for(obj) is None:
+                others.append(obj)
+            else:
+                outcomes.append(apply_object(self.api, obj))
+        if others:
+            self.kubectl_apply(others)
+        return outcomes
+
+    def kubectl_apply(self, objects: Sequence[JsonObject]) -> None:
+        text = yaml.safe_dump_all(list(objects))
+        self._kubectl(["apply", "-f", "-"], stdin=text)
+
+    def _kubectl(self, args: Sequence[str], *, stdin: str | None = None) -> str:
+        done = subprocess.run(
+            [str(self.paths.kubectl), "--kubeconfig", str(self.paths.kubeconfig), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise ConfigError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
+        return done.stdout
+
+    def _run_script(
+        self,
+        argv: Sequence[str],
+        *,
+        what: str,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        path_env = f"{self.paths.control_plane / 'bin'}:{os.environ.get('PATH', '')}"
+        full_env = {
+            **os.environ,
+            "KUBECONFIG": str(self.paths.kubeconfig),
+            "PATH": path_env,
+            **(env or {}),
+        }
+        with (self.logs_dir / "scripts.log").open("a", encoding="utf-8") as out:
+            out.write(f"--- {what}: {' '.join(argv)}\n")
+            out.flush()
+            try:
+                done = subprocess.run(
+                    list(argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=full_env,
+                    timeout=timeout,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired as exc:
+                raise ConfigError(f"{what} did not finish within {timeout:.0f}s") from exc
+        if done.returncode != 0:
+            tail = (self.logs_dir / "scripts.log").read_text(errors="replace").splitlines()[-20:]
+            raise ConfigError(f"{what} failed ({done.returncode}):\n" + "\n".join(tail))
+
+    # --- readiness ------------------------------------------------------------------------------
+
+    def wait_for(
+        self,
+        predicate: Callable[[], T | None],
+        *,
+        timeout: float = 30.0,
+        interval: float = 0.1,
+        message: str = "",
+    ) -> T:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            self.check_daemons()
+            if time.monotonic() >= deadline:
+                raise TimeoutError(message or f"condition not met within {timeout}s")
+            time.sleep(interval)
+
+    def check_daemons(self) -> None:
+        for process in [*self.plugins.values(), *self.controllers]:
+            if process.starts and not process.running():
+                raise RuntimeError(
+                    f"{process.name} exited with status {process.returncode()}; last lines of "
+                    f"{process.log_file}:\n{process.log_tail()}"
+                )
+
+    def published_nodes(self) -> set[str]:
+        slices = self.api.list_objects(
+            RESOURCE_SLICES, field_selector=f"spec.driver={names.DRIVER_NAME}"
+        ).items
+        return set(complete_pools(slices))
+
+    def plugin_registered(self, node: str) -> bool:
+        """The kubelet accepted our DRA plugin: it logs the registration of our driver."""
+        try:
+            text = self.kubelet(node).log_file.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return False
+        return f'pluginName="{names.DRIVER_NAME}"' in text or (
+            names.DRIVER_NAME in text and "Register" in text
+        )
+
+    def classic_resources(self, node: str) -> dict[str, int]:
+        """``nvidia.com/mig-*`` in the Node's status.allocatable (the kubelet's device manager)."""
+        try:
+            obj = self.api.get(NODES, name=node)
+        except ApiNotFoundError:
+            return {}
+        allocatable = (obj.get("status") or {}).get("allocatable") or {}
+        return {
+            name: int(value)
+            for name, value in allocatable.items()
+            if name.startswith(names.CLASSIC_RESOURCE_PREFIX)
+        }
+
+    def leader(self) -> str | None:
+        try:
+            lease = self.api.get(
+                LEASES, name=names.LEADER_LEASE_NAME, namespace=names.SYSTEM_NAMESPACE
+            )
+        except ApiNotFoundError:
+            return None
+        holder = (lease.get("spec") or {}).get("holderIdentity")
+        return str(holder) if holder else None
+
+    def wait_ready(self, *, timeout: float = READY_TIMEOUT_S, classic: bool = True) -> None:
+        nodes = set(self.node_names)
+        self.wait_for(
+            lambda: self.published_nodes() >= nodes,
+            timeout=timeout,
+            message="kubelet plugins did not publish their ResourceSlices",
+        )
+        self.wait_for(
+            self.webhook_serving, timeout=timeout, message="the controller's webhook is not serving"
+        )
+        if self.config.leader_elect:
+            self.wait_for(self.leader, timeout=timeout, message="no controller became leader")
+        if classic:
+            self.wait_for(
+                lambda: all(any(self.classic_resources(n).values()) for n in nodes),
+                timeout=timeout,
+                message="no nvidia.com/mig-* resource in the Nodes' allocatable",
+            )
+
+    # --- what is on the GPUs --------------------------------------------------------------------
+
+    def mig_instances(self, node: str) -> tuple[MigInstance, ...]:
+        state = self.node_paths(node).emulated_state_file
+        if not state.exists():
+            return ()
+        backend = EmulatedGpuBackend(node_name=node, spec=self.config.gpus, state_file=state)
+        try:
+            return backend.instances()
+        finally:
+            backend.close()
+
+    def view(self) -> ClusterView:
+        return read_view(self.api, mig_uuids=self.mig_uuids())
+
+    def mig_uuids(self) -> dict[tuple[str, str], str]:
+        return mig_uuids_from_checkpoints(self.node_paths(n).checkpoint for n in self.node_names)
+
+    def kubelet_errors(self) -> dict[str, list[str]]:
+        """Each node's kubelet error lines."""
+        return {node: self.kubelet(node).error_lines() for node in self.node_names}
+
+    def exit_annotations(self, container: str, seconds: float) -> dict[str, str]:
+        """Pod annotations that make ``container`` exit 0 after ``seconds`` (fake runtime)."""
+        return {f"{EXIT_ANNOTATION_PREFIX}{container}": f"{seconds:g}"}
+
+
+def describe_missing(paths: RealStackPaths | None = None) -> str | None:
+    """One line saying why the real stack cannot run here, or None when it can."""
+    missing = (paths or RealStackPaths.from_environment()).missing()
+    if not missing:
+        return None
+    return (
+        f"real stack not built ({missing[0]} missing"
+        f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}): "
+        "see ../shared/realstack/README.md and README 'Testing'"
+    )
