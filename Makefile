@@ -14,8 +14,16 @@ $(PY):
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
+INSTALLED := $(VENV)/.installed
+
 install: $(PY) ## create .venv and install the project with its dev tools
 	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(INSTALLED)
+
+# what `make demo` and `make test-real` need when `make install` never ran (a fresh clone)
+$(INSTALLED): | $(PY)
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(INSTALLED)
 
 protos: ## regenerate the kubelet API stubs in protos/ from the .proto files
 	$(PY) -m protos.generate
@@ -34,7 +42,7 @@ typecheck: ## mypy --strict over our packages (generated stubs excluded)
 test: ## the whole test suite (unit, contract, integration, end-to-end on the local cluster)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-real: ## the real-stack tier (tests/real) on Kubernetes built by ../shared/realstack; skips in one line when not built
+test-real: $(INSTALLED) ## the real-stack tier (tests/real) on Kubernetes built by ../shared/realstack; skips in one line when not built
 	@reason=$$($(PY) -c 'from localcluster.realstack import describe_missing; print(describe_missing() or "")'); \
 	if [ -n "$$reason" ]; then echo "test-real: skipped: $$reason"; \
 	else $(PY) -m pytest tests/real --real-stack -p no:cacheprovider $(PYTEST_ARGS); fi
@@ -42,7 +50,7 @@ test-real: ## the real-stack tier (tests/real) on Kubernetes built by ../shared/
 bench: ## run the benchmarks; figures go to stdout and bench/results/*.json
 	$(PY) -m bench
 
-demo: ## the whole system on this machine: real controller + kubelet plugins, emulated GPUs, samples/ applied and removed (DEMO_ARGS="--nodes 3 --gpus 2xH100-80GB --fast")
+demo: $(INSTALLED) ## the whole system on this machine: real controller + kubelet plugins, emulated GPUs, samples/ applied and removed (DEMO_ARGS="--nodes 3 --gpus 2xH100-80GB --fast")
 	$(PY) -m controller.cli demo $(DEMO_ARGS)
 
 check-nvml: ## read-only NVML discovery on a real GPU host (never changes MIG state)

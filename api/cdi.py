@@ -6,8 +6,10 @@ an unknown field, a bad ``kind``, a bad device name or a ``cdiVersion`` lower th
 need makes the whole file fail to load (DESIGN fact 8, ``reference/dra-kubelet-plugin-facts.md`` §5).
 So the rules are validators here and a spec that does not satisfy them cannot be built at all.
 
-The model covers the subset of the CDI schema we write (no annotations, netDevices, intelRdt or
-additionalGids: each would also raise the required ``cdiVersion``). Field aliases are the schema's
+The model covers the subset of the CDI schema we write, plus ``additionalGids`` (0.7.0), which the
+NVIDIA Container Toolkit's common edits may carry and which we copy from them; there are no
+annotations, netDevices or intelRdt (each would also raise the required ``cdiVersion``, and a
+toolkit spec using them is refused with the field named). Field aliases are the schema's
 camelCase names; ``spec_to_json`` serialises by alias and leaves out unset fields, so what is written
 never holds a field the schema lacks.
 """
@@ -117,6 +119,8 @@ class ContainerEdits(_CdiModel):
     device_nodes: tuple[DeviceNode, ...] | None = None
     mounts: tuple[Mount, ...] | None = None
     hooks: tuple[Hook, ...] | None = None
+    additional_gids: tuple[int, ...] | None = None
+    """Extra group ids for the container's process (CDI 0.7.0; the NVIDIA toolkit may write them)."""
 
     @field_validator("env")
     @classmethod
@@ -127,7 +131,9 @@ class ContainerEdits(_CdiModel):
         return env
 
     def is_empty(self) -> bool:
-        return not (self.env or self.device_nodes or self.mounts or self.hooks)
+        return not (
+            self.env or self.device_nodes or self.mounts or self.hooks or self.additional_gids
+        )
 
 
 class CdiDevice(_CdiModel):
@@ -225,6 +231,8 @@ def minimum_required_version(spec: CdiSpec) -> str:
         required = "0.5.0"
     if "." in spec.kind.partition("/")[2]:
         required = "0.6.0"
+    if any(edit.additional_gids for edit in edits):
+        required = "0.7.0"
     return required
 
 

@@ -1,5 +1,6 @@
 """The names InstaSlice puts on Kubernetes objects: one place, so every component agrees."""
 
+import hashlib
 from typing import Final
 
 DRIVER_NAME: Final = "mig.instaslice.dev"
@@ -38,6 +39,12 @@ SHADOW_CLAIM_CONTAINER_ANNOTATION: Final = "instaslice.dev/container"
 """Annotation on shadow claims: the container whose classic request the claim serves."""
 
 LEADER_LEASE_NAME: Final = "instaslice-controller"
+SHIM_LEASE_PREFIX: Final = "instaslice-shim-"
+"""Lease ``instaslice-shim-<node>`` (namespace ``SYSTEM_NAMESPACE``): held while the node's
+device-plugin shim serves, released when it stops (the controller places classic pods by it)."""
+SHIM_LEASE_LABEL: Final = "instaslice.dev/classic-shim"
+"""Label on shim leases; its value is the node name when that fits a label value."""
+SHIM_LEASE_NODE_ANNOTATION: Final = "instaslice.dev/node"
 SYSTEM_NAMESPACE: Final = "instaslice-system"
 
 RESOURCE_SLICE_NAME_PREFIX: Final = "instaslice"
@@ -73,3 +80,12 @@ def classic_resource_name(profile: str, *, prefix: str = CLASSIC_RESOURCE_PREFIX
     ``.``), so ``+`` is spelled ``-`` as NVIDIA's own device plugin does (``mig-1g.5gb-me``).
     """
     return prefix + profile.replace("+", "-")
+
+
+def shim_lease_name(node: str) -> str:
+    """The shim lease of ``node`` (a DNS subdomain: long node names are shortened with a hash)."""
+    name = SHIM_LEASE_PREFIX + node
+    if len(name) <= 253:
+        return name
+    digest = hashlib.sha256(node.encode()).hexdigest()[:16]
+    return f"{name[: 253 - 17]}-{digest}"

@@ -172,6 +172,11 @@ class Allocator:
             on_update=self._node_updated,
             on_delete=self._node_deleted,
         )
+        informers.shim_leases.add_handler(
+            on_add=self._shim_lease_changed,
+            on_update=lambda old, new: self._shim_lease_changed(new),
+            on_delete=self._shim_lease_deleted,
+        )
 
     def _pod_added(self, pod: JsonObject) -> None:
         if SCHEDULING_GATE in gate_names(pod):
@@ -245,6 +250,14 @@ class Allocator:
 
     def _node_deleted(self, node: JsonObject) -> None:
         self.state.nodes.node_deleted(node)
+
+    def _shim_lease_changed(self, lease: JsonObject) -> None:
+        if self.state.nodes.shim_lease_changed(lease):
+            self._wake(everyone=True)
+
+    def _shim_lease_deleted(self, lease: JsonObject) -> None:
+        if self.state.nodes.shim_lease_deleted(lease):
+            self._wake(everyone=True)
 
     def _classic_rejected(self, pod: JsonObject, pause: float) -> None:
         """The kubelet refused a classic pod (our shim did not answer): waiting classic pods

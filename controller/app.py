@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from api.names import SYSTEM_NAMESPACE
 from controller.allocator import Allocator, AllocatorConfig
 from controller.context import CacheAdmissionContext
 from controller.informers import ClusterInformers
@@ -38,7 +39,11 @@ class Controller:
         self.identity = identity
         self._clock = clock or SystemClock()
         self._running = threading.Event()
-        self.informers = ClusterInformers.create(api, name=identity)
+        self.informers = ClusterInformers.create(
+            api,
+            name=identity,
+            namespace=leader_election.namespace if leader_election else SYSTEM_NAMESPACE,
+        )
         self.metrics = ControllerMetrics()
         self.events = EventRecorder(api=api, component=COMPONENT, instance=identity, clock=clock)
         self.elector: LeaderElector | None = None

@@ -10,11 +10,12 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from api.names import SHADOW_CLAIM_LABEL
+from api.names import SHADOW_CLAIM_LABEL, SHIM_LEASE_LABEL, SYSTEM_NAMESPACE
 from driver.cluster.indexes import BY_CLAIM, BY_POD_UID, claim_pod_uids, pod_claim_keys
 from driver.cluster.informer import Informer, ListWatch
 from driver.cluster.port import (
     DEVICE_CLASSES,
+    LEASES,
     NODES,
     PODS,
     RESOURCE_CLAIM_TEMPLATES,
@@ -52,12 +53,18 @@ class ClusterInformers:
     slices: Informer
     classes: Informer
     nodes: Informer
+    shim_leases: Informer
+    """The nodes' device-plugin shim leases (``kubeletplugin/deviceplugin/lease.py``)."""
 
     @classmethod
-    def create(cls, api: ClusterApi, *, name: str = "controller") -> ClusterInformers:
-        def informer(resource: Resource) -> Informer:
+    def create(
+        cls, api: ClusterApi, *, name: str = "controller", namespace: str = SYSTEM_NAMESPACE
+    ) -> ClusterInformers:
+        def informer(
+            resource: Resource, *, in_namespace: str | None = None, label: str | None = None
+        ) -> Informer:
             return Informer(
-                source=ListWatch(api, resource),
+                source=ListWatch(api, resource, namespace=in_namespace, label_selector=label),
                 name=f"{name}-{resource.plural}",
                 watch_timeout_seconds=WATCH_TIMEOUT_S,
             )
@@ -69,6 +76,7 @@ class ClusterInformers:
             slices=informer(RESOURCE_SLICES),
             classes=informer(DEVICE_CLASSES),
             nodes=informer(NODES),
+            shim_leases=informer(LEASES, in_namespace=namespace, label=SHIM_LEASE_LABEL),
         )
         informers.pods.add_index(BY_CLAIM, pod_claim_keys)
         informers.pods.add_index(BY_UID, _uid)
@@ -77,7 +85,17 @@ class ClusterInformers:
         return informers
 
     def __iter__(self) -> Iterator[Informer]:
-        return iter((self.pods, self.claims, self.templates, self.slices, self.classes, self.nodes))
+        return iter(
+            (
+                self.pods,
+                self.claims,
+                self.templates,
+                self.slices,
+                self.classes,
+                self.nodes,
+                self.shim_leases,
+            )
+        )
 
     def start(self) -> None:
         for informer in self:

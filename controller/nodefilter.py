@@ -24,6 +24,12 @@ waiting pod straight into the same rejection (seen on real kubelets: 17 of 20 cl
 Failed while the plugin restarted within 3 s). The pause starts at ``CLASSIC_BACKOFF_S`` and
 doubles on each further rejection up to ``CLASSIC_BACKOFF_MAX_S``; a classic pod of that node
 running again ends it. DRA pods are not concerned: the kubelet retries their prepare calls.
+
+The shim also says itself whether it serves, through its Lease (``kubeletplugin/deviceplugin/
+lease.py``): a node whose shim gave its lease back (the plugin is stopping, e.g. a DaemonSet rolling
+update) gets no classic pod until the lease is taken again; a lease taken anew (a new
+``acquireTime``: the plugin restarted) ends a rejection pause at once. A node with no shim lease is
+judged by the rest alone.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from api.names import CLASSIC_RESOURCE_PREFIX
+from api.names import CLASSIC_RESOURCE_PREFIX, SHIM_LEASE_NODE_ANNOTATION
 from controller.cel_library import Quantity
 from driver.cluster.port import JsonObject, name_of, uid_of
 
@@ -219,6 +225,8 @@ class NodeFilter:
         self._backoff_max_s = backoff_max_s
         self._rejections: dict[str, _Rejection] = {}
         """node → the kubelet there rejected a classic pod at admission."""
+        self._shims: dict[str, tuple[bool, str]] = {}
+        """node → (its shim holds its lease, the lease's acquireTime)."""
         self._lock = threading.Lock()
         self._nodes: dict[str, NodeInfo] = {}
         self._used: dict[str, dict[str, int]] = {}
@@ -270,6 +278,32 @@ class NodeFilter:
             pause = float(min(self._backoff_s * 2 ** (count - 1), self._backoff_max_s))
             self._rejections[str(node)] = _Rejection(until=self._clock() + pause, count=count)
             return pause
+
+    def shim_lease_changed(self, lease: JsonObject) -> bool:
+        """Follow a node's shim lease; True if classic pods may now go where they could not, or
+        the other way round."""
+        node = ((lease.get("metadata") or {}).get("annotations") or {}).get(
+            SHIM_LEASE_NODE_ANNOTATION
+        )
+        if not node:
+            return False
+        spec = lease.get("spec") or {}
+        state = (bool(spec.get("holderIdentity")), str(spec.get("acquireTime") or ""))
+        with self._lock:
+            previous = self._shims.get(str(node))
+            self._shims[str(node)] = state
+            if previous == state:
+                return False
+            if state[0] and (previous is None or previous[1] != state[1]):
+                self._rejections.pop(str(node), None)  # the shim (re)started since
+            return True
+
+    def shim_lease_deleted(self, lease: JsonObject) -> bool:
+        node = ((lease.get("metadata") or {}).get("annotations") or {}).get(
+            SHIM_LEASE_NODE_ANNOTATION
+        )
+        with self._lock:
+            return self._shims.pop(str(node), None) is not None
 
     def pod_deleted(self, pod: JsonObject) -> bool:
         """Forget a pod; True if it held resources on a node (bound, or sent there by us)."""
@@ -329,7 +363,11 @@ class NodeFilter:
                 for name, value in counted[1].items():
                     used[name] = used.get(name, 0) - value
             rejection = self._rejections.get(node)
-        if rejection is not None and is_classic(usage, prefix=self._classic_prefix):
+            shim = self._shims.get(node)
+        classic = is_classic(usage, prefix=self._classic_prefix)
+        if classic and shim is not None and not shim[0]:
+            return f"the device-plugin shim on node {node} is stopped (it gave its lease back)"
+        if rejection is not None and classic:
             left = rejection.until - self._clock()
             if left > 0:
                 return (

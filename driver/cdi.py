@@ -9,7 +9,10 @@ What a CDI device grants (real mode): the parent ``/dev/nvidia<minor>`` and the 
 compute-instance capability nodes ``/dev/nvidia-caps/nvidia-cap<N>``. ``type``/``major``/``minor``
 are given when ``/proc/devices`` names the majors, so the runtime creates the nodes without looking
 at the host; otherwise the runtime ``stat``s the host nodes, which exist on GPU nodes. In emulated
-mode no device node is written at all: the host has none and injection would fail (DESIGN fact 10).
+mode no device node is written at all: the host has none and injection would fail (DESIGN fact 10);
+instead every device sets ``INSTASLICE_EMULATED=true``. What every slice's container needs besides
+(``/dev/nvidiactl``, ``/dev/nvidia-uvm*``, driver libraries, hooks) is the common spec of
+``driver.cdi_common``, whose device id follows each slice's own id.
 
 Visibility rule (DESIGN fact 9: when several CDI devices injected into one container set the same
 variable, the last one applied silently wins, and the order is not ours to choose):
@@ -73,6 +76,9 @@ CDI_VERSION: Final = "0.5.0"
 DEFAULT_CDI_ROOT: Final = Path("/var/run/cdi")
 VISIBLE_DEVICES_ENV: Final = "NVIDIA_VISIBLE_DEVICES"
 SLICE_ENV_PREFIX: Final = "INSTASLICE_MIG_UUID_"
+EMULATED_ENV: Final = "INSTASLICE_EMULATED"
+"""Set to ``true`` on emulated slices only: a workload may skip its GPU work there, and only there
+(``samples/test-pod.yaml`` fails on a real node unless ``nvidia-smi`` shows exactly its slice)."""
 SPEC_FILE_MODE: Final = 0o644
 SPEC_FILE_SUFFIX: Final = ".json"
 
@@ -183,6 +189,8 @@ def build_claim_spec(
             if visible_devices_env:
                 env.append(f"{VISIBLE_DEVICES_ENV}={all_uuids}")
             env.append(f"{slice_env_name(name)}={cdi_slice.mig_uuid}")
+            if emulated:
+                env.append(f"{EMULATED_ENV}=true")
             nodes = None if emulated else _device_nodes(cdi_slice, majors)
             edits = ContainerEdits(env=tuple(env), device_nodes=nodes)
             devices.append(CdiDevice(name=name, container_edits=edits))

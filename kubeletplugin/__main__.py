@@ -2,22 +2,28 @@
 
 SIGTERM and SIGINT stop the plugin gracefully: sockets removed, prepared slices and the checkpoint
 kept (a restarted plugin answers for them again).
+
+``instaslice-kubelet-plugin check [flags] [--create-one]`` runs the node self-check instead
+(``kubeletplugin.selfcheck``); every other invocation runs the daemon as before.
 """
 
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from driver import cdi
-from driver.cluster.events import EventRecorder
+from driver.cdi_common import CommonEdits, resolve_common_edits
+from driver.cluster.events import WARNING, EventRecorder
 from driver.cluster.kube import connect
 from driver.cluster.throttle import ClientSettings
 from driver.daemon.logs import configure_logging
 from driver.daemon.signals import stop_on_signals
 from driver.errors import DriverError
-from driver.gpu.backend import GpuBackend
+from driver.gpu.backend import MigModeBackend
 from kubeletplugin.deviceplugin import Shim, ShimConfig
 from kubeletplugin.logs import FIELDS as LOG_FIELDS
+from kubeletplugin.migmode import enable_mig_when_idle
+from kubeletplugin.nodeevents import NodeEvents
 from kubeletplugin.plugin import KubeletPlugin, PluginConfig
 from kubeletplugin.recovery import read_boot_id
 from kubeletplugin.settings import Settings, parse_settings
@@ -27,7 +33,7 @@ logger = logging.getLogger("kubeletplugin")
 COMPONENT = "instaslice-kubelet-plugin"
 
 
-def build_backend(settings: Settings) -> GpuBackend:
+def build_backend(settings: Settings) -> MigModeBackend:
     if settings.gpu_backend == "emulated":
         from driver.gpu.emulated import EmulatedGpuBackend  # noqa: PLC0415 - chosen at run time
 
@@ -42,8 +48,50 @@ def build_backend(settings: Settings) -> GpuBackend:
     return NvmlGpuBackend()
 
 
+REASON_CDI_COMMON_EDITS_MISSING = "CdiCommonEditsMissing"
+
+
+def resolve_cdi_common(settings: Settings) -> CommonEdits:
+    """The common CDI edits ``--cdi-common-edits`` names (``ConfigError`` if unusable)."""
+    return resolve_common_edits(
+        settings.cdi_common_edits, emulated=settings.gpu_backend == "emulated"
+    )
+
+
+def prepare_node(
+    settings: Settings,
+    *,
+    backend: MigModeBackend,
+    node_events: NodeEvents,
+    resolve: Callable[[Settings], CommonEdits] = resolve_cdi_common,
+) -> CommonEdits:
+    """Before the plugin starts: resolve the common CDI edits (a Warning event on the Node when
+    ``auto`` found no toolkit) and, with ``--mig-mode when-idle``, enable MIG mode on idle GPUs
+    (each step a Node event). ``DriverError`` when the edits named cannot be used."""
+    cdi_common = resolve(settings)
+    logger.info("common CDI edits: %s", cdi_common.source)
+    if cdi_common.warning:
+        logger.warning("%s", cdi_common.warning)
+        node_events.post(
+            event_type=WARNING, reason=REASON_CDI_COMMON_EDITS_MISSING, message=cdi_common.warning
+        )
+    if settings.mig_mode == "when-idle":
+        enable_mig_when_idle(
+            backend,
+            report=lambda step: node_events.post(
+                event_type=step.event_type, reason=step.reason, message=step.message
+            ),
+        )
+    return cdi_common
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    settings = parse_settings(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["check"]:
+        from kubeletplugin.selfcheck import main as check_main  # noqa: PLC0415 - subcommand
+
+        return check_main(args[1:])
+    settings = parse_settings(args)
     configure_logging(level=settings.log_level, log_format=settings.log_format, fields=LOG_FIELDS)
     stop = stop_on_signals(logger=logger)
     try:
@@ -66,6 +114,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         backend.close()
         return 1
     events = EventRecorder(api=api, component=COMPONENT, host=settings.node_name)
+    node_events = NodeEvents(api=api, events=events, node_name=settings.node_name)
+    try:
+        cdi_common = prepare_node(settings, backend=backend, node_events=node_events)
+    except DriverError as exc:
+        logger.error("cannot set up the common CDI edits: %s", exc)
+        backend.close()
+        api.close()
+        return 1
     try:
         plugin = KubeletPlugin(
             config=PluginConfig(
@@ -80,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 inventory_poll_seconds=settings.inventory_poll_seconds,
                 unhealthy_taint_effect=settings.health.taint_effect,
                 xid_policy=settings.health.xids,
+                cdi_common=cdi_common,
             ),
             backend=backend,
             api=api,

@@ -70,9 +70,11 @@ def write_cdi(
     emulated: bool,
     majors: cdi.DeviceMajors,
     visible_devices_env: bool,
+    common_cdi_device_ids: tuple[str, ...] = (),
 ) -> tuple[CheckpointDevice, ...]:
     """Write the claim's CDI spec for the slices ``made`` and return ``intended`` completed
-    with their GI/CI ids, MIG UUIDs and CDI ids."""
+    with their GI/CI ids, MIG UUIDs and CDI ids (each slice's own, then ``common_cdi_device_ids``:
+    the common spec's device, ``driver.cdi_common``)."""
     cdi_slices = []
     for plan, instance in zip(planned, made, strict=True):
         if instance.mig_uuid is None or instance.ci_id is None:
@@ -106,7 +108,10 @@ def write_cdi(
                 "gi_id": instance.gi_id,
                 "ci_id": instance.ci_id,
                 "mig_uuid": instance.mig_uuid,
-                "cdi_device_ids": (cdi.claim_cdi_device_id(ref.uid, record.device),),
+                "cdi_device_ids": (
+                    cdi.claim_cdi_device_id(ref.uid, record.device),
+                    *common_cdi_device_ids,
+                ),
             }
         )
         for record, instance in zip(intended, made, strict=True)

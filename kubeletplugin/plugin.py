@@ -19,6 +19,7 @@ import grpc
 
 from api.names import DRIVER_NAME
 from driver import cdi
+from driver.cdi_common import NO_COMMON_EDITS, CommonEdits, write_common_spec
 from driver.checkpoint import CHECKPOINT_FILE_NAME, CheckpointStore
 from driver.cluster.events import EventRecorder
 from driver.cluster.port import ClusterApi
@@ -70,6 +71,8 @@ class PluginConfig:
     xid_policy: XidPolicy = field(default_factory=XidPolicy)
     health_resend_seconds: float = 10.0
     """How often the health stream repeats the full state when nothing changed."""
+    cdi_common: CommonEdits = NO_COMMON_EDITS
+    """Edits shared by every slice's container (``driver.cdi_common``), written at start."""
 
 
 class KubeletPlugin:
@@ -123,6 +126,7 @@ class KubeletPlugin:
             majors=majors,
             metrics=self.metrics,
             step_hook=step_hook,
+            common_cdi_device_ids=config.cdi_common.cdi_device_ids,
         )
         self.device_status = DeviceStatusWriter(
             api=api, driver=config.driver_name, pool=config.node_name
@@ -136,6 +140,7 @@ class KubeletPlugin:
             inventory=lambda: self.publisher.inventory,
             boot_id=boot_id,
             metrics=self.metrics,
+            common_cdi_device_ids=config.cdi_common.cdi_device_ids,
         )
         self.health = HealthChecker(
             registration_socket=self.registration_socket,
@@ -187,6 +192,7 @@ class KubeletPlugin:
         if not self.config.state_dir.is_dir():
             ensure_directory(self.config.state_dir, mode=STATE_DIR_MODE)
         ensure_directory(self.config.cdi_root, mode=0o755)
+        write_common_spec(self.config.cdi_root, self.config.cdi_common)
         self.publisher.refresh_inventory()
         report = self.recovery.run()
         self.metrics.set_slices_in_use(slices_in_use(self.store.load()))

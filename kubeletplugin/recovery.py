@@ -81,6 +81,7 @@ class Recovery:
         inventory: Callable[[], NodeInventory],
         boot_id: str,
         metrics: PluginMetrics | None = None,
+        common_cdi_device_ids: tuple[str, ...] = (),
     ) -> None:
         self._node = node_name
         self._store = store
@@ -90,6 +91,7 @@ class Recovery:
         self._inventory = inventory
         self._boot_id = boot_id
         self._metrics = metrics or PluginMetrics()
+        self._common_cdi_device_ids = common_cdi_device_ids
 
     def run(self) -> RecoveryReport:
         report = RecoveryReport()
@@ -202,7 +204,10 @@ class Recovery:
                         gi_id=found[0].gi_id,
                         ci_id=found[0].ci_id,
                         mig_uuid=found[0].mig_uuid,
-                        cdi_device_ids=(cdi.claim_cdi_device_id(ref.uid, plan.device.name),),
+                        cdi_device_ids=(
+                            cdi.claim_cdi_device_id(ref.uid, plan.device.name),
+                            *self._common_cdi_device_ids,
+                        ),
                     )
                 )
             if planned and len(devices) == len(planned):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from driver.cdi_common import CommonEditsChoice, parse_common_edits_flag
 from driver.daemon import flags
 from driver.daemon.flags import LOG_FORMATS, LOG_LEVELS, add_flag, env_var
 from kubeletplugin.health_settings import HealthSettings, add_health_flags, health_settings
@@ -35,6 +36,9 @@ DEFAULT_KUBE_API_QPS: Final = 50.0
 DEFAULT_KUBE_API_BURST: Final = 100
 EMULATED_STATE_FILE_NAME: Final = "emulated-gpus.json"
 CLASSIC_SHIM_MODES: Final = ("on", "off")
+MIG_MODES: Final = ("never", "when-idle")
+DEFAULT_CDI_COMMON_EDITS: Final = "auto"
+AUTO_COMMON_EDITS: Final = CommonEditsChoice(mode="auto")
 DEFAULT_CLASSIC_RESOURCE_PREFIX: Final = "nvidia.com/mig-"
 _RESOURCE_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*)?$")
 
@@ -70,6 +74,11 @@ class Settings:
     log_format: str
     health: HealthSettings = field(default_factory=HealthSettings)
     """Unhealthy-GPU taint effect and which XIDs count (``health_settings``)."""
+    cdi_common_edits: CommonEditsChoice = AUTO_COMMON_EDITS
+    """Where the edits every slice's container shares come from (``driver.cdi_common``)."""
+    mig_mode: str = "never"
+    """``when-idle``: enable MIG mode on GPUs that have it off and run no process
+    (``kubeletplugin.migmode``); ``never``: MIG mode is only read."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -185,6 +194,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_CLASSIC_RESOURCE_PREFIX,
     )
     add_health_flags(parser)
+    add_flag(
+        parser,
+        "--cdi-common-edits",
+        help_text="edits every slice's container shares (/dev/nvidiactl, /dev/nvidia-uvm*, driver "
+        "libraries, hooks): auto (the NVIDIA Container Toolkit's when found, else none with a "
+        "Warning event on the Node), toolkit, file:PATH (a CDI spec's containerEdits) or none",
+        default=DEFAULT_CDI_COMMON_EDITS,
+    )
+    add_flag(
+        parser,
+        "--mig-mode",
+        help_text="never: only read MIG mode; when-idle: enable MIG on a GPU that has it off and "
+        "runs no process (resetting it when needed), reporting each step as a Node event",
+        choices=MIG_MODES,
+        default="never",
+    )
     flags.add_log_flags(parser)
     return parser
 
@@ -216,8 +241,13 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
             ("gpu_backend", GPU_BACKENDS),
             ("log_format", LOG_FORMATS),
             ("classic_shim", CLASSIC_SHIM_MODES),
+            ("mig_mode", MIG_MODES),
         ),
     )
+    try:
+        common_edits = parse_common_edits_flag(str(args.cdi_common_edits))
+    except ValueError as exc:
+        parser.error(str(exc))
     log_level = str(args.log_level).upper()
     if log_level not in LOG_LEVELS:
         parser.error(f"log level {args.log_level!r} is not one of {LOG_LEVELS}")
@@ -278,4 +308,6 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
         log_level=log_level,
         log_format=str(args.log_format),
         health=health_settings(parser, args),
+        cdi_common_edits=common_edits,
+        mig_mode=str(args.mig_mode),
     )

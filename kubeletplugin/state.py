@@ -88,6 +88,7 @@ class DeviceState:
         metrics: PluginMetrics | None = None,
         step_hook: StepHook | None = None,
         max_workers: int = 8,
+        common_cdi_device_ids: tuple[str, ...] = (),
     ) -> None:
         self._node = node_name
         self._api = api
@@ -96,6 +97,7 @@ class DeviceState:
         self._inventory = inventory
         self._emulated = emulated
         self._majors = majors or cdi.DeviceMajors()
+        self._common_cdi_device_ids = common_cdi_device_ids
         self._metrics = metrics or PluginMetrics()
         self._step_hook = step_hook
         self.slices = SliceOperations(backend)
@@ -275,6 +277,7 @@ class DeviceState:
                 emulated=self._emulated,
                 majors=self._majors,
                 visible_devices_env=visible_devices_env,
+                common_cdi_device_ids=self._common_cdi_device_ids,
             )
             self._step("after-cdi")
             completed = PreparedClaim(

@@ -53,7 +53,7 @@ from controller.certs import generate_ca, issue_serving_certificate
 from controller.statussource import mig_uuids_from_checkpoints, read_view
 from controller.statusview import ClusterView
 from driver.cluster.kube import KubeClusterApi, load_configuration
-from driver.cluster.port import LEASES, NODES, RESOURCE_SLICES, JsonObject
+from driver.cluster.port import EVENTS, LEASES, NODES, RESOURCE_SLICES, JsonObject
 from driver.errors import ApiNotFoundError, ConfigError
 from driver.gpu.backend import MigInstance
 from driver.gpu.emulated import EmulatedGpuBackend
@@ -664,6 +664,13 @@ class RealStack:
     def kubectl_apply(self, objects: Sequence[JsonObject]) -> None:
         text = yaml.safe_dump_all(list(objects))
         self._kubectl(["apply", "-f", "-"], stdin=text)
+
+    def kubectl(self, args: Sequence[str]) -> str:
+        """The matching kubectl as cluster admin; ``ConfigError`` with its message on failure."""
+        return self._kubectl(args)
+
+    def events(self, namespace: str) -> list[JsonObject]:
+        return self.api.list_objects(EVENTS, namespace=namespace).items
 
     def _kubectl(self, args: Sequence[str], *, stdin: str | None = None) -> str:
         done = subprocess.run(

@@ -134,6 +134,28 @@ class GpuBackend(Protocol):
         ...
 
 
+class MigModeBackend(GpuBackend, Protocol):
+    """A ``GpuBackend`` that can also turn MIG mode on (``--mig-mode when-idle``); both backends are.
+
+    Kept apart from ``GpuBackend`` because only the kubelet plugin's start-up MIG-mode step and the
+    node self-check need it: everything else must work with MIG mode as it finds it.
+    """
+
+    def running_processes(self, *, gpu_index: int) -> int:
+        """How many compute and graphics processes run on the GPU now (0: idle)."""
+        ...
+
+    def set_mig_mode(self, *, gpu_index: int, enabled: bool) -> None:
+        """Ask for MIG mode on or off. It applies at once, or becomes pending until a GPU reset
+        (``GpuInfo.mig_pending``); ``BackendError`` if the GPU refuses (no permission, busy)."""
+        ...
+
+    def reset_gpu(self, *, gpu_index: int) -> None:
+        """Reset the GPU, applying a pending MIG mode (every process and MIG instance on it ends).
+        ``BackendError`` when the reset is refused or impossible (not permitted, GPU in use)."""
+        ...
+
+
 def gpu_by_index(gpus: tuple[GpuInfo, ...], index: int) -> GpuInfo:
     """The GPU with ``index``; ``NotFoundError`` naming it and the indexes there are otherwise."""
     for gpu in gpus:

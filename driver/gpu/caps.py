@@ -14,6 +14,11 @@ whole (static) table in ``/proc/driver/nvidia-caps/mig-minors``, one ``<path> <m
 
 where ``gpu<N>`` is the GPU's device minor (not its NVML index). The emulated backend uses the same
 layout (``layout_minor``) so emulated instances carry plausible, distinct numbers.
+
+For an instance that exists, the driver also writes one file per capability,
+``/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<G>/access`` and ``…/gi<G>/ci<C>/access``,
+whose ``DeviceFileMinor: <N>`` line names the same minor — what the NVIDIA Container Toolkit reads.
+The NVML backend asks that file first (``read_access_minor``) and the table second.
 """
 
 import logging
@@ -25,6 +30,7 @@ from typing import Final
 log = logging.getLogger(__name__)
 
 MIG_MINORS_PATH: Final = Path("/proc/driver/nvidia-caps/mig-minors")
+CAPABILITIES_ROOT: Final = Path("/proc/driver/nvidia/capabilities")
 
 # The driver's layout: two global entries, then per GPU 15 GPU instances, each 1 + 8 compute instances.
 _FIRST_GPU_MINOR: Final = 3
@@ -83,3 +89,29 @@ def layout_text(*, gpu_count: int) -> str:
                 key = ci_key(gpu_minor=gpu, gi_id=gi, ci_id=ci)
                 lines.append(f"{key} {layout_minor(gpu_minor=gpu, gi_id=gi, ci_id=ci)}")
     return "\n".join(lines) + "\n"
+
+
+def access_file(root: Path, *, gpu_minor: int, gi_id: int, ci_id: int | None = None) -> Path:
+    """``<root>/gpu<minor>/mig/gi<G>/access`` (``ci_id`` None) or ``…/gi<G>/ci<C>/access``."""
+    gi_dir = root / f"gpu{gpu_minor}" / "mig" / f"gi{gi_id}"
+    return gi_dir / "access" if ci_id is None else gi_dir / f"ci{ci_id}" / "access"
+
+
+def parse_access_file(text: str) -> int | None:
+    """The ``DeviceFileMinor`` of a capability ``access`` file's text; None if it has none."""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "DeviceFileMinor" and value.strip().isdigit():
+            return int(value.strip())
+    return None
+
+
+def read_access_minor(
+    root: Path, *, gpu_minor: int, gi_id: int, ci_id: int | None = None
+) -> int | None:
+    """``parse_access_file`` of the instance's ``access`` file; None if it cannot be read."""
+    path = access_file(root, gpu_minor=gpu_minor, gi_id=gi_id, ci_id=ci_id)
+    try:
+        return parse_access_file(path.read_text(encoding="ascii", errors="replace"))
+    except OSError:
+        return None

@@ -17,6 +17,12 @@ contract (``driver.gpu.backend``): the same placements, the same refusals, the s
 - ``inject_xid`` queues an XID critical-error event, as the GPU driver would report it, for
   ``next_xid_event`` of this backend object (events are per process, as NVML's are).
 
+MIG mode (``MigModeBackend``): every GPU has MIG on unless listed in ``mig_disabled``. MIG mode and
+running processes (``set_running_processes``) live in the backend object, not in the state file.
+``set_mig_mode`` follows NVML: the mode applies at once when ``mig_mode_needs_reset`` is False and
+no process runs, else it stays pending until ``reset_gpu``, which is refused while processes run and
+ends every instance on the GPU. ``fail_next_reset`` makes the next reset fail.
+
 Fault injection (for crash tests of callers): ``fault_hook(step)`` is called inside
 ``create_slice`` with these steps, while the state lock is held:
 
@@ -121,6 +127,8 @@ class EmulatedGpuBackend:
         spec: str | Sequence[GpuModel],
         state_file: Path | None = None,
         fault_hook: FaultHook | None = None,
+        mig_disabled: Sequence[int] = (),
+        mig_mode_needs_reset: bool = True,
     ) -> None:
         if not node_name:
             raise ConfigError("the emulated GPU backend needs a node name")
@@ -152,6 +160,16 @@ class EmulatedGpuBackend:
         self._fault_hook = fault_hook
         self._closed = threading.Event()
         self._xid_events: queue.Queue[XidEvent | None] = queue.Queue()
+        for index in mig_disabled:
+            gpu_by_index(self._gpus, index)
+        self._mig_lock = threading.RLock()
+        self._mig: dict[int, tuple[bool, bool]] = {
+            gpu.index: (gpu.index not in mig_disabled,) * 2 for gpu in self._gpus
+        }
+        """GPU index → (current, pending) MIG mode."""
+        self._mig_mode_needs_reset = mig_mode_needs_reset
+        self._processes: dict[int, int] = {}
+        self._reset_failures: list[str] = []
         with self._store.locked() as records:
             self._validate(records)
         log.info("emulated GPUs on node %s: %s (%s)", node_name, len(models), self._store.where)
@@ -160,8 +178,9 @@ class EmulatedGpuBackend:
         self._check_open()
         with self._store.locked():
             unhealthy = self._store.unhealthy()
+        gpus = tuple(self._with_mig_mode(gpu) for gpu in self._gpus)
         if not unhealthy:
-            return self._gpus
+            return gpus
         return tuple(
             replace(
                 gpu,
@@ -171,8 +190,71 @@ class EmulatedGpuBackend:
             )
             if gpu.index in unhealthy
             else gpu
-            for gpu in self._gpus
+            for gpu in gpus
         )
+
+    # -- MigModeBackend ----------------------------------------------------------------------
+
+    def running_processes(self, *, gpu_index: int) -> int:
+        self._check_open()
+        gpu_by_index(self._gpus, gpu_index)
+        with self._mig_lock:
+            return self._processes.get(gpu_index, 0)
+
+    def set_running_processes(self, gpu_index: int, count: int) -> None:
+        """How many processes run on the emulated GPU (a busy GPU never gets its MIG mode changed)."""
+        gpu_by_index(self._gpus, gpu_index)
+        with self._mig_lock:
+            self._processes[gpu_index] = count
+
+    def set_mig_mode(self, *, gpu_index: int, enabled: bool) -> None:
+        self._check_open()
+        gpu_by_index(self._gpus, gpu_index)
+        with self._mig_lock:
+            current, _ = self._mig[gpu_index]
+            if not enabled and current and self.instances(gpu_index=gpu_index):
+                raise BackendError(
+                    f"cannot turn MIG mode off on GPU {gpu_index}: GPU instances exist"
+                )
+            busy = self._processes.get(gpu_index, 0) > 0
+            applies_now = current == enabled or not (self._mig_mode_needs_reset or busy)
+            self._mig[gpu_index] = (enabled if applies_now else current, enabled)
+        log.info("emulated GPU %s: MIG mode %s asked (%s)", gpu_index, "on" if enabled else "off",
+                 "applied" if applies_now else "pending a GPU reset")  # fmt: skip
+
+    def fail_next_reset(self, reason: str) -> None:
+        """Make the next ``reset_gpu`` fail with ``reason`` (as an unpermitted reset does)."""
+        with self._mig_lock:
+            self._reset_failures.append(reason)
+
+    def reset_gpu(self, *, gpu_index: int) -> None:
+        self._check_open()
+        gpu_by_index(self._gpus, gpu_index)
+        with self._mig_lock:
+            if self._reset_failures:
+                raise BackendError(
+                    f"resetting GPU {gpu_index} failed: {self._reset_failures.pop(0)}"
+                )
+            if self._processes.get(gpu_index, 0) > 0:
+                raise BackendError(
+                    f"resetting GPU {gpu_index} failed: {self._processes[gpu_index]} processes "
+                    "run on it"
+                )
+            with self._store.locked() as records:
+                kept = [r for r in records if r.gpu_index != gpu_index]
+                if len(kept) != len(records):
+                    self._store.save(kept)
+            _, pending = self._mig[gpu_index]
+            self._mig[gpu_index] = (pending, pending)
+        log.info("emulated GPU %s reset", gpu_index)
+
+    def _with_mig_mode(self, gpu: GpuInfo) -> GpuInfo:
+        with self._mig_lock:
+            current, pending = self._mig[gpu.index]
+        if current and pending:
+            return gpu
+        return replace(gpu, mig_enabled=current, mig_pending=pending,
+                       model=gpu.model if current else None)  # fmt: skip
 
     def set_health(self, gpu_index: int, *, healthy: bool, reason: str | None = None) -> None:
         """Mark GPU ``gpu_index`` unhealthy (``reason`` says why) or healthy again."""
@@ -290,7 +372,9 @@ class EmulatedGpuBackend:
 
     def _model(self, gpu_index: int) -> GpuModel:
         model = gpu_by_index(self._gpus, gpu_index).model
-        if model is None:  # pragma: no cover - emulated GPUs always have MIG mode on
+        with self._mig_lock:
+            mig_on = self._mig[gpu_index][0]
+        if model is None or not mig_on:
             raise ConfigError(f"MIG mode is off on emulated GPU {gpu_index}")
         return model
 

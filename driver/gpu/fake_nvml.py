@@ -20,6 +20,16 @@ Tests steer it with ``fail(function, code=…)`` (the next call(s) of that funct
 answers ``NOT_SUPPORTED`` as Ampere and newer GPUs do) and ``set_remapped_rows``. XID events:
 ``inject_xid`` reports one the way the GPU driver would, to the event sets registered for it
 (NVML's event API, ``driver.gpu.fake_nvml_events``).
+
+MIG mode follows NVML's rules for ``nvmlDeviceSetMigMode``: the *pending* mode is set at once; it
+becomes the *current* mode at once only when the GPU can apply it without a reset (constructor
+``mig_mode_needs_reset=False``, as on GPUs and drivers that allow it) and no process runs on it;
+otherwise the call answers an ``activationStatus`` of ``IN_USE`` and the mode waits for a GPU reset.
+Turning MIG off while GPU instances exist fails with ``IN_USE``. Processes per GPU are set with
+``set_processes`` (``nvmlDeviceGet{Compute,Graphics}RunningProcesses`` list them).
+NVML has no reset call: the driver's ``nvidia-smi --gpu-reset`` does it. ``reset_gpu`` stands for
+that reset here: refused (``IN_USE``) while processes run, or as told by ``fail_reset``; otherwise
+the pending mode becomes current and every MIG instance of the GPU is gone.
 """
 # Names below are pynvml's and nvml.h's, hence not PEP 8:
 # ruff: noqa: N802, N803, N815
@@ -120,6 +130,18 @@ class _Gpu:
     retired_pages_pending: bool | None = None
     remapped_rows_pending: bool = False
     remapped_rows_failure: bool = False
+    compute_processes: int = 0
+    graphics_processes: int = 0
+
+
+@dataclass(frozen=True)
+class FakeProcessInfo:
+    """What pynvml's running-process lists hold per process (its friendly-object field names)."""
+
+    pid: int
+    usedGpuMemory: int | None
+    gpuInstanceId: int
+    computeInstanceId: int
 
 
 class FakeNvml:
@@ -137,6 +159,7 @@ class FakeNvml:
         node_name: str = "fake-node",
         mig_enabled: bool | Sequence[bool] = True,
         profile_info_v2: bool = True,
+        mig_mode_needs_reset: bool = True,
     ) -> None:
         models = parse_gpu_spec(gpus) if isinstance(gpus, str) else tuple(gpus)
         enabled = [mig_enabled] * len(models) if isinstance(mig_enabled, bool) else mig_enabled
@@ -152,6 +175,8 @@ class FakeNvml:
         ]
         self._node_name = node_name
         self._profile_info_v2 = profile_info_v2
+        self._mig_mode_needs_reset = mig_mode_needs_reset
+        self._reset_failures: list[int] = []
         self._lock = threading.RLock()
         self._init_count = 0
         self._serial = 0
@@ -203,6 +228,39 @@ class FakeNvml:
         return self._events.post(
             gpu_index=index, event_type=event_type, data=xid, gi_id=gi_id, ci_id=ci_id
         )
+
+    def set_processes(self, index: int, *, compute: int = 0, graphics: int = 0) -> None:
+        """How many compute and graphics processes run on GPU ``index``."""
+        with self._lock:
+            self._gpus[index].compute_processes = compute
+            self._gpus[index].graphics_processes = graphics
+
+    def mig_mode(self, index: int) -> tuple[bool, bool]:
+        """(current, pending) MIG mode of GPU ``index``, as a test reads it."""
+        with self._lock:
+            gpu = self._gpus[index]
+            return bool(gpu.mig_current), bool(gpu.mig_pending)
+
+    def fail_reset(self, *, code: int, times: int = 1) -> None:
+        """Make the next ``times`` GPU resets fail with ``code`` (e.g. ``NO_PERMISSION``)."""
+        with self._lock:
+            self._reset_failures.extend([code] * times)
+
+    def reset_gpu(self, index: int) -> None:
+        """The driver's GPU reset (``nvidia-smi --gpu-reset -i <index>``); see the module docstring."""
+        with self._lock:
+            self.calls.append("reset_gpu")
+            if self._reset_failures:
+                raise FakeNvmlError(self._reset_failures.pop(0))
+            if not 0 <= index < len(self._gpus):
+                raise FakeNvmlError(api.NVML_ERROR_INVALID_ARGUMENT)
+            gpu = self._gpus[index]
+            if gpu.lost:
+                raise FakeNvmlError(api.NVML_ERROR_GPU_IS_LOST)
+            if gpu.compute_processes or gpu.graphics_processes:
+                raise FakeNvmlError(api.NVML_ERROR_IN_USE)
+            gpu.mig_current = gpu.mig_pending
+            gpu.gis.clear()
 
     @property
     def initialised(self) -> bool:
@@ -260,6 +318,36 @@ class FakeNvml:
             self._enter("nvmlDeviceGetMigMode")
             gpu = self._device(device)
             return [gpu.mig_current, gpu.mig_pending]
+
+    def nvmlDeviceSetMigMode(self, device: Any, mode: int) -> int:
+        """Returns the activation status, as pynvml does (``NVML_SUCCESS`` when applied now)."""
+        with self._lock:
+            self._enter("nvmlDeviceSetMigMode")
+            gpu = self._device(device)
+            if mode not in (api.NVML_DEVICE_MIG_DISABLE, api.NVML_DEVICE_MIG_ENABLE):
+                raise FakeNvmlError(api.NVML_ERROR_INVALID_ARGUMENT)
+            if mode == api.NVML_DEVICE_MIG_DISABLE and gpu.gis:
+                raise FakeNvmlError(api.NVML_ERROR_IN_USE)
+            gpu.mig_pending = mode
+            busy = gpu.compute_processes or gpu.graphics_processes
+            if gpu.mig_current == mode:
+                return api.NVML_SUCCESS
+            if self._mig_mode_needs_reset or busy:
+                return api.NVML_ERROR_IN_USE
+            gpu.mig_current = mode
+            return api.NVML_SUCCESS
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[FakeProcessInfo]:
+        with self._lock:
+            self._enter("nvmlDeviceGetComputeRunningProcesses")
+            gpu = self._device(handle)
+            return _processes(gpu.compute_processes, first_pid=1000 + 100 * gpu.index)
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[FakeProcessInfo]:
+        with self._lock:
+            self._enter("nvmlDeviceGetGraphicsRunningProcesses")
+            gpu = self._device(handle)
+            return _processes(gpu.graphics_processes, first_pid=5000 + 100 * gpu.index)
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, device: Any) -> int:
         with self._lock:
@@ -564,3 +652,16 @@ def _deref(ref: Any) -> Any:
 
 def _set_count(count_ref: Any, value: int) -> None:
     _deref(count_ref).value = value
+
+
+def _processes(count: int, *, first_pid: int) -> list[FakeProcessInfo]:
+    # 0xFFFFFFFF: NVML's "no instance" for processes on a GPU without MIG.
+    return [
+        FakeProcessInfo(
+            pid=first_pid + n,
+            usedGpuMemory=256 * MIB,
+            gpuInstanceId=0xFFFFFFFF,
+            computeInstanceId=0xFFFFFFFF,
+        )
+        for n in range(count)
+    ]

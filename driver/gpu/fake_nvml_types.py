@@ -21,6 +21,8 @@ _ERROR_TEXT: Final = {
     api.NVML_ERROR_INSUFFICIENT_SIZE: "Insufficient Size",
     api.NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
     api.NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+    api.NVML_ERROR_RESET_REQUIRED: "GPU requires restart",
+    api.NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
     api.NVML_ERROR_UNKNOWN: "Unknown Error",
     api.NVML_ERROR_IN_USE: "In use by another client",
     api.NVML_ERROR_TIMEOUT: "Timeout",

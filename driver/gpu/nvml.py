@@ -11,8 +11,10 @@ handle (walking every MIG device is O(10 s) on big nodes).
 - ``NVML_ERROR_INSUFFICIENT_RESOURCES`` on create means the placement is occupied
   (``PlacementOccupiedError``); every other NVML failure is a ``BackendError`` raised from it.
 - If the compute instance cannot be created, the GPU instance is destroyed before raising.
-- MIG mode is only read, never changed: a GPU with MIG off is reported (``GpuInfo.mig_enabled``)
-  and creating on it is a ``ConfigError`` that says so.
+- MIG mode is only read by the slice operations: a GPU with MIG off is reported
+  (``GpuInfo.mig_enabled``) and creating on it is a ``ConfigError`` that says so. Only the
+  ``MigModeBackend`` calls change it (``set_mig_mode``, ``reset_gpu``), used by the kubelet
+  plugin's opt-in ``--mig-mode when-idle`` step.
 - Health, read-only, in ``gpus()``: a lost GPU or one whose memory needs a reset is reported
   unhealthy instead of failing the list; the probes live in ``driver.gpu.nvml_health``.
 - XID critical-error events through NVML's event API (``next_xid_event``,
@@ -21,6 +23,7 @@ handle (walking every MIG device is O(10 s) on big nodes).
 
 import ctypes
 import logging
+import subprocess
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -65,10 +68,17 @@ class NvmlGpuBackend:
     """``GpuBackend`` over NVML. ``nvml`` defaults to the ``pynvml`` module; tests pass a fake."""
 
     def __init__(
-        self, *, nvml: api.NvmlLibrary | None = None, mig_minors_path: Path = caps.MIG_MINORS_PATH
+        self,
+        *,
+        nvml: api.NvmlLibrary | None = None,
+        mig_minors_path: Path = caps.MIG_MINORS_PATH,
+        capabilities_root: Path = caps.CAPABILITIES_ROOT,
+        reset_gpu: Callable[[int], None] | None = None,
     ) -> None:
         self._nvml = nvml if nvml is not None else _default_library()
         self._mig_minors_path = mig_minors_path
+        self._capabilities_root = capabilities_root
+        self._reset_gpu = reset_gpu or nvidia_smi_reset
         self._mig_minors: Mapping[str, int] | None = None
         self._models: dict[GpuUuid, GpuModel] = {}
         self._state_lock = threading.Lock()
@@ -163,6 +173,43 @@ class NvmlGpuBackend:
     def next_xid_event(self, *, timeout_seconds: float) -> XidEvent | None:
         self._check_open()
         return self._xids.next_event(timeout_seconds=timeout_seconds)
+
+    # -- MigModeBackend ----------------------------------------------------------------------
+
+    def running_processes(self, *, gpu_index: int) -> int:
+        self._check_open()
+        handle = self._handle(self._known(gpu_index))
+        compute = self._call(
+            "nvmlDeviceGetComputeRunningProcesses",
+            self._nvml.nvmlDeviceGetComputeRunningProcesses,
+            handle,
+        )
+        graphics = self._optional(self._nvml.nvmlDeviceGetGraphicsRunningProcesses, handle)
+        return len(compute) + len(graphics or ())
+
+    def set_mig_mode(self, *, gpu_index: int, enabled: bool) -> None:
+        self._check_open()
+        mode = api.NVML_DEVICE_MIG_ENABLE if enabled else api.NVML_DEVICE_MIG_DISABLE
+        with self._lock(self._known(gpu_index)):
+            handle = self._handle(gpu_index)
+            status = self._call(
+                "nvmlDeviceSetMigMode", self._nvml.nvmlDeviceSetMigMode, handle, mode
+            )
+        log.info("MIG mode %s asked on GPU %s (activation status %s)",
+                 "on" if enabled else "off", gpu_index, status)  # fmt: skip
+
+    def reset_gpu(self, *, gpu_index: int) -> None:
+        self._check_open()
+        with self._lock(self._known(gpu_index)):
+            try:
+                self._reset_gpu(gpu_index)
+            except DriverError:
+                raise
+            except Exception as exc:
+                raise BackendError(f"resetting GPU {gpu_index} failed: {exc}") from exc
+            with self._state_lock:
+                self._models.clear()
+        log.info("reset GPU %s", gpu_index)
 
     def close(self) -> None:
         with self._state_lock:
@@ -449,14 +496,19 @@ class NvmlGpuBackend:
             pending = " (enabled, pending a GPU reset)" if gpu.mig_pending else ""
             raise ConfigError(
                 f"MIG mode is not enabled on GPU {gpu.index} ({gpu.product_name}, {gpu.uuid})"
-                f"{pending}; InstaSlice never changes MIG mode itself — enable it with "
-                f"'nvidia-smi -i {gpu.index} -mig 1' and reset the GPU"
+                f"{pending}; InstaSlice changes MIG mode only with --mig-mode when-idle — "
+                f"enable it with 'nvidia-smi -i {gpu.index} -mig 1' and reset the GPU"
             )
         return gpu.model
 
     def _cap_minor(self, gpu: GpuInfo, gi_id: int, ci_id: int | None) -> int | None:
         if gpu.minor is None:
             return None
+        from_access_file = caps.read_access_minor(
+            self._capabilities_root, gpu_minor=gpu.minor, gi_id=gi_id, ci_id=ci_id
+        )
+        if from_access_file is not None:
+            return from_access_file
         with self._state_lock:
             if self._mig_minors is None:
                 self._mig_minors = caps.read_mig_minors(self._mig_minors_path)
@@ -464,6 +516,23 @@ class NvmlGpuBackend:
         if ci_id is None:
             return table.get(caps.gi_key(gpu_minor=gpu.minor, gi_id=gi_id))
         return table.get(caps.ci_key(gpu_minor=gpu.minor, gi_id=gi_id, ci_id=ci_id))
+
+
+def nvidia_smi_reset(gpu_index: int) -> None:
+    """NVML has no GPU-reset call; the driver's ``nvidia-smi --gpu-reset`` is how a GPU is reset.
+
+    ``BackendError`` with nvidia-smi's own words when it is missing or refuses (not root, processes
+    or other clients on the GPU, a platform without reset such as some VMs).
+    """
+    argv = ["nvidia-smi", "--gpu-reset", "-i", str(gpu_index)]
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BackendError(f"{' '.join(argv)} could not run: {exc}") from exc
+    if done.returncode != 0:
+        output = (done.stdout + done.stderr).decode(errors="replace").strip().splitlines()
+        why = output[-1] if output else f"exit status {done.returncode}"
+        raise BackendError(f"{' '.join(argv)} failed: {why}")
 
 
 def _text(value: str | bytes) -> str:

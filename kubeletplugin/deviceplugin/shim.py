@@ -13,18 +13,22 @@ directory belongs to the kubelet: it is never created here, and nothing is serve
 """
 
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from api.names import SYSTEM_NAMESPACE
 from driver.cluster.events import EventRecorder
 from driver.cluster.port import ClusterApi
 from driver.errors import DriverError
 from kubeletplugin.deviceplugin.advertise import advertised_counts, device_ids
 from kubeletplugin.deviceplugin.allocate import Allocator, SlicePreparer
 from kubeletplugin.deviceplugin.bindings import CheckpointAccess
+from kubeletplugin.deviceplugin.lease import ShimLease
 from kubeletplugin.deviceplugin.podresources import PodResourcesClient, PodResourcesSource
 from kubeletplugin.deviceplugin.reconcile import ReconcileLoop, Reconciler, ReconcileReport
 from kubeletplugin.deviceplugin.resources import (
@@ -61,6 +65,8 @@ class ShimConfig:
     unheld_grace_seconds: float = 60.0
     """How long ids answered to ``Allocate`` may go unseen in pod-resources before they are freed."""
     kubelet_timeout_seconds: float = 5.0
+    lease_namespace: str | None = SYSTEM_NAMESPACE
+    """Where the shim's Lease tells the controller it serves (``lease.py``); None: no Lease."""
 
 
 class Shim:
@@ -118,6 +124,16 @@ class Shim:
             interval_seconds=config.watch_seconds,
             on_tick=self.maintain,
         )
+        self.lease = (
+            ShimLease(
+                api=api,
+                node_name=config.node_name,
+                identity=f"{socket.gethostname()}_{os.getpid()}",
+                namespace=config.lease_namespace,
+            )
+            if config.lease_namespace is not None
+            else None
+        )
         self._servers: dict[str, ResourceServer] = {}
         self._feeds: dict[str, DeviceFeed] = {}
         self._registered: dict[str, SocketIdentity | None] = {}
@@ -140,8 +156,11 @@ class Shim:
         logger.info("classic-resource shim started in %s", self.config.device_plugin_dir)
 
     def stop(self) -> None:
-        if self._started:
-            self._started = False
+        started, self._started = self._started, False
+        if self.lease is not None:
+            with self._servers_lock:  # not taken again by a maintenance tick under way
+                self.lease.release()  # first: the controller stops sending classic pods here
+        if started:
             self._watcher.stop()
             self._loop.stop()
         with self._servers_lock:
@@ -221,6 +240,11 @@ class Shim:
             for profile, server in self._servers.items():
                 if server.running and self._registered.get(profile) != identity:
                     self._register(profile, server, identity)
+            serving = bool(self._servers) and all(
+                self._registered.get(profile) == identity for profile in self._servers
+            )
+            if serving and self.lease is not None and self._started:
+                self.lease.acquire()
 
     def _serve(self, spec: ResourceSpec, feed: DeviceFeed) -> None:
         server = self._servers.get(spec.profile)

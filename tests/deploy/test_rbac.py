@@ -53,8 +53,15 @@ CONTROLLER_CLUSTER_GRANTS: set[Grant] = {
 }
 
 CONTROLLER_NAMESPACE_GRANTS: set[Grant] = {
-    *(("coordination.k8s.io", "leases", v, None) for v in ("get", "create", "update")),
+    *(
+        ("coordination.k8s.io", "leases", v, None)
+        for v in ("get", "list", "watch", "create", "update")
+    ),
     *(("", "secrets", v, None) for v in ("get", "create", "update")),
+}
+
+PLUGIN_NAMESPACE_GRANTS: set[Grant] = {
+    *(("coordination.k8s.io", "leases", v, None) for v in ("get", "create", "update")),
 }
 
 
@@ -106,8 +113,12 @@ def test_kubelet_plugin_grants_are_exactly_claims_slices_nodes_pods_and_events()
     # It reads pods and nodes, never writes them; it never creates or deletes claims.
     assert {v for _, r, v, _ in _grants(role) if r in ("pods", "nodes")} == {"get"}
     assert {v for _, r, v, _ in _grants(role) if r == "resourceclaims"} == {"get", "list", "update"}
+    namespaced = m.one(objects, "Role", "instaslice-kubelet-plugin")
+    assert namespaced["metadata"]["namespace"] == SYSTEM_NAMESPACE
+    assert _grants(namespaced) == PLUGIN_NAMESPACE_GRANTS, "only its shim's lease"
     assert _bound_roles(objects, "instaslice-kubelet-plugin") == [
-        ("ClusterRole/instaslice-kubelet-plugin", None)
+        ("ClusterRole/instaslice-kubelet-plugin", None),
+        ("Role/instaslice-kubelet-plugin", SYSTEM_NAMESPACE),
     ]
 
 

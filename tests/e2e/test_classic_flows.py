@@ -15,7 +15,9 @@ from tests.e2e.helpers import (
     SAMPLES_NS,
     apply,
     cdi_specs,
+    claim_template,
     classic_pod,
+    dra_pod,
     get_pod,
     phase,
     running,
@@ -194,3 +196,29 @@ def test_a_placement_freed_by_a_deleted_classic_pod_is_not_handed_out_before_its
     outcome = wait_for(classic, settled, message="the second pod neither ran nor failed")
     pod = get_pod(classic, E2E_NS, "second")
     assert outcome == "Running", (pod or {}).get("status", {}).get("message")
+
+
+def test_one_pod_with_a_claim_and_a_classic_request_sees_both_slices(
+    classic: InstaSliceStack,
+) -> None:
+    apply(classic, [claim_template("mixed", profile="2g.10gb", namespace=E2E_NS)])
+    pod = dra_pod("mixed", template="mixed", namespace=E2E_NS)
+    container = pod["spec"]["containers"][0]
+    container["resources"]["limits"] = {names.classic_resource_name("1g.5gb"): 1}
+    apply(classic, [pod])
+    running_pod = wait_pod_running(classic, E2E_NS, "mixed")
+    held = slices_of_pod(classic.view(), E2E_NS, "mixed")
+    assert sorted(item.profile for _, _, item in held) == ["1g.5gb", "2g.10gb"]
+    assert sorted(item.shadow for _, _, item in held) == [False, True]
+    own = {item.mig_uuid for _, _, item in held}
+    assert None not in own
+    cdi_ids, _ = classic.kubelet(running_pod["spec"]["nodeName"]).container_devices(
+        running_pod["metadata"]["uid"], "app"
+    )
+    claim_uids = {item.claim_uid for _, _, item in held}
+    for uid in claim_uids:
+        assert any(uid in cdi_id for cdi_id in cdi_ids), f"no CDI device of claim {uid}"
+    # DESIGN fact 9: one source's NVIDIA_VISIBLE_DEVICES wins (a known limit, see helpers)
+    visible = visible_devices(classic, running_pod)
+    assert visible
+    assert visible <= own

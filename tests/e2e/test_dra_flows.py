@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from api.names import DRIVER_NAME
 from driver.cluster.port import PODS, RESOURCE_CLAIMS
 from localcluster.manifests import JOBS
 from localcluster.stack import InstaSliceStack
@@ -13,10 +14,12 @@ from tests.e2e.helpers import (
     SAMPLES_NS,
     apply,
     claim_template,
+    container_env,
     dra_pod,
     get_pod,
     is_gated,
     phase,
+    placement_reason,
     pods,
     remove_gate,
     renamed,
@@ -56,6 +59,11 @@ def test_pods_of_one_profile_fill_the_cluster_and_one_more_runs_after_a_deletion
         assert is_gated(pod), "a pod that cannot fit must stay gated"
         time.sleep(0.1)
     assert not slices_of_pod(cluster.view(), E2E_NS, "one-too-many")
+    wait_for(
+        cluster,
+        lambda: placement_reason(cluster, E2E_NS, "one-too-many") == "NoCapacity",
+        message="the waiting pod does not say NoCapacity",
+    )
 
     (freed,) = slices_of_pod(cluster.view(), E2E_NS, "half-5")
     cluster.api.delete(PODS, name="half-5", namespace=E2E_NS)
@@ -164,3 +172,26 @@ def test_a_job_of_three_runs_to_completion_and_gives_its_slices_back(
     assert held == {f"{SAMPLES_NS}/{p['metadata']['name']}" for p in job_pods}
     wait_for(cluster, lambda: cluster.view().slices_taken() == 0, message="slices not released")
     wait_for(cluster, lambda: not any(cluster.mig_instances(n) for n in cluster.node_names))
+
+
+def test_the_claims_opaque_config_reaches_the_container(cluster: InstaSliceStack) -> None:
+    template = claim_template("configured", profile="1g.5gb", namespace=E2E_NS)
+    template["spec"]["spec"]["devices"]["config"] = [
+        {
+            "opaque": {
+                "driver": DRIVER_NAME,
+                "parameters": {
+                    "apiVersion": "mig.instaslice.dev/v1alpha1",
+                    "kind": "MigDeviceConfig",
+                    "env": {"HF_HOME": "/models/cache", "MIG_TEAM": "vision"},
+                },
+            }
+        }
+    ]
+    apply(cluster, [template, dra_pod("configured", template="configured", namespace=E2E_NS)])
+    pod = wait_pod_running(cluster, E2E_NS, "configured")
+    env = container_env(cluster, pod)
+    assert env["HF_HOME"] == "/models/cache"
+    assert env["MIG_TEAM"] == "vision"
+    (held,) = slices_of_pod(cluster.view(), E2E_NS, "configured")
+    assert visible_devices(cluster, pod) == {held[2].mig_uuid}

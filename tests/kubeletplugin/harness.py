@@ -21,6 +21,8 @@ from typing import Any
 import grpc
 
 from api.names import DRIVER_NAME
+from driver.cdi import DeviceMajors
+from driver.cdi_common import NO_COMMON_EDITS, CommonEdits
 from driver.cluster.kube import KubeClusterApi, configuration_for_url
 from driver.cluster.port import NODES, RESOURCE_CLAIMS, JsonObject
 from driver.cluster.throttle import ClientSettings
@@ -192,6 +194,9 @@ class NodeHarness:
         boot_id: str = "boot-1",
         backend: GpuBackend | None = None,
         http: bool = False,
+        cdi_common: CommonEdits = NO_COMMON_EDITS,
+        emulated: bool = True,
+        majors: DeviceMajors | None = None,
     ) -> KubeletPlugin:
         backend = backend or self.backend(fault_hook=fault_hook)
         plugin = KubeletPlugin(
@@ -201,15 +206,17 @@ class NodeHarness:
                 plugin_dir=self.plugin_dir,
                 cdi_root=self.cdi_root,
                 state_dir=self.state_dir,
-                emulated=True,
+                emulated=emulated,
                 healthz_address="127.0.0.1:0" if http else "",
                 metrics_address="127.0.0.1:0" if http else "",
                 inventory_poll_seconds=3600,
+                cdi_common=cdi_common,
             ),
             backend=backend,
             api=self.api,
             boot_id=boot_id,
             step_hook=step_hook,
+            majors=majors,
         )
         self._running.append((plugin, backend))
         self.last_report = plugin.start()

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from driver.cdi_common import CommonEditsChoice
 from driver.daemon.flags import env_var
 from kubeletplugin.settings import build_parser, parse_settings, split_address
 
@@ -187,5 +188,44 @@ def test_bad_health_flags_exit_2(
 ) -> None:
     with pytest.raises(SystemExit) as exc:
         parse_settings(["--node-name", "n", *argv], environ={})
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_common_edits_and_mig_mode_default_to_auto_and_never() -> None:
+    settings = parse_settings(["--node-name", "n"], environ={})
+    assert settings.cdi_common_edits == CommonEditsChoice(mode="auto")
+    assert settings.mig_mode == "never"
+
+
+def test_common_edits_and_mig_mode_from_env_and_flags() -> None:
+    environ = {
+        "INSTASLICE_CDI_COMMON_EDITS": "file:/etc/cdi/nvidia.yaml",
+        "INSTASLICE_MIG_MODE": "when-idle",
+    }
+    settings = parse_settings(["--node-name", "n"], environ=environ)
+    assert settings.cdi_common_edits == CommonEditsChoice(
+        mode="file", path=Path("/etc/cdi/nvidia.yaml")
+    )
+    assert settings.mig_mode == "when-idle"
+    flagged = parse_settings(["--node-name", "n", "--cdi-common-edits", "none"], environ=environ)
+    assert flagged.cdi_common_edits == CommonEditsChoice(mode="none")
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "message"),
+    [
+        (["--cdi-common-edits", "legacy"], {}, "--cdi-common-edits 'legacy' is not one of"),
+        (["--cdi-common-edits", "file:"], {}, "needs a path"),
+        (["--mig-mode", "always"], {}, "invalid choice"),
+        ([], {"INSTASLICE_MIG_MODE": "always"}, "INSTASLICE_MIG_MODE"),
+    ],
+    ids=["unknown-source", "file-without-path", "bad-mig-mode", "bad-mig-mode-env"],
+)
+def test_bad_common_edits_and_mig_mode_exit_2(
+    argv: list[str], environ: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_settings(["--node-name", "n", *argv], environ=environ)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err

@@ -9,6 +9,7 @@ from tests.e2e.test_classic_flows import (
     test_a_statefulset_pod_recreated_under_the_same_name_gets_a_fresh_slice,
     test_classic_pods_of_two_namespaces_started_together_each_use_their_own_slice,
     test_dra_and_classic_pods_share_a_node_and_each_sees_only_its_own_slices,
+    test_one_pod_with_a_claim_and_a_classic_request_sees_both_slices,
     test_the_seed_test_pod_gets_a_slice_and_its_cdi_spec_and_deleting_it_removes_both,
 )
 
@@ -18,5 +19,6 @@ __all__ = [
     "test_a_statefulset_pod_recreated_under_the_same_name_gets_a_fresh_slice",
     "test_classic_pods_of_two_namespaces_started_together_each_use_their_own_slice",
     "test_dra_and_classic_pods_share_a_node_and_each_sees_only_its_own_slices",
+    "test_one_pod_with_a_claim_and_a_classic_request_sees_both_slices",
     "test_the_seed_test_pod_gets_a_slice_and_its_cdi_spec_and_deleting_it_removes_both",
 ]

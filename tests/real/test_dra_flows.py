@@ -10,6 +10,7 @@ from tests.e2e.test_dra_flows import (
     test_a_pod_held_by_another_gate_is_placed_only_after_that_gate_is_lifted,
     test_one_pod_gets_three_slices_on_one_gpu_and_sees_all_three,
     test_pods_of_one_profile_fill_the_cluster_and_one_more_runs_after_a_deletion,
+    test_the_claims_opaque_config_reaches_the_container,
     test_two_whole_gpu_pods_land_on_two_gpus,
 )
 
@@ -20,5 +21,6 @@ __all__ = [
     "test_a_pod_held_by_another_gate_is_placed_only_after_that_gate_is_lifted",
     "test_one_pod_gets_three_slices_on_one_gpu_and_sees_all_three",
     "test_pods_of_one_profile_fill_the_cluster_and_one_more_runs_after_a_deletion",
+    "test_the_claims_opaque_config_reaches_the_container",
     "test_two_whole_gpu_pods_land_on_two_gpus",
 ]

@@ -1,0 +1,148 @@
+"""Every sample a user applies, on real Kubernetes: all of ``samples/`` at once (as ``kubectl apply
+-k samples/``) Running with their own slices, then deleted clean; the quota sample enforced by the
+real API server for both ways of asking (its own refusal message, nothing placed or leaked)."""
+
+from __future__ import annotations
+
+import pytest
+
+from driver.cluster.port import PODS, RESOURCE_CLAIMS, PatchType
+from driver.errors import ClusterError
+from localcluster.manifests import DEPLOYMENTS, read_kustomization
+from localcluster.realstack import RealStack
+from localcluster.stack import SAMPLES_DIR
+from tests.e2e.conftest import E2E_NS
+from tests.e2e.helpers import (
+    QUOTA_NS,
+    SAMPLES_NS,
+    apply,
+    phase,
+    pods,
+    running,
+    sample,
+    wait_for,
+)
+
+QUOTA = {"apiVersion": "v1", "kind": "ResourceQuota"}
+
+
+def _samples() -> list[dict[str, object]]:
+    return [o for o in read_kustomization(SAMPLES_DIR) if o.get("kind") != "Namespace"]
+
+
+def _all_running(stack: RealStack) -> bool:
+    found = pods(stack, SAMPLES_NS) + pods(stack, QUOTA_NS)
+    return bool(found) and all(running(p) or phase(p) == "Succeeded" for p in found)
+
+
+def _delete_quota(stack: RealStack) -> None:
+    stack.kubectl(["delete", "resourcequota", "--all", "-n", QUOTA_NS, "--ignore-not-found"])
+
+
+def test_every_sample_runs_with_its_own_slices_and_is_removed_clean(classic: RealStack) -> None:
+    objects = _samples()
+    try:
+        apply(classic, objects)
+        wait_for(classic, lambda: _all_running(classic), timeout=60, message="samples not running")
+        expected = sum(
+            int((o.get("spec") or {}).get("replicas", 1))  # type: ignore[union-attr]
+            for o in objects
+            if o.get("kind") in ("Pod", "Deployment", "StatefulSet", "Job")
+        )
+        assert len(pods(classic, SAMPLES_NS) + pods(classic, QUOTA_NS)) >= expected
+        # (the cluster fixture checks what every container got, overlaps and leftovers)
+    finally:
+        _delete_quota(classic)
+
+
+def test_the_large_profile_samples_run_alone(cluster: RealStack) -> None:
+    apply(cluster, sample("large-profiles/dra-pod-4g.20gb.yaml"))
+    apply(cluster, sample("large-profiles/dra-pod-7g.40gb.yaml"))
+    wait_for(
+        cluster,
+        lambda: (
+            all(running(p) for p in pods(cluster, SAMPLES_NS))
+            and len(pods(cluster, SAMPLES_NS)) == 2
+        ),
+    )
+
+
+def _refused(stack: RealStack, obj: dict[str, object]) -> str:
+    with pytest.raises(ClusterError) as refused:
+        stack.api.create(PODS if obj["kind"] == "Pod" else RESOURCE_CLAIMS, obj, namespace=QUOTA_NS)
+    return str(refused.value)
+
+
+def test_the_real_resource_quota_refuses_dra_and_classic_requests_over_it(
+    classic: RealStack,
+) -> None:
+    quota = [o for o in sample("quota.yaml") if o["kind"] == "ResourceQuota"]
+    classic_deployment = [o for o in sample("quota.yaml") if o["kind"] == "Deployment"]
+    try:
+        apply(classic, quota + classic_deployment)
+        wait_for(classic, lambda: len([p for p in pods(classic, QUOTA_NS) if running(p)]) == 2)
+        # classic: a third 1g.5gb pod is over requests.nvidia.com/mig-1g.5gb (2)
+        over = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "over-classic", "namespace": QUOTA_NS},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "app",
+                        "image": "busybox:1.36",
+                        "resources": {
+                            "requests": {"cpu": "10m", "memory": "16Mi"},
+                            "limits": {"memory": "64Mi", "nvidia.com/mig-1g.5gb": 1},
+                        },
+                    }
+                ]
+            },
+        }
+        message = _refused(classic, over)
+        assert "exceeded quota" in message
+        assert "requests.nvidia.com/mig-1g.5gb" in message
+        # DRA: the generic class allows 2 devices; a claim asking 3 is refused at creation
+        claim = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "over-dra", "namespace": QUOTA_NS},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "mig",
+                            "exactly": {
+                                "deviceClassName": "mig.instaslice.dev",
+                                "allocationMode": "ExactCount",
+                                "count": 3,
+                            },
+                        }
+                    ]
+                }
+            },
+        }
+        message = _refused(classic, claim)
+        assert "exceeded quota" in message
+        assert "mig.instaslice.dev.deviceclass" in message
+        # scaling the Deployment past the quota: the ReplicaSet cannot create the third pod
+        classic.api.patch(
+            DEPLOYMENTS,
+            name="quota-classic",
+            namespace=QUOTA_NS,
+            patch={"spec": {"replicas": 3}},
+            patch_type=PatchType.MERGE,
+        )
+        wait_for(
+            classic,
+            lambda: any(
+                "exceeded quota" in str(e.get("message"))
+                for e in classic.events(QUOTA_NS)
+                if e.get("reason") == "FailedCreate"
+            ),
+            message="no FailedCreate event for the third replica",
+        )
+        assert len(pods(classic, QUOTA_NS)) == 2
+        assert not classic.api.list_objects(RESOURCE_CLAIMS, namespace=E2E_NS).items
+    finally:
+        _delete_quota(classic)
