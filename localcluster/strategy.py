@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+from localcluster.defaults_dra import apply_dra_defaults
 from localcluster.resources import ResourceType
 
 JsonObj = dict[str, Any]
@@ -119,10 +120,8 @@ def apply_defaults(resource: ResourceType, obj: JsonObj) -> None:
     """Defaults kube applies when decoding any write, so a client that omits them changes nothing."""
     if isinstance(obj.get("metadata"), dict):
         _omit_empty(obj["metadata"], _OMIT_EMPTY_METADATA)
-    if resource.group == "resource.k8s.io" and resource.plural == "resourceclaims":
-        _default_zero_counts(obj.get("spec"))
-    elif resource.group == "resource.k8s.io" and resource.plural == "resourceclaimtemplates":
-        _default_zero_counts((obj.get("spec") or {}).get("spec"))
+    if resource.group == "resource.k8s.io":
+        apply_dra_defaults(resource.plural, obj)
     if resource.group:
         return
     if resource.plural == "pods":
@@ -134,19 +133,6 @@ def apply_defaults(resource: ResourceType, obj: JsonObj) -> None:
         if name:
             labels = obj["metadata"].get("labels") or {}
             obj["metadata"]["labels"] = {**labels, NAMESPACE_NAME_LABEL: name}
-
-
-def _default_zero_counts(spec: Any) -> None:
-    """``count: 0`` is the zero value kube defaults to 1 (seen on a real 1.36 API server: a claim
-    asking ``count: 0`` is stored with ``count: 1``)."""
-    if not isinstance(spec, dict):
-        return
-    for request in (spec.get("devices") or {}).get("requests") or []:
-        if not isinstance(request, dict):
-            continue
-        for exact in [request.get("exactly"), *(request.get("firstAvailable") or [])]:
-            if isinstance(exact, dict) and exact.get("count") == 0:
-                exact["count"] = 1
 
 
 def _default_pod_spec(spec: JsonObj) -> None:
