@@ -403,13 +403,17 @@ class RealStack:
         self.kubectl_apply(load_file(DEPLOY_BASE / "rbac-kubelet-plugin.yaml"))
         self.kubectl_apply(load_file(DEPLOY_BASE / "deviceclasses.yaml"))
         controller_kubeconfig = self._service_account_kubeconfig("instaslice-controller")
-        plugin_kubeconfig = self._service_account_kubeconfig("instaslice-kubelet-plugin")
         for node in self.node_names:
             self.start_node(node)
         self._make_certificates()
         self.webhook_port = free_port()
         self._register_webhook()
         for node in self.node_names:
+            # a DaemonSet pod's token is bound to its pod, and so to its node: the 1.36
+            # node-scoped checks (resourceclaims/driver associated-node:update) need that
+            plugin_kubeconfig = self._service_account_kubeconfig(
+                "instaslice-kubelet-plugin", node=node
+            )
             self.plugins[node] = self._plugin_process(node, plugin_kubeconfig)
             self.plugins[node].start()
         for index in range(self.config.controllers):
@@ -595,7 +599,7 @@ class RealStack:
             "contexts": [{"name": "real", "context": {"cluster": "real", "user": account}}],
             "current-context": "real",
         }
-        path = self.root / "credentials" / f"{account}.kubeconfig"
+        path = self.root / "credentials" / f"{account}{f'-{node}' if node else ''}.kubeconfig"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(config), encoding="utf-8")
         path.chmod(0o600)
