@@ -577,18 +577,14 @@ class RealStack:
 
     # --- credentials and the webhook ------------------------------------------------------------
 
-    def _service_account_kubeconfig(self, account: str) -> Path:
-        """A kubeconfig that authenticates as ``instaslice-system/<account>`` (TokenRequest)."""
-        token = self._kubectl(
-            [
-                "create",
-                "token",
-                account,
-                "-n",
-                names.SYSTEM_NAMESPACE,
-                f"--duration={_TOKEN_SECONDS}s",
-            ]
-        ).strip()
+    def _service_account_kubeconfig(self, account: str, *, node: str | None = None) -> Path:
+        """A kubeconfig that authenticates as ``instaslice-system/<account>`` (TokenRequest),
+        with ``node`` a token bound to that Node (its node name travels with the identity)."""
+        args = ["create", "token", account, "-n", names.SYSTEM_NAMESPACE]
+        args.append(f"--duration={_TOKEN_SECONDS}s")
+        if node is not None:
+            args += ["--bound-object-kind", "Node", "--bound-object-name", node]
+        token = self._kubectl(args).strip()
         admin = yaml.safe_load(self.paths.kubeconfig.read_text(encoding="utf-8"))
         cluster = admin["clusters"][0]["cluster"]
         config = {
