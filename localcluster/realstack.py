@@ -189,7 +189,7 @@ def read_container_records(state_dir: Path) -> list[ContainerRecord]:
                 container=str((config.get("metadata") or {}).get("name") or ""),
                 cdi_devices=tuple(str(d.get("name") or "") for d in cdi or []),
                 envs={
-                    str(e.get("key")): str(e.get("value") or "") for e in config.get("envs") or []
+                    str(e.get("key")): _cri_bytes(e.get("value")) for e in config.get("envs") or []
                 },
             )
         )
