@@ -1,8 +1,10 @@
 """Entry point of ``instaslice-controller``; wiring only: settings → API client → controller,
 webhook (with its certificates) and HTTP endpoints → serve until SIGTERM.
 
-The webhook and the endpoints run on every replica; only the leader allocates. SIGTERM and SIGINT
-stop gracefully: allocation stops, the lease is handed back, servers close.
+The webhook and the endpoints run on every replica; only the leader allocates. The webhook is
+served by a child process with caches of its own (``webhook_child``, ``webhook_process``) unless
+``--no-webhook-process``. SIGTERM and SIGINT stop gracefully: allocation stops, the lease is handed
+back, servers and the webhook process close.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from controller.logs import FIELDS as LOG_FIELDS
 from controller.metrics import CONTENT_TYPE
 from controller.settings import Settings, build_parser, parse_settings, split_address
 from controller.webhook import WebhookRunner
+from controller.webhook_child import WebhookChild
 from driver.cluster.kube import connect
 from driver.cluster.leader import LeaderElectionConfig
 from driver.cluster.port import ClusterApi
@@ -52,7 +55,7 @@ def build_controller(settings: Settings, api: ClusterApi) -> Controller:
 
 
 def endpoints(
-    settings: Settings, controller: Controller, webhook: WebhookRunner
+    settings: Settings, controller: Controller, webhook: WebhookRunner | WebhookChild
 ) -> list[HttpEndpoint]:
     def metrics() -> tuple[int, str, bytes]:
         return 200, CONTENT_TYPE, controller.metrics.exposition()
@@ -93,7 +96,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("cannot configure the Kubernetes client: %s", exc)
         return 1
     controller = build_controller(settings, api)
-    webhook = WebhookRunner(settings=settings, api=api, admission=controller.admission, stop=stop)
+    webhook: WebhookRunner | WebhookChild
+    if settings.webhook_process and settings.webhook_port != 0:
+        webhook = WebhookChild(argv=sys.argv[1:] if argv is None else argv, stop=stop)
+    else:
+        webhook = WebhookRunner(
+            settings=settings, api=api, admission=controller.admission, stop=stop
+        )
     servers = endpoints(settings, controller, webhook)
     try:
         for server in servers:

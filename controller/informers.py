@@ -44,40 +44,21 @@ def _shadow_pod(claim: JsonObject) -> Iterable[str]:
     return (str(value),) if value else ()
 
 
-@dataclass(frozen=True, slots=True)
-class ClusterInformers:
-    pods: Informer
-    claims: Informer
-    templates: Informer
-    slices: Informer
-    classes: Informer
-    nodes: Informer
+def _informer(api: ClusterApi, resource: Resource, name: str) -> Informer:
+    return Informer(
+        source=ListWatch(api, resource),
+        name=f"{name}-{resource.plural}",
+        watch_timeout_seconds=WATCH_TIMEOUT_S,
+    )
 
-    @classmethod
-    def create(cls, api: ClusterApi, *, name: str = "controller") -> ClusterInformers:
-        def informer(resource: Resource) -> Informer:
-            return Informer(
-                source=ListWatch(api, resource),
-                name=f"{name}-{resource.plural}",
-                watch_timeout_seconds=WATCH_TIMEOUT_S,
-            )
 
-        informers = cls(
-            pods=informer(PODS),
-            claims=informer(RESOURCE_CLAIMS),
-            templates=informer(RESOURCE_CLAIM_TEMPLATES),
-            slices=informer(RESOURCE_SLICES),
-            classes=informer(DEVICE_CLASSES),
-            nodes=informer(NODES),
-        )
-        informers.pods.add_index(BY_CLAIM, pod_claim_keys)
-        informers.pods.add_index(BY_UID, _uid)
-        informers.claims.add_index(BY_POD_UID, claim_pod_uids)
-        informers.claims.add_index(BY_SHADOW_POD, _shadow_pod)
-        return informers
+class _InformerSet:
+    """Start, stop and sync-wait for a group of informers (``__iter__`` names them)."""
+
+    __slots__ = ()
 
     def __iter__(self) -> Iterator[Informer]:
-        return iter((self.pods, self.claims, self.templates, self.slices, self.classes, self.nodes))
+        raise NotImplementedError
 
     def start(self) -> None:
         for informer in self:
@@ -96,3 +77,55 @@ class ClusterInformers:
             informer.wait_for_sync(timeout=max(0.0, deadline - time.monotonic()))
             for informer in self
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterInformers(_InformerSet):
+    pods: Informer
+    claims: Informer
+    templates: Informer
+    slices: Informer
+    classes: Informer
+    nodes: Informer
+
+    @classmethod
+    def create(cls, api: ClusterApi, *, name: str = "controller") -> ClusterInformers:
+        informers = cls(
+            pods=_informer(api, PODS, name),
+            claims=_informer(api, RESOURCE_CLAIMS, name),
+            templates=_informer(api, RESOURCE_CLAIM_TEMPLATES, name),
+            slices=_informer(api, RESOURCE_SLICES, name),
+            classes=_informer(api, DEVICE_CLASSES, name),
+            nodes=_informer(api, NODES, name),
+        )
+        informers.pods.add_index(BY_CLAIM, pod_claim_keys)
+        informers.pods.add_index(BY_UID, _uid)
+        informers.claims.add_index(BY_POD_UID, claim_pod_uids)
+        informers.claims.add_index(BY_SHADOW_POD, _shadow_pod)
+        return informers
+
+    def __iter__(self) -> Iterator[Informer]:
+        return iter((self.pods, self.claims, self.templates, self.slices, self.classes, self.nodes))
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookInformers(_InformerSet):
+    """What the webhook process watches: admission reads claims, templates, classes and the slice
+    inventory, never pods or nodes (the busiest kinds in a burst)."""
+
+    claims: Informer
+    templates: Informer
+    slices: Informer
+    classes: Informer
+
+    @classmethod
+    def create(cls, api: ClusterApi, *, name: str = "webhook") -> WebhookInformers:
+        return cls(
+            claims=_informer(api, RESOURCE_CLAIMS, name),
+            templates=_informer(api, RESOURCE_CLAIM_TEMPLATES, name),
+            slices=_informer(api, RESOURCE_SLICES, name),
+            classes=_informer(api, DEVICE_CLASSES, name),
+        )
+
+    def __iter__(self) -> Iterator[Informer]:
+        return iter((self.claims, self.templates, self.slices, self.classes))
