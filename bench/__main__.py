@@ -2,8 +2,10 @@
 
 Each benchmark is a module with ``run(*, quick: bool) -> dict`` (the figures, JSON-serialisable) and
 ``summary(result: dict) -> str`` (a short table for people). Adding one is one line in
-``BENCHMARKS``. Figures go to ``bench/results/<name>.json``; ``--quick`` runs a tiny size for smoke
-tests (its figures mean nothing).
+``BENCHMARKS``. Figures go to ``bench/results/<name>.json`` (or ``<result_name>.json`` when the
+result names itself, e.g. per size); ``--quick`` runs a tiny size for smoke tests (its figures mean
+nothing). A module may add flags of its own with ``add_arguments(parser)``; its ``run`` then gets
+them as ``options``.
 """
 
 import argparse
@@ -17,6 +19,7 @@ BENCHMARKS: dict[str, str] = {
     "placement": "bench.placement",
     "controller": "bench.controller",
     "prepare": "bench.prepare",
+    "real": "bench.real",
 }
 """Benchmark name -> module path. Register a new benchmark here."""
 
@@ -30,6 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for smoke tests")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON results")
+    known, _ = parser.parse_known_args(argv)
+    modules = {}
+    for name in known.names or list(BENCHMARKS):
+        if name in BENCHMARKS:
+            modules[name] = importlib.import_module(BENCHMARKS[name])
+            if hasattr(modules[name], "add_arguments"):
+                modules[name].add_arguments(parser)
     args = parser.parse_args(argv)
     names = args.names or list(BENCHMARKS)
     unknown = [n for n in names if n not in BENCHMARKS]
@@ -37,10 +47,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown benchmark(s) {unknown}; known: {list(BENCHMARKS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     for name in names:
-        module = importlib.import_module(BENCHMARKS[name])
+        module = modules[name]
         started = time.perf_counter()
-        result = module.run(quick=args.quick)
-        path = args.out / f"{name}.json"
+        if hasattr(module, "add_arguments"):
+            result = module.run(quick=args.quick, options=args)
+        else:
+            result = module.run(quick=args.quick)
+        path = args.out / f"{result.get('result_name', name)}.json"
         path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
         print(f"== {name} ({time.perf_counter() - started:.1f} s) -> {path}")
         print(module.summary(result))

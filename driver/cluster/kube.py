@@ -233,6 +233,32 @@ class KubeClusterApi(ClosedOnExit):
             options["propagationPolicy"] = propagation_policy
         self._json("DELETE", resource.path(namespace=namespace, name=name), body=options)
 
+    # -- beyond the port -------------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: object = None,
+        accept: str = "application/json",
+    ) -> bytes:
+        """One request by path, the response body as it came (``/metrics`` text, a delete of a
+        collection): for tools and benchmarks; daemons use the ``ClusterApi`` methods."""
+        response = self._send(
+            method,
+            path,
+            query=query,
+            body=body,
+            accept=accept,
+            timeout=(self._settings.connect_timeout, self._settings.request_timeout),
+        )
+        data = _drain(response)
+        if not 200 <= response.status <= 299:
+            raise status_error(method, path, response.status, data)
+        return data
+
     # -- plumbing ---------------------------------------------------------------------------
 
     def _put(self, resource: Resource, obj: JsonObject, *, subresource: str | None) -> JsonObject:
@@ -279,10 +305,11 @@ class KubeClusterApi(ClosedOnExit):
         query: list[tuple[str, str]] | None = None,
         body: object = None,
         content_type: str = "application/json",
+        accept: str = "application/json",
         timeout: tuple[float, float],
     ) -> Any:
         self._bucket.acquire()
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": accept}
         if body is not None:
             headers["Content-Type"] = content_type
         try:
