@@ -9,6 +9,7 @@ back, servers and the webhook process close.
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 from collections.abc import Sequence
@@ -115,7 +116,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings.identity,
             "on" if settings.leader_elect else "off",
         )
-        stop.wait()
+        frozen = False
+        while not stop.wait(0.5):
+            if not frozen and controller.ready():
+                # the caches as first listed (and, leading, the rebuilt state) live as long as the
+                # process: out of the cyclic collector's reach, they are not scanned again by
+                # every full collection during a burst
+                gc.collect()
+                gc.freeze()
+                frozen = True
         return 0
     except (DriverError, OSError) as exc:
         logger.error("controller failed: %s", exc)

@@ -151,8 +151,9 @@ def add_claim_finalizer(
     finalizers = claim.get("metadata", {}).get("finalizers") or []
     if finalizer in finalizers:
         return claim
-    updated = copy.deepcopy(claim)
-    updated["metadata"]["finalizers"] = [*finalizers, finalizer]
+    # shallow copies of what changes: the cached claim is never mutated, and a deep copy of the
+    # whole claim per placed pod cost more CPU than the rest of the write
+    updated = {**claim, "metadata": {**claim["metadata"], "finalizers": [*finalizers, finalizer]}}
     return api.update(RESOURCE_CLAIMS, updated)
 
 
@@ -175,15 +176,13 @@ def write_claim_allocation(
         )
     if claim.get("status", {}).get("allocation"):
         raise ConflictError(f"claim {namespace_of(claim)}/{name_of(claim)} is already allocated")
-    updated = copy.deepcopy(claim)
-    status = updated.setdefault("status", {})
-    status["allocation"] = {
-        **copy.deepcopy(allocation),
-        "allocationTimestamp": format_time(allocated_at),
+    status = {
+        **(claim.get("status") or {}),
+        "allocation": {**allocation, "allocationTimestamp": format_time(allocated_at)},
     }
     if reserved_for is not None:
-        status["reservedFor"] = copy.deepcopy(reserved_for)
-    return api.update_status(RESOURCE_CLAIMS, updated)
+        status["reservedFor"] = [dict(entry) for entry in reserved_for]
+    return api.update_status(RESOURCE_CLAIMS, {**claim, "status": status})
 
 
 def clear_claim_allocation(api: ClusterApi, *, claim: JsonObject) -> JsonObject:
