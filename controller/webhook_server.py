@@ -13,7 +13,6 @@ webhook's ``failurePolicy``, which is the operator's choice to make, not ours.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -26,6 +25,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
+
+import orjson
 
 from controller.admission import MalformedReviewError
 from driver.errors import ConfigError
@@ -176,7 +177,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         body = self.rfile.read(length)
         try:
-            review = json.loads(body)
+            review = orjson.loads(body)
             if not isinstance(review, dict):
                 raise MalformedReviewError("body is not a JSON object")
             answer = self.server.review(review)
@@ -187,7 +188,7 @@ class _Handler(BaseHTTPRequestHandler):
             _log.exception("admission review failed")
             self._status(HTTPStatus.INTERNAL_SERVER_ERROR, f"InstaSlice webhook failed: {exc}")
             return
-        self._send(HTTPStatus.OK, json.dumps(answer).encode(), content_type="application/json")
+        self._send(HTTPStatus.OK, orjson.dumps(answer), content_type="application/json")
 
     def _status(self, code: HTTPStatus, message: str) -> None:
         status = {
@@ -198,7 +199,7 @@ class _Handler(BaseHTTPRequestHandler):
             "reason": code.phrase.replace(" ", ""),
             "code": int(code),
         }
-        self._send(code, json.dumps(status).encode(), content_type="application/json")
+        self._send(code, orjson.dumps(status), content_type="application/json")
 
     def _send(self, code: HTTPStatus, body: bytes, *, content_type: str) -> None:
         self.send_response(code)
