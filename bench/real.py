@@ -87,7 +87,8 @@ GPUS_PER_NODE = 8
 NS = "bench"
 WEBHOOK_NAME = "pod-gate.instaslice.dev"
 WEBHOOK_CONFIG = "instaslice-pod-gate"
-PATHS = ("scheduler", "controller")
+PATHS = ("scheduler", "controller", "pregated")
+DEFAULT_PATHS = ("scheduler", "controller")
 FULL = {"nodes": 20, "pods": 1000}
 QUICK = {"nodes": 2, "pods": 10}
 LEASE_RENEW_S = 10.0
@@ -101,7 +102,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--pods", type=int, help=f"pods per burst (default {FULL['pods']})")
     group.add_argument("--repeat", type=int, default=1, help="rounds of each path (default 1)")
     group.add_argument(
-        "--paths", default=",".join(PATHS), help=f"comma-separated, of {PATHS} (default both)"
+        "--paths",
+        default=",".join(DEFAULT_PATHS),
+        help=f"comma-separated, of {PATHS} (default {','.join(DEFAULT_PATHS)})",
     )
     group.add_argument("--clients", type=int, default=16, help="threads creating pods")
     group.add_argument("--workers", type=int, default=16, help="controller --workers")
@@ -484,9 +487,12 @@ def _cleanup(api: KubeClusterApi) -> None:
 class _Controller:
     """``instaslice-controller`` for one round, its webhook registered with kube-apiserver."""
 
-    def __init__(self, api: KubeClusterApi, tmp: Path, *, workers: int, extra: list[str]) -> None:
+    def __init__(
+        self, api: KubeClusterApi, tmp: Path, *, workers: int, extra: list[str], webhook: bool
+    ) -> None:
         self._api = api
-        self.port = _free_port()
+        self._webhook = webhook
+        self.port = _free_port() if webhook else 0
         self.health = _free_port()
         ca = write_webhook_certificates(tmp / "certs")
         url = f"https://127.0.0.1:{self.port}{WEBHOOK_PATH}"
@@ -500,8 +506,9 @@ class _Controller:
             cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         self._wait_ready()
-        apply_object(api, webhook_configuration(url=url, ca_bundle=ca))
-        self._wait_admitting()
+        if webhook:
+            apply_object(api, webhook_configuration(url=url, ca_bundle=ca))
+            self._wait_admitting()
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + 120
@@ -549,8 +556,9 @@ class _Controller:
         return self.process.pid, (webhook[0] if webhook else None)
 
     def stop(self) -> None:
-        with contextlib.suppress(ApiNotFoundError):
-            self._api.delete(MUTATING_WEBHOOK_CONFIGURATIONS, name=WEBHOOK_CONFIG)
+        if self._webhook:
+            with contextlib.suppress(ApiNotFoundError):
+                self._api.delete(MUTATING_WEBHOOK_CONFIGURATIONS, name=WEBHOOK_CONFIG)
         self.process.terminate()
         try:
             self.process.wait(timeout=30)
@@ -560,17 +568,23 @@ class _Controller:
         self._log.close()
 
 
-def _burst(api: KubeClusterApi, pods: int, clients: int, gated: bool) -> dict[str, Any]:
+def _burst(
+    api: KubeClusterApi, pods: int, clients: int, *, gated: bool, pregated: bool
+) -> dict[str, Any]:
     sent: dict[str, float] = {}
+    ungated: dict[str, float] = {}
     bound: dict[str, float] = {}
     wrong_gate: list[str] = []
     lock = threading.Lock()
     done = threading.Event()
 
     def seen(pod: JsonObject) -> None:
+        name = name_of(pod)
+        if gated and SCHEDULING_GATE not in gate_names(pod):
+            with lock:
+                ungated.setdefault(name, time.monotonic())
         if not (pod.get("spec") or {}).get("nodeName"):
             return
-        name = name_of(pod)
         with lock:
             if name not in bound:
                 bound[name] = time.monotonic()
@@ -586,7 +600,10 @@ def _burst(api: KubeClusterApi, pods: int, clients: int, gated: bool) -> dict[st
         name = f"pod-{i:05d}"
         with lock:
             sent[name] = time.monotonic()
-        created = api.create(PODS, _pod(i, claim=f"claim-{i:05d}"), namespace=NS)
+        pod = _pod(i, claim=f"claim-{i:05d}")
+        if pregated:  # as the webhook would have made it
+            pod["spec"]["schedulingGates"] = [{"name": SCHEDULING_GATE}]
+        created = api.create(PODS, pod, namespace=NS)
         if (SCHEDULING_GATE in gate_names(created)) != gated:
             with lock:
                 wrong_gate.append(name)
@@ -599,7 +616,19 @@ def _burst(api: KubeClusterApi, pods: int, clients: int, gated: bool) -> dict[st
     with lock:
         latencies = [bound[n] - sent[n] for n in bound if n in sent]
         last = max(bound.values(), default=first)
+        ours = [ungated[n] - sent[n] for n in ungated if n in sent]
+        theirs = [bound[n] - ungated[n] for n in bound if n in ungated]
+    split = {}
+    if ours and theirs:
+        # where the time goes: our part (create -> gate lifted), kube-scheduler's (-> bound)
+        split = {
+            "to_ungated_p50_s": round(statistics.median(ours), 3),
+            "to_ungated_p99_s": round(_percentile(ours, 0.99), 3),
+            "ungated_to_bound_p50_s": round(statistics.median(theirs), 3),
+            "ungated_to_bound_p99_s": round(_percentile(theirs, 0.99), 3),
+        }
     return {
+        **split,
         "finished": finished,
         "creation_s": round(created_all - first, 3),
         "wall_s": round(last - first, 3),
@@ -619,9 +648,13 @@ def _round(
     with tempfile.TemporaryDirectory(prefix="bench-real-") as tmp:
         controller = (
             _Controller(
-                api, Path(tmp), workers=options.workers, extra=options.controller_args.split()
+                api,
+                Path(tmp),
+                workers=options.workers,
+                extra=options.controller_args.split(),
+                webhook=path == "controller",
             )
-            if path == "controller"
+            if path in ("controller", "pregated")
             else None
         )
         try:
@@ -632,7 +665,13 @@ def _round(
                 api.request("GET", "/metrics", accept="text/plain").decode()
             )
             cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-            figures = _burst(api, pods, options.clients, gated=controller is not None)
+            figures = _burst(
+                api,
+                pods,
+                options.clients,
+                gated=controller is not None,
+                pregated=path == "pregated",
+            )
             cpu_after = {name: cpu_seconds(pid) for name, pid in pids.items()}
             metrics_after = webhook_histogram(
                 api.request("GET", "/metrics", accept="text/plain").decode()
@@ -659,8 +698,9 @@ def _round(
         "cpu_s": cpu,
         "peak_rss_mib": rss,
     }
-    if controller is not None:
+    if path == "controller":
         result["webhook"] = histogram_delta(metrics_before, metrics_after)
+    if controller is not None:
         for name in ("controller", "webhook"):
             if name in cpu and figures["bound"]:
                 result[f"{name}_cpu_ms_per_pod"] = round(1000 * cpu[name] / figures["bound"], 2)
@@ -675,7 +715,7 @@ def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, 
         return {"benchmark": "real", "skipped": reason}
     if options is None:
         options = argparse.Namespace(
-            nodes=None, pods=None, repeat=1, paths=",".join(PATHS), clients=16, workers=16,
+            nodes=None, pods=None, repeat=1, paths=",".join(DEFAULT_PATHS), clients=16, workers=16,
             controller_args="",
         )  # fmt: skip
     size = QUICK if quick else FULL
@@ -770,6 +810,12 @@ def _line(r: dict[str, Any]) -> str:
         text += (
             f"; webhook (kube-apiserver) mean {hook['mean_ms']} ms p99 ~{hook['p99_ms']} ms, "
             f"{100 * hook['within_25ms']:.1f}% <= 25 ms"
+        )
+    if "to_ungated_p99_s" in r:
+        text += (
+            f"; create->ungated p50 {r['to_ungated_p50_s']} s p99 {r['to_ungated_p99_s']} s, "
+            f"ungated->bound p50 {r['ungated_to_bound_p50_s']} s "
+            f"p99 {r['ungated_to_bound_p99_s']} s"
         )
     if "controller_cpu_ms_per_pod" in r:
         text += (
