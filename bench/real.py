@@ -60,6 +60,7 @@ from driver.cluster.port import (
     RESOURCE_SLICES,
     JsonObject,
     PatchType,
+    Resource,
     gate_names,
     name_of,
 )
@@ -376,10 +377,22 @@ class FakeNodes:
             self._thread.join(timeout=30)
 
 
+SERVICE_ACCOUNTS = Resource(
+    group="", version="v1", plural="serviceaccounts", kind="ServiceAccount", namespaced=True
+)
+
+
 def _setup(api: KubeClusterApi) -> None:
     for obj in load_file(DEPLOY_BASE / "deviceclasses.yaml"):
         apply_object(api, obj)
     api.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    # pods need it (ServiceAccount admission); kube-controller-manager makes it a little later
+    with contextlib.suppress(AlreadyExistsError):
+        api.create(
+            SERVICE_ACCOUNTS,
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}},
+            namespace=NS,
+        )
     api.create(
         NAMESPACES,
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "instaslice-system"}},
@@ -575,6 +588,7 @@ def _burst(
     ungated: dict[str, float] = {}
     bound: dict[str, float] = {}
     wrong_gate: list[str] = []
+    failed: list[str] = []
     lock = threading.Lock()
     done = threading.Event()
 
@@ -588,7 +602,7 @@ def _burst(
         with lock:
             if name not in bound:
                 bound[name] = time.monotonic()
-                if len(bound) >= pods:
+                if len(bound) + len(failed) >= pods:
                     done.set()
 
     informer = Informer(source=ListWatch(api, PODS, namespace=NS), name="bench-real-pods")
@@ -603,7 +617,15 @@ def _burst(
         pod = _pod(i, claim=f"claim-{i:05d}")
         if pregated:  # as the webhook would have made it
             pod["spec"]["schedulingGates"] = [{"name": SCHEDULING_GATE}]
-        created = api.create(PODS, pod, namespace=NS)
+        try:
+            created = api.create(PODS, pod, namespace=NS)
+        except ClusterError as exc:  # counted: a refused create is a result, not a crash
+            print(f"bench real: {name} not created: {exc}", file=sys.stderr)
+            with lock:
+                failed.append(name)
+                if len(bound) + len(failed) >= pods:
+                    done.set()
+            return
         if (SCHEDULING_GATE in gate_names(created)) != gated:
             with lock:
                 wrong_gate.append(name)
@@ -637,6 +659,7 @@ def _burst(
         "latency_p99_s": round(_percentile(latencies, 0.99), 3) if latencies else None,
         "latency_max_s": round(max(latencies), 3) if latencies else None,
         "bound": len(bound),
+        "create_failures": len(failed),
         "wrongly_gated": len(wrong_gate),
     }
 
@@ -805,6 +828,8 @@ def _line(r: dict[str, Any]) -> str:
         f"{r['latency_p50_s']} s p99 {r['latency_p99_s']} s max {r['latency_max_s']} s, "
         f"overlaps {r['overlaps']}"
     )
+    if r.get("create_failures"):
+        text += f", {r['create_failures']} creates refused"
     if "webhook" in r and r["webhook"].get("calls"):
         hook = r["webhook"]
         text += (

@@ -40,6 +40,11 @@ DEFAULT_PATHS: Final = ("/mutate-pods", "/mutate-v1-pod")
 """``/mutate-v1-pod`` is what deploy/base/webhook.yaml names; ``/mutate-pods`` is the short form."""
 
 MAX_BODY_BYTES: Final = 8 * 1024 * 1024
+IDLE_TIMEOUT_S: Final = 120.0
+"""How long a connection may sit silent before we close it. Longer than kube-apiserver keeps an idle
+webhook connection (its transport's 90 s): a server that closes first races the client's next
+request on that connection, which then fails with a broken pipe — and a POST is not retried, so
+the pod create fails (seen on a real 1.36 control plane with 30 s here)."""
 _FileStamp = tuple[int, int, int]
 
 
@@ -225,7 +230,7 @@ class WebhookServer:
         port: int = 9443,
         paths: Sequence[str] = DEFAULT_PATHS,
         reload_interval: float = 10.0,
-        connection_timeout: float = 30.0,
+        connection_timeout: float = IDLE_TIMEOUT_S,
     ) -> None:
         self._review = review
         self._cert_file = cert_file
