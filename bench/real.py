@@ -452,6 +452,10 @@ def overlaps(api: KubeClusterApi) -> tuple[int, int]:
     return allocated, found
 
 
+def _progress(message: str) -> None:
+    print(f"bench real: {datetime.now(UTC):%H:%M:%S} {message}", file=sys.stderr, flush=True)
+
+
 def _parallel(func: Callable[[Any], object], items: Iterable[Any], threads: int = 16) -> None:
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(func, items))
@@ -668,6 +672,7 @@ def _round(
     api: KubeClusterApi, path: str, options: argparse.Namespace, pods: int
 ) -> dict[str, Any]:
     _parallel(lambda i: api.create(RESOURCE_CLAIMS, _claim(i), namespace=NS), range(pods))
+    _progress(f"{path}: {pods} claims created")
     with tempfile.TemporaryDirectory(prefix="bench-real-") as tmp:
         controller = (
             _Controller(
@@ -688,6 +693,7 @@ def _round(
                 api.request("GET", "/metrics", accept="text/plain").decode()
             )
             cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            _progress(f"{path}: burst of {pods} pods")
             figures = _burst(
                 api,
                 pods,
@@ -727,6 +733,7 @@ def _round(
         for name in ("controller", "webhook"):
             if name in cpu and figures["bound"]:
                 result[f"{name}_cpu_ms_per_pod"] = round(1000 * cpu[name] / figures["bound"], 2)
+    _progress(f"{path}: burst done ({figures['bound']} bound); removing pods and claims")
     _cleanup(api)
     return result
 
@@ -765,6 +772,7 @@ def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, 
             _setup(api)
             fake = FakeNodes(api, nodes)
             fake.create()
+            _progress(f"{nodes} nodes and their slices published")
             for repeat in range(options.repeat):
                 for path in paths:
                     result = _round(api, path, options, pods)
