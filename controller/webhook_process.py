@@ -48,6 +48,8 @@ __all__ = ["PARENT_PID_ENV", "READY_LINE", "WebhookProcess", "main"]
 logger = logging.getLogger("controller.webhook_process")
 
 COMPONENT: Final = "instaslice-webhook"
+USER_AGENT: Final = "instaslice-controller/webhook"
+"""It runs as the controller's ServiceAccount, in the controller's pod: the same product token."""
 PARENT_PID_ENV: Final = "INSTASLICE_WEBHOOK_PARENT_PID"
 """Set by the controller to its pid: this process then ends with it and announces readiness."""
 READY_LINE: Final = "instaslice-webhook serving"
@@ -119,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 qps=settings.kube_api_qps,
                 burst=settings.kube_api_burst,
                 connection_pool_maxsize=8,
-                user_agent=COMPONENT,
+                user_agent=USER_AGENT,
             ),
         )
     except DriverError as exc:
