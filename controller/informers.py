@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from api.names import SHADOW_CLAIM_LABEL
 from driver.cluster.indexes import BY_CLAIM, BY_POD_UID, claim_pod_uids, pod_claim_keys
-from driver.cluster.informer import Informer, ListWatch
+from driver.cluster.informer import Informer, ListWatch, strip_managed_fields
 from driver.cluster.port import (
     DEVICE_CLASSES,
     NODES,
@@ -49,6 +49,7 @@ def _informer(api: ClusterApi, resource: Resource, name: str) -> Informer:
         source=ListWatch(api, resource),
         name=f"{name}-{resource.plural}",
         watch_timeout_seconds=WATCH_TIMEOUT_S,
+        transform=strip_managed_fields,
     )
 
 
