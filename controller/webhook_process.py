@@ -54,6 +54,9 @@ PARENT_PID_ENV: Final = "INSTASLICE_WEBHOOK_PARENT_PID"
 """Set by the controller to its pid: this process then ends with it and announces readiness."""
 READY_LINE: Final = "instaslice-webhook serving"
 SYNC_POLL_S: Final = 0.5
+SWITCH_INTERVAL_S: Final = 0.001
+"""How long a thread may hold the interpreter lock while another waits (Python's default: 5 ms).
+An answer waiting behind an informer thread decoding a claim event waits at most this long."""
 
 
 class WebhookProcess:
@@ -112,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.webhook_port == 0:
         logger.error("--webhook-port 0: there is no webhook to serve")
         return 2
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     stop = stop_on_signals(logger=logger)
     try:
         api = connect(
