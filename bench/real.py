@@ -669,7 +669,7 @@ def _burst(
 
 
 def _round(
-    api: KubeClusterApi, path: str, options: argparse.Namespace, pods: int
+    api: KubeClusterApi, path: str, options: argparse.Namespace, pods: int, *, last: bool
 ) -> dict[str, Any]:
     _parallel(lambda i: api.create(RESOURCE_CLAIMS, _claim(i), namespace=NS), range(pods))
     _progress(f"{path}: {pods} claims created")
@@ -733,8 +733,9 @@ def _round(
         for name in ("controller", "webhook"):
             if name in cpu and figures["bound"]:
                 result[f"{name}_cpu_ms_per_pod"] = round(1000 * cpu[name] / figures["bound"], 2)
-    _progress(f"{path}: burst done ({figures['bound']} bound); removing pods and claims")
-    _cleanup(api)
+    if not last:  # after the last round the stack is stopped (and the next run starts clean)
+        _progress(f"{path}: burst done ({figures['bound']} bound); removing pods and claims")
+        _cleanup(api)
     return result
 
 
@@ -773,12 +774,12 @@ def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, 
             fake = FakeNodes(api, nodes)
             fake.create()
             _progress(f"{nodes} nodes and their slices published")
-            for repeat in range(options.repeat):
-                for path in paths:
-                    result = _round(api, path, options, pods)
-                    result["repeat"] = repeat
-                    rounds.append(result)
-                    print(f"bench real: {_line(result)}", flush=True)
+            plan = [(repeat, path) for repeat in range(options.repeat) for path in paths]
+            for index, (repeat, path) in enumerate(plan):
+                result = _round(api, path, options, pods, last=index == len(plan) - 1)
+                result["repeat"] = repeat
+                rounds.append(result)
+                print(f"bench real: {_line(result)}", flush=True)
     finally:
         if fake is not None:
             fake.stop()
