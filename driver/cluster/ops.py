@@ -166,8 +166,9 @@ def write_claim_allocation(
     reserved_for: list[JsonObject] | None = None,
 ) -> JsonObject:
     """Write ``status.allocation`` (with ``allocationTimestamp``, DESIGN fact 2) through
-    ``/status`` with the claim's resourceVersion. ``reserved_for`` is set too when given (shadow
-    claims are reserved for their pod by us; for other claims kube-scheduler does it)."""
+    ``/status`` with the claim's resourceVersion. ``reserved_for`` is set too when given (the
+    controller reserves each claim for the pod it allocates it for, so kube-scheduler has no claim
+    write left to do before binding)."""
     finalizers = claim.get("metadata", {}).get("finalizers") or []
     if DELETE_PROTECTION_FINALIZER not in finalizers:
         raise ValueError(

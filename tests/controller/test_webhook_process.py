@@ -132,7 +132,9 @@ def test_the_controller_runs_restarts_and_takes_down_its_webhook_process(
         try:
             ready = f"http://127.0.0.1:{health}/readyz"
             wait_for(lambda: _get(ready)[0] == 200, timeout=30, what="/readyz")
-            children = wait_for(lambda: _webhook_children(process.pid), what="webhook child")
+            children = wait_for(
+                lambda: _webhook_children(process.pid), timeout=30, what="webhook child"
+            )
             assert len(children) == 1
             first = children[0]
 
@@ -141,10 +143,10 @@ def test_the_controller_runs_restarts_and_takes_down_its_webhook_process(
             assert gate_names(created) == [SCHEDULING_GATE]
 
             os.kill(first, signal.SIGKILL)
-            wait_for(lambda: not _alive(first), what="the first webhook process gone")
+            wait_for(lambda: not _alive(first), timeout=30, what="the first webhook process gone")
             restarted = wait_for(
                 lambda: [c for c in _webhook_children(process.pid) if c != first],
-                timeout=20,
+                timeout=30,
                 what="the webhook process started again",
             )
             children = restarted
@@ -156,4 +158,4 @@ def test_the_controller_runs_restarts_and_takes_down_its_webhook_process(
             process.kill()  # as a crash or an OOM kill would end it
             process.wait()
         for child in children:
-            wait_for(lambda child=child: not _alive(child), timeout=10, what="the child ended")
+            wait_for(lambda child=child: not _alive(child), timeout=30, what="the child ended")
