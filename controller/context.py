@@ -39,6 +39,7 @@ class CacheAdmissionContext:
         self._informers = informers
         self._state = state
         self._max: tuple[tuple[int, int], dict[str, int]] = ((0, -1), {})
+        self._profiles: tuple[tuple[int, int], frozenset[str]] = ((0, -1), frozenset())
 
     def claim_device_classes(self, *, namespace: str, name: str) -> Sequence[str] | None:
         claim = self._informers.claims.get(name, namespace=namespace)
@@ -61,10 +62,14 @@ class CacheAdmissionContext:
         return frozenset(names)
 
     def known_profiles(self) -> frozenset[str]:
+        # asked on every admission; the inventory's profile names are a walk over every device
         with self._state.lock:
             self._state.refresh()
-            published = self._state.inventory.profile_names()
-        return _CATALOG_PROFILES | published
+            inventory = self._state.inventory
+            key = (id(inventory), inventory.version)
+            if self._profiles[0] != key:
+                self._profiles = (key, _CATALOG_PROFILES | inventory.profile_names())
+            return self._profiles[1]
 
     def max_slices_per_gpu(self, profile: str) -> int:
         with self._state.lock:

@@ -11,8 +11,10 @@ The controller starts it (``webhook_child``) with its own arguments, and the env
 the same ``INSTASLICE_*`` variables, so both read one configuration: this process uses the
 webhook, certificate, client and log settings and ignores the rest. It can also run on its own
 (its ``--healthz-address`` then serves ``/readyz``). The server opens its port only once the
-caches are synced, then ``gc.freeze()`` moves everything loaded so far out of the collector's
-reach, so the cached objects are not scanned again on every collection.
+caches are synced and the slice inventory is built (at hundreds of nodes that takes seconds: never
+on an admission's path; later slice changes are applied by a thread of their own), then
+``gc.freeze()`` moves everything loaded so far out of the collector's reach, so the cached objects
+are not scanned again on every collection.
 
 Started by the controller (``PARENT_PID_ENV`` set), it ends when the controller dies, even by
 ``SIGKILL``, and tells the controller it is serving by one line on stdout (``READY_LINE``).
@@ -54,6 +56,7 @@ PARENT_PID_ENV: Final = "INSTASLICE_WEBHOOK_PARENT_PID"
 """Set by the controller to its pid: this process then ends with it and announces readiness."""
 READY_LINE: Final = "instaslice-webhook serving"
 SYNC_POLL_S: Final = 0.5
+INVENTORY_REFRESH_S: Final = 0.5
 SWITCH_INTERVAL_S: Final = 0.001
 """How long a thread may hold the interpreter lock while another waits (Python's default: 5 ms).
 An answer waiting behind an informer thread decoding a claim event waits at most this long."""
@@ -75,6 +78,7 @@ class WebhookProcess:
         self.webhook = WebhookRunner(
             settings=settings, api=api, admission=self.admission, stop=stop
         )
+        self._refresher: threading.Thread | None = None
 
     def _slice_updated(self, old: JsonObject, new: JsonObject) -> None:
         self.state.slice_changed(new)
@@ -88,10 +92,26 @@ class WebhookProcess:
         while not self.informers.wait_for_sync(timeout=SYNC_POLL_S):
             if self._stop.is_set():
                 return False
+        self._refresh_inventory()
         gc.collect()
         gc.freeze()
+        self._refresher = threading.Thread(
+            target=self._keep_inventory_fresh, name="webhook-inventory", daemon=True
+        )
+        self._refresher.start()
         self.webhook.start()
         return True
+
+    def _refresh_inventory(self) -> None:
+        with self.state.lock:
+            self.state.refresh()
+
+    def _keep_inventory_fresh(self) -> None:
+        # Slice changes are applied here, off the admission path: building a node's devices takes
+        # milliseconds, the whole inventory seconds at hundreds of nodes.
+        while not self._stop.wait(INVENTORY_REFRESH_S):
+            if self.state.inventory.dirty:
+                self._refresh_inventory()
 
     def wait_serving(self) -> bool:
         """Block until the server is up (certificate found, port bound); False if stopped first."""
@@ -104,6 +124,8 @@ class WebhookProcess:
         self._stop.set()
         self.webhook.stop()
         self.informers.stop()
+        if self._refresher is not None:
+            self._refresher.join(timeout=5.0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
