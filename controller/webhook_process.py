@@ -56,6 +56,7 @@ PARENT_PID_ENV: Final = "INSTASLICE_WEBHOOK_PARENT_PID"
 """Set by the controller to its pid: this process then ends with it and announces readiness."""
 READY_LINE: Final = "instaslice-webhook serving"
 SYNC_POLL_S: Final = 0.5
+SHUTDOWN_GRACE_S: Final = 10.0
 INVENTORY_REFRESH_S: Final = 0.5
 SWITCH_INTERVAL_S: Final = 0.001
 """How long a thread may hold the interpreter lock while another waits (Python's default: 5 ms).
@@ -180,10 +181,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("webhook process failed: %s", exc)
         return 1
     finally:
+        # A graceful stop joins connection and informer threads; bounded, so the process surely
+        # ends soon after its controller (kubelet would kill it after the grace period anyway).
+        deadline = threading.Timer(SHUTDOWN_GRACE_S, _exit_now)
+        deadline.daemon = True
+        deadline.start()
         process.stop()
         if endpoint is not None:
             endpoint.stop()
         api.close()
+
+
+def _exit_now() -> None:
+    logger.warning("%s did not stop within %.0f s; exiting", COMPONENT, SHUTDOWN_GRACE_S)
+    logging.shutdown()
+    os._exit(1)
 
 
 if __name__ == "__main__":
