@@ -240,6 +240,24 @@ def _component_pids() -> dict[str, int | None]:
     return pids
 
 
+def tcp_states(port: int) -> dict[str, int]:
+    """Sockets on this machine whose local port is ``port``, by TCP state (``/proc/net/tcp``):
+    many ``TIME_WAIT`` ones after a burst mean connections were not kept alive."""
+    names = {"01": "established", "06": "time_wait", "08": "close_wait"}
+    counts: dict[str, int] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 3 and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                state = names.get(fields[3], fields[3])
+                counts[state] = counts.get(state, 0) + 1
+    return counts
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -702,6 +720,7 @@ def _round(
                 pregated=path == "pregated",
             )
             cpu_after = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            sockets = tcp_states(controller.port) if controller and controller.port else {}
             metrics_after = webhook_histogram(
                 api.request("GET", "/metrics", accept="text/plain").decode()
             )
@@ -729,6 +748,7 @@ def _round(
     }
     if path == "controller":
         result["webhook"] = histogram_delta(metrics_before, metrics_after)
+        result["webhook_sockets"] = sockets
     if controller is not None:
         for name in ("controller", "webhook"):
             if name in cpu and figures["bound"]:
@@ -843,7 +863,7 @@ def _line(r: dict[str, Any]) -> str:
         hook = r["webhook"]
         text += (
             f"; webhook (kube-apiserver) mean {hook['mean_ms']} ms p99 ~{hook['p99_ms']} ms, "
-            f"{100 * hook['within_25ms']:.1f}% <= 25 ms"
+            f"{100 * hook['within_25ms']:.1f}% <= 25 ms, its sockets after {r.get('webhook_sockets')}"
         )
     if "to_ungated_p99_s" in r:
         text += (
