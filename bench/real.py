@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from api.names import DRIVER_NAME, SCHEDULING_GATE, profile_device_class
+from controller.settings import DEFAULT_WORKERS
 from driver.cluster.informer import Informer, ListWatch
 from driver.cluster.kube import KubeClusterApi, connect
 from driver.cluster.port import (
@@ -108,7 +109,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"comma-separated, of {PATHS} (default {','.join(DEFAULT_PATHS)})",
     )
     group.add_argument("--clients", type=int, default=16, help="threads creating pods")
-    group.add_argument("--workers", type=int, default=16, help="controller --workers")
+    group.add_argument(
+        "--workers",
+        type=int,
+        default=DEFAULT_WORKERS,
+        help=f"controller --workers (default {DEFAULT_WORKERS})",
+    )
     group.add_argument(
         "--controller-args", default="", help="more controller flags, space-separated"
     )
@@ -766,7 +772,8 @@ def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, 
         return {"benchmark": "real", "skipped": reason}
     if options is None:
         options = argparse.Namespace(
-            nodes=None, pods=None, repeat=1, paths=",".join(DEFAULT_PATHS), clients=16, workers=16,
+            nodes=None, pods=None, repeat=1, paths=",".join(DEFAULT_PATHS), clients=16,
+            workers=DEFAULT_WORKERS,
             controller_args="",
         )  # fmt: skip
     size = QUICK if quick else FULL
