@@ -22,7 +22,8 @@ from driver import cdi
 from driver.cdi_common import NO_COMMON_EDITS, CommonEdits, write_common_spec
 from driver.checkpoint import CHECKPOINT_FILE_NAME, CheckpointStore
 from driver.cluster.events import EventRecorder
-from driver.cluster.port import ClusterApi
+from driver.cluster.informer import Informer, ListWatch
+from driver.cluster.port import RESOURCE_SLICES, ClusterApi, JsonObject
 from driver.daemon.http import HttpEndpoint
 from driver.errors import DriverError
 from driver.gpu.backend import GpuBackend
@@ -115,6 +116,17 @@ class KubeletPlugin:
             overlay=self.xid_health.apply,
             listeners=(self.health_board,),
         )
+        # The kubelet deletes every ResourceSlice of its node when it starts (no driver is
+        # registered yet) and of a driver that stays unregistered; seen on real kubelets, our
+        # slices were then missing until the next poll (up to ``inventory_poll_seconds``) while
+        # the node's claims stayed allocated. A watch on our own slices republishes at once.
+        self._own_slices = Informer(
+            source=ListWatch(
+                api, RESOURCE_SLICES, field_selector=f"spec.nodeName={config.node_name}"
+            ),
+            name=f"slices-{config.node_name}",
+        )
+        self._own_slices.add_handler(on_delete=self._slice_deleted)
         self.state = DeviceState(
             node_name=config.node_name,
             backend=backend,
@@ -207,6 +219,7 @@ class KubeletPlugin:
         for endpoint in self._http:
             endpoint.start()
         self.publisher.start()
+        self._own_slices.start()
         self.xid_health.start()
         return report
 
@@ -222,6 +235,7 @@ class KubeletPlugin:
         self._dra_server.stop()
         self.device_status.close()
         self.xid_health.stop()
+        self._own_slices.stop()
         self.publisher.stop()
         for endpoint in self._http:
             endpoint.stop()
@@ -230,6 +244,11 @@ class KubeletPlugin:
 
     def _gpu_health_changed(self) -> None:
         self.publisher.wake()
+
+    def _slice_deleted(self, slice_obj: JsonObject) -> None:
+        if (slice_obj.get("spec") or {}).get("driver") == self.config.driver_name and self._started:
+            logger.info("a ResourceSlice of this node was deleted; republishing now")
+            self.publisher.wake()
 
     def _register_dra(self, server: grpc.Server) -> None:
         add_dra_services(

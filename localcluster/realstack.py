@@ -372,8 +372,9 @@ class RealStack:
     def kubelet(self, node: str) -> RealKubelet:
         return self._kubelets[node]
 
-    timeout_scale = 3.0
-    """Real kubelets sync pods on their own loops: scenario waits get more time here."""
+    timeout_scale = 6.0
+    """Real kubelets sync pods on their own loops and back off after a failed prepare (10 s,
+    doubling): scenario waits get more time here."""
 
     # --- life cycle -----------------------------------------------------------------------------
 
