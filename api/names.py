@@ -82,6 +82,12 @@ def classic_resource_name(profile: str, *, prefix: str = CLASSIC_RESOURCE_PREFIX
     return prefix + profile.replace("+", "-")
 
 
+def is_our_device_class_name(name: str) -> bool:
+    """Classes named in our domain (``mig.instaslice.dev``, ``mig-1g.5gb.instaslice.dev``, ...)
+    are ours even before they exist: a pod naming one waits for it instead of being let go."""
+    return name == DEVICE_CLASS_ANY or name.endswith(DEVICE_CLASS_SUFFIX)
+
+
 def shim_lease_name(node: str) -> str:
     """The shim lease of ``node`` (a DNS subdomain: long node names are shortened with a hash)."""
     name = SHIM_LEASE_PREFIX + node

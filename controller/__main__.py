@@ -1,12 +1,15 @@
 """Entry point of ``instaslice-controller``; wiring only: settings → API client → controller,
 webhook (with its certificates) and HTTP endpoints → serve until SIGTERM.
 
-The webhook and the endpoints run on every replica; only the leader allocates. SIGTERM and SIGINT
-stop gracefully: allocation stops, the lease is handed back, servers close.
+The webhook and the endpoints run on every replica; only the leader allocates. The webhook is
+served by a child process with caches of its own (``webhook_child``, ``webhook_process``) unless
+``--no-webhook-process``. SIGTERM and SIGINT stop gracefully: allocation stops, the lease is handed
+back, servers and the webhook process close.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 from collections.abc import Sequence
@@ -18,6 +21,7 @@ from controller.metrics import CONTENT_TYPE
 from controller.outcome import SyncConfig
 from controller.settings import Settings, build_parser, parse_settings, split_address
 from controller.webhook import WebhookRunner
+from controller.webhook_child import WebhookChild
 from driver.cluster.kube import connect
 from driver.cluster.leader import LeaderElectionConfig
 from driver.cluster.port import ClusterApi
@@ -60,7 +64,7 @@ def build_controller(settings: Settings, api: ClusterApi) -> Controller:
 
 
 def endpoints(
-    settings: Settings, controller: Controller, webhook: WebhookRunner
+    settings: Settings, controller: Controller, webhook: WebhookRunner | WebhookChild
 ) -> list[HttpEndpoint]:
     def metrics() -> tuple[int, str, bytes]:
         return 200, CONTENT_TYPE, controller.metrics.exposition()
@@ -101,7 +105,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("cannot configure the Kubernetes client: %s", exc)
         return 1
     controller = build_controller(settings, api)
-    webhook = WebhookRunner(settings=settings, api=api, admission=controller.admission, stop=stop)
+    webhook: WebhookRunner | WebhookChild
+    if settings.webhook_process and settings.webhook_port != 0:
+        webhook = WebhookChild(argv=sys.argv[1:] if argv is None else argv, stop=stop)
+    else:
+        webhook = WebhookRunner(
+            settings=settings, api=api, admission=controller.admission, stop=stop
+        )
     servers = endpoints(settings, controller, webhook)
     try:
         for server in servers:
@@ -114,7 +124,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings.identity,
             "on" if settings.leader_elect else "off",
         )
-        stop.wait()
+        frozen = False
+        while not stop.wait(0.5):
+            if not frozen and controller.ready():
+                # the caches as first listed (and, leading, the rebuilt state) live as long as the
+                # process: out of the cyclic collector's reach, they are not scanned again by
+                # every full collection during a burst
+                gc.collect()
+                gc.freeze()
+                frozen = True
         return 0
     except (DriverError, OSError) as exc:
         logger.error("controller failed: %s", exc)

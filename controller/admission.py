@@ -47,6 +47,7 @@ from api.names import (
     SCHEDULING_GATE,
     SYSTEM_NAMESPACE,
     classic_resource_name,
+    is_our_device_class_name,
 )
 from controller.cel_library import Quantity
 from driver.errors import ConfigError, DriverError
@@ -264,7 +265,8 @@ def _references_our_claims(
                 f"{SCHEDULING_GATE} gate until the InstaSlice controller has seen it"
             )
             return True, warnings
-        if ours.intersection(classes):
+        # a class of our domain that does not exist (yet) is ours too, as for the controller
+        if ours.intersection(classes) or any(is_our_device_class_name(c) for c in classes):
             return True, warnings
     return False, warnings
 

@@ -37,6 +37,7 @@ from controller.handoff import unbound_since
 from controller.informers import BY_UID, ClusterInformers
 from controller.metrics import ControllerMetrics
 from controller.nodefilter import node_info
+from controller.podclaims import is_our_class
 from controller.shadowrelease import ShadowReleaser, gone_key, is_terminal, pod_uid_of_key
 from controller.state import AllocationState
 from controller.sync import Outcome, PodSync, SyncConfig
@@ -408,6 +409,7 @@ class Allocator:
             return
         informers = self._informers
         self.state.rebuild(slices=informers.slices.list, claims=informers.claims.list)
+        self.state.warm(c for c in informers.classes.list() if is_our_class(name_of(c), c))
         self._active.set()
         logger.info("allocating as leader")
         for pod in informers.pods.list():

@@ -5,6 +5,10 @@ published device of ours, and cached per (class version, request selectors, inve
 a thousand pods from one template cost one evaluation. The engine is asked in profile terms, so
 the result also says whether the selectors took every device of each matching profile (no
 per-device predicate needed) or only some (a GPU index, a placement, a product name).
+
+A device with a ``NoSchedule`` or ``NoExecute`` taint (an unhealthy GPU's, ``driver.taints``) is a
+candidate only for a request whose tolerations tolerate every such taint, as kube-scheduler decides;
+the tolerations are part of the cache key.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from controller.inventory import SliceInventory
 from controller.occupancy import DeviceKey
 from controller.selectors import CompiledSelector, SelectorError, compile_selector, matches_all
 from driver.cluster.port import JsonObject, name_of, resource_version_of, uid_of
+from driver.taints import DeviceTaint, DeviceToleration, untolerated
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +33,10 @@ class Candidates:
     complete: bool
     """Every published device of ``profiles`` matched: the engine needs no predicate."""
     per_node: Mapping[str, int]
+    untolerated: int = 0
+    """Devices the selectors accepted but whose taints the request does not tolerate."""
+    example_taint: DeviceTaint | None = None
+    """One of those taints, for messages."""
 
 
 class CandidateCache:
@@ -39,7 +48,12 @@ class CandidateCache:
         self._cache: dict[Hashable, Candidates | PlacementProblem] = {}
         self._profile_totals: dict[str, int] = {}
 
-    def candidates(self, device_class: JsonObject, selectors: Sequence[str]) -> Candidates:
+    def candidates(
+        self,
+        device_class: JsonObject,
+        selectors: Sequence[str],
+        tolerations: Sequence[DeviceToleration] = (),
+    ) -> Candidates:
         inventory = self._inventory
         if inventory.version != self._version:
             self._cache.clear()
@@ -53,11 +67,12 @@ class CandidateCache:
             uid_of(device_class),
             resource_version_of(device_class),
             tuple(selectors),
+            tuple(tolerations),
         )
         found = self._cache.get(key)
         if found is None:
             try:
-                found = self._evaluate(device_class, selectors)
+                found = self._evaluate(device_class, selectors, tolerations)
             except PlacementProblem as problem:
                 found = problem
             self._cache[key] = found
@@ -65,7 +80,12 @@ class CandidateCache:
             raise PlacementProblem(found.reason, found.message)
         return found
 
-    def _evaluate(self, device_class: JsonObject, selectors: Sequence[str]) -> Candidates:
+    def _evaluate(
+        self,
+        device_class: JsonObject,
+        selectors: Sequence[str],
+        tolerations: Sequence[DeviceToleration],
+    ) -> Candidates:
         class_exprs = [
             s.get("cel", {}).get("expression", "")
             for s in (device_class.get("spec") or {}).get("selectors") or []
@@ -82,9 +102,17 @@ class CandidateCache:
         matched: set[DeviceKey] = set()
         profiles: dict[str, int] = {}
         per_node: dict[str, int] = {}
+        refused = 0
+        example: DeviceTaint | None = None
         try:
             for view in self._inventory.views():
                 if matches_all(compiled, view):
+                    device = self._inventory.device(view.pool, view.name)
+                    taint = untolerated(device.taints, tolerations) if device else None
+                    if taint is not None:
+                        refused += 1
+                        example = example or taint
+                        continue
                     matched.add((view.pool, view.name))
                     profile = _profile_of(view.attributes)
                     profiles[profile] = profiles.get(profile, 0) + 1
@@ -97,6 +125,8 @@ class CandidateCache:
             profiles=frozenset(profiles),
             complete=complete,
             per_node=per_node,
+            untolerated=refused,
+            example_taint=example,
         )
 
 

@@ -1,29 +1,45 @@
-"""``admission.AdmissionContext`` answered from the controller's informer caches and inventory.
+"""``admission.AdmissionContext`` answered from informer caches and a slice inventory.
 
-Every replica serves the webhook from its own caches, so pod creation never waits for the leader
-(and works while a new one rebuilds its state).
+The webhook process (``webhook_process``) builds it on informers of its own; every replica serves
+the webhook from its own caches, so pod creation never waits for the leader (and works while a new
+one rebuilds its state).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from api.names import DEVICE_CLASS_ANY, profile_device_class
 from controller.admission import device_classes_of_claim_spec
-from controller.informers import ClusterInformers
 from controller.podclaims import is_our_class
 from controller.state import AllocationState
+from driver.cluster.informer import Informer
 from driver.cluster.port import name_of
 from driver.mig.catalog import CATALOG
 
 _CATALOG_PROFILES = frozenset(p for model in CATALOG.values() for p in model.profile_names)
 
 
+class AdmissionCaches(Protocol):
+    """The informers the webhook reads (``ClusterInformers`` and ``WebhookInformers`` have them)."""
+
+    @property
+    def claims(self) -> Informer: ...
+
+    @property
+    def templates(self) -> Informer: ...
+
+    @property
+    def classes(self) -> Informer: ...
+
+
 class CacheAdmissionContext:
-    def __init__(self, *, informers: ClusterInformers, state: AllocationState) -> None:
+    def __init__(self, *, informers: AdmissionCaches, state: AllocationState) -> None:
         self._informers = informers
         self._state = state
         self._max: tuple[tuple[int, int], dict[str, int]] = ((0, -1), {})
+        self._profiles: tuple[tuple[int, int], frozenset[str]] = ((0, -1), frozenset())
 
     def claim_device_classes(self, *, namespace: str, name: str) -> Sequence[str] | None:
         claim = self._informers.claims.get(name, namespace=namespace)
@@ -46,10 +62,14 @@ class CacheAdmissionContext:
         return frozenset(names)
 
     def known_profiles(self) -> frozenset[str]:
+        # asked on every admission; the inventory's profile names are a walk over every device
         with self._state.lock:
             self._state.refresh()
-            published = self._state.inventory.profile_names()
-        return _CATALOG_PROFILES | published
+            inventory = self._state.inventory
+            key = (id(inventory), inventory.version)
+            if self._profiles[0] != key:
+                self._profiles = (key, _CATALOG_PROFILES | inventory.profile_names())
+            return self._profiles[1]
 
     def max_slices_per_gpu(self, profile: str) -> int:
         with self._state.lock:

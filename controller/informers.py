@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from api.names import SHADOW_CLAIM_LABEL, SHIM_LEASE_LABEL, SYSTEM_NAMESPACE
 from driver.cluster.indexes import BY_CLAIM, BY_POD_UID, claim_pod_uids, pod_claim_keys
-from driver.cluster.informer import Informer, ListWatch
+from driver.cluster.informer import Informer, ListWatch, strip_managed_fields
 from driver.cluster.port import (
     DEVICE_CLASSES,
     LEASES,
@@ -45,8 +45,51 @@ def _shadow_pod(claim: JsonObject) -> Iterable[str]:
     return (str(value),) if value else ()
 
 
+def _informer(
+    api: ClusterApi,
+    resource: Resource,
+    name: str,
+    *,
+    namespace: str | None = None,
+    label: str | None = None,
+) -> Informer:
+    return Informer(
+        source=ListWatch(api, resource, namespace=namespace, label_selector=label),
+        name=f"{name}-{resource.plural}",
+        watch_timeout_seconds=WATCH_TIMEOUT_S,
+        transform=strip_managed_fields,
+    )
+
+
+class _InformerSet:
+    """Start, stop and sync-wait for a group of informers (``__iter__`` names them)."""
+
+    __slots__ = ()
+
+    def __iter__(self) -> Iterator[Informer]:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        for informer in self:
+            informer.start()
+
+    def stop(self) -> None:
+        for informer in self:
+            informer.stop()
+
+    def has_synced(self) -> bool:
+        return all(informer.has_synced() for informer in self)
+
+    def wait_for_sync(self, *, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        return all(
+            informer.wait_for_sync(timeout=max(0.0, deadline - time.monotonic()))
+            for informer in self
+        )
+
+
 @dataclass(frozen=True, slots=True)
-class ClusterInformers:
+class ClusterInformers(_InformerSet):
     pods: Informer
     claims: Informer
     templates: Informer
@@ -60,23 +103,14 @@ class ClusterInformers:
     def create(
         cls, api: ClusterApi, *, name: str = "controller", namespace: str = SYSTEM_NAMESPACE
     ) -> ClusterInformers:
-        def informer(
-            resource: Resource, *, in_namespace: str | None = None, label: str | None = None
-        ) -> Informer:
-            return Informer(
-                source=ListWatch(api, resource, namespace=in_namespace, label_selector=label),
-                name=f"{name}-{resource.plural}",
-                watch_timeout_seconds=WATCH_TIMEOUT_S,
-            )
-
         informers = cls(
-            pods=informer(PODS),
-            claims=informer(RESOURCE_CLAIMS),
-            templates=informer(RESOURCE_CLAIM_TEMPLATES),
-            slices=informer(RESOURCE_SLICES),
-            classes=informer(DEVICE_CLASSES),
-            nodes=informer(NODES),
-            shim_leases=informer(LEASES, in_namespace=namespace, label=SHIM_LEASE_LABEL),
+            pods=_informer(api, PODS, name),
+            claims=_informer(api, RESOURCE_CLAIMS, name),
+            templates=_informer(api, RESOURCE_CLAIM_TEMPLATES, name),
+            slices=_informer(api, RESOURCE_SLICES, name),
+            classes=_informer(api, DEVICE_CLASSES, name),
+            nodes=_informer(api, NODES, name),
+            shim_leases=_informer(api, LEASES, name, namespace=namespace, label=SHIM_LEASE_LABEL),
         )
         informers.pods.add_index(BY_CLAIM, pod_claim_keys)
         informers.pods.add_index(BY_UID, _uid)
@@ -97,20 +131,25 @@ class ClusterInformers:
             )
         )
 
-    def start(self) -> None:
-        for informer in self:
-            informer.start()
 
-    def stop(self) -> None:
-        for informer in self:
-            informer.stop()
+@dataclass(frozen=True, slots=True)
+class WebhookInformers(_InformerSet):
+    """What the webhook process watches: admission reads claims, templates, classes and the slice
+    inventory, never pods or nodes (the busiest kinds in a burst)."""
 
-    def has_synced(self) -> bool:
-        return all(informer.has_synced() for informer in self)
+    claims: Informer
+    templates: Informer
+    slices: Informer
+    classes: Informer
 
-    def wait_for_sync(self, *, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        return all(
-            informer.wait_for_sync(timeout=max(0.0, deadline - time.monotonic()))
-            for informer in self
+    @classmethod
+    def create(cls, api: ClusterApi, *, name: str = "webhook") -> WebhookInformers:
+        return cls(
+            claims=_informer(api, RESOURCE_CLAIMS, name),
+            templates=_informer(api, RESOURCE_CLAIM_TEMPLATES, name),
+            slices=_informer(api, RESOURCE_SLICES, name),
+            classes=_informer(api, DEVICE_CLASSES, name),
         )
+
+    def __iter__(self) -> Iterator[Informer]:
+        return iter((self.claims, self.templates, self.slices, self.classes))

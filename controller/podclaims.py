@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from api.names import DEVICE_CLASS_ANY, DEVICE_CLASS_SUFFIX, DRIVER_NAME
+from api.names import DRIVER_NAME, is_our_device_class_name
 from controller.admission import device_classes_of_claim_spec
 from controller.conditions import PlacementProblem, Reason
 from driver.cluster.indexes import claim_node_names
@@ -28,10 +28,7 @@ class NotReady(Exception):  # noqa: N818 - a state, not a failure: the pod waits
     """The pod cannot be considered yet (a claim not created, a claim being deleted)."""
 
 
-def is_our_class_name(name: str) -> bool:
-    """Classes named in our domain (``mig.instaslice.dev``, ``mig-1g.5gb.instaslice.dev``, ...)
-    are ours even before they exist, so a pod waits for its class instead of being let go."""
-    return name == DEVICE_CLASS_ANY or name.endswith(DEVICE_CLASS_SUFFIX)
+is_our_class_name = is_our_device_class_name
 
 
 def is_our_class(name: str, device_class: JsonObject | None) -> bool:

@@ -30,6 +30,7 @@ from driver.placement import (
     MatchAttribute,
     PodRequest,
 )
+from driver.taints import MAX_TOLERATIONS_PER_REQUEST, DeviceToleration, parse_tolerations
 
 MAX_ALTERNATIVES = 64
 """``firstAvailable`` combinations tried per pod at most (8 alternatives x 2 requests is 64)."""
@@ -82,6 +83,20 @@ class _Choice:
     class_name: str
     selectors: tuple[str, ...]
     count: int | None
+    tolerations: tuple[DeviceToleration, ...] = ()
+
+
+def _tolerations(body: JsonObject, where: str) -> tuple[DeviceToleration, ...]:
+    try:
+        tolerations = parse_tolerations(body.get("tolerations"))
+    except ValueError as exc:
+        raise PlacementProblem(Reason.INVALID_REQUEST, f"{where}: {exc}") from exc
+    if len(tolerations) > MAX_TOLERATIONS_PER_REQUEST:
+        raise PlacementProblem(
+            Reason.INVALID_REQUEST,
+            f"{where}: {len(tolerations)} tolerations, at most {MAX_TOLERATIONS_PER_REQUEST}",
+        )
+    return tolerations
 
 
 def _choices(claim: JsonObject, request: JsonObject, where: str) -> list[_Choice]:
@@ -124,6 +139,7 @@ def _choices(claim: JsonObject, request: JsonObject, where: str) -> list[_Choice
                     for s in body.get("selectors") or []
                 ),
                 count=None if mode == "All" else count,
+                tolerations=_tolerations(body, where),
             )
         )
     return choices
@@ -148,12 +164,18 @@ def build_alternatives(
                         Reason.DEVICE_CLASS_NOT_FOUND,
                         f"{where}: DeviceClass {choice.class_name!r} does not exist",
                     )
-                found = cache.candidates(device_class, choice.selectors)
+                found = cache.candidates(device_class, choice.selectors, choice.tolerations)
                 if not found.profiles:
+                    tainted = (
+                        f" that carries no taint the request does not tolerate ({found.untolerated}"
+                        f" matching devices are tainted, e.g. {found.example_taint})"
+                        if found.untolerated
+                        else ""
+                    )
                     first_problem = first_problem or PlacementProblem(
                         Reason.UNSATISFIABLE,
                         f"{where}: no published device matches DeviceClass "
-                        f"{choice.class_name} and the request's selectors",
+                        f"{choice.class_name} and the request's selectors{tainted}",
                     )
                     continue
                 slots.append(

@@ -30,7 +30,9 @@ DEFAULT_WEBHOOK_SERVICE: Final = "instaslice-webhook"
 DEFAULT_WEBHOOK_CONFIG_NAME: Final = "instaslice-pod-gate"
 DEFAULT_METRICS_ADDRESS: Final = ":8080"
 DEFAULT_HEALTHZ_ADDRESS: Final = ":8081"
-DEFAULT_WORKERS: Final = 16
+DEFAULT_WORKERS: Final = 48
+"""Pods placed at once: each waits on API round trips most of its time (real 1.36 control plane,
+1,000-pod burst: create -> ungated p50 6.9 s / p99 13.2 s with 16 workers, 3.7 s / 4.3 s with 48)."""
 DEFAULT_KUBE_API_QPS: Final = 500.0
 """Three writes per pod (finalizer, allocation, gate) at well over 100 pods/s."""
 DEFAULT_KUBE_API_BURST: Final = 1000
@@ -73,6 +75,10 @@ class Settings:
     handoff_after: float = DEFAULT_HANDOFF_AFTER
     """Controller mode: hand a DRA pod to kube-scheduler after this long without capacity or
     without being bound; 0 never hands off."""
+    webhook_process: bool = True
+    """Serve the webhook from a process of its own (``webhook_process``), started and watched by
+    this one; False serves it from the controller's process (one interpreter lock shared with the
+    allocation workers)."""
 
 
 _add = partial(add_flag, show_default=True)
@@ -136,6 +142,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--webhook-config-name",
         help_text="MutatingWebhookConfiguration whose caBundle is kept current (cert mode self)",
         default=DEFAULT_WEBHOOK_CONFIG_NAME,
+    )
+    parser.add_argument(
+        "--webhook-process",
+        dest="webhook_process",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="serve the webhook from a child process with its own caches, so allocation work "
+        f"never delays pod admission (env {env_var('webhook_process')}; default true)",
     )
     parser.add_argument(
         "--leader-elect",
@@ -287,4 +301,5 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
         log_format=args.log_format,
         allocation_mode=args.allocation_mode,
         handoff_after=handoff_after,
+        webhook_process=True if args.webhook_process is None else bool(args.webhook_process),
     )

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from controller.candidates import CandidateCache
+from controller.conditions import PlacementProblem
 from controller.inventory import SliceInventory
 from controller.nodefilter import NodeFilter
 from controller.occupancy import ClaimOccupancy, parse_rv
@@ -120,6 +121,18 @@ class AllocationState:
             len(inventory.nodes()),
             len(occupancy),
         )
+
+    def warm(self, device_classes: Iterable[JsonObject]) -> None:
+        """Evaluate each class's selectors over the inventory now (cached until it changes), so
+        the first pods of a burst do not wait for it: at 100 nodes of 8 GPUs it takes the better
+        part of a second, under the lock every worker needs."""
+        with self.lock:
+            self.refresh()
+            for device_class in device_classes:
+                try:
+                    self.candidates.candidates(device_class, ())
+                except PlacementProblem as problem:  # reported when a pod asks for the class
+                    logger.debug("DeviceClass not usable yet: %s", problem)
 
     def free_per_profile(self) -> dict[str, int]:
         with self.lock:

@@ -13,7 +13,6 @@ webhook's ``failurePolicy``, which is the operator's choice to make, not ours.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+import orjson
+
 from controller.admission import MalformedReviewError
 from driver.errors import ConfigError
 
@@ -39,6 +40,11 @@ DEFAULT_PATHS: Final = ("/mutate-pods", "/mutate-v1-pod")
 """``/mutate-v1-pod`` is what deploy/base/webhook.yaml names; ``/mutate-pods`` is the short form."""
 
 MAX_BODY_BYTES: Final = 8 * 1024 * 1024
+IDLE_TIMEOUT_S: Final = 120.0
+"""How long a connection may sit silent before we close it. Longer than kube-apiserver keeps an idle
+webhook connection (its transport's 90 s): a server that closes first races the client's next
+request on that connection, which then fails with a broken pipe — and a POST is not retried, so
+the pod create fails (seen on a real 1.36 control plane with 30 s here)."""
 _FileStamp = tuple[int, int, int]
 
 
@@ -176,7 +182,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         body = self.rfile.read(length)
         try:
-            review = json.loads(body)
+            review = orjson.loads(body)
             if not isinstance(review, dict):
                 raise MalformedReviewError("body is not a JSON object")
             answer = self.server.review(review)
@@ -187,7 +193,7 @@ class _Handler(BaseHTTPRequestHandler):
             _log.exception("admission review failed")
             self._status(HTTPStatus.INTERNAL_SERVER_ERROR, f"InstaSlice webhook failed: {exc}")
             return
-        self._send(HTTPStatus.OK, json.dumps(answer).encode(), content_type="application/json")
+        self._send(HTTPStatus.OK, orjson.dumps(answer), content_type="application/json")
 
     def _status(self, code: HTTPStatus, message: str) -> None:
         status = {
@@ -198,7 +204,7 @@ class _Handler(BaseHTTPRequestHandler):
             "reason": code.phrase.replace(" ", ""),
             "code": int(code),
         }
-        self._send(code, json.dumps(status).encode(), content_type="application/json")
+        self._send(code, orjson.dumps(status), content_type="application/json")
 
     def _send(self, code: HTTPStatus, body: bytes, *, content_type: str) -> None:
         self.send_response(code)
@@ -224,7 +230,7 @@ class WebhookServer:
         port: int = 9443,
         paths: Sequence[str] = DEFAULT_PATHS,
         reload_interval: float = 10.0,
-        connection_timeout: float = 30.0,
+        connection_timeout: float = IDLE_TIMEOUT_S,
     ) -> None:
         self._review = review
         self._cert_file = cert_file

@@ -10,6 +10,10 @@ Kubernetes ≥ 1.35 requires counter sets and devices in separate slices, at mos
 slice and at most 64 devices per slice that consumes counters; ``pool.resourceSliceCount`` counts all
 slices of the pool. The kubelet plugin publishes what :func:`build_pool` returns; the controller reads
 slices back with :func:`parse_devices`.
+
+The devices of an unhealthy GPU are published with taints (``driver.taints``; the ``taints`` argument
+of :func:`build_pool`), which allocators honour; a device with taints also counts against the
+64-device limit.
 """
 
 from collections.abc import Iterable, Mapping, Sequence
@@ -19,6 +23,7 @@ from typing import Any, Protocol
 from api import names
 from driver.mig.model import MigProfile, Placement
 from driver.mig.naming import device_name
+from driver.taints import DeviceTaint, parse_taints
 
 JsonObject = dict[str, Any]
 
@@ -66,6 +71,7 @@ class PublishedDevice:
     """Memory slices of the whole GPU (from its counter set), 0 if the counter slice is missing."""
     attributes: Mapping[str, Any]
     capacity: Mapping[str, Any]
+    taints: tuple[DeviceTaint, ...] = ()
 
 
 def counter_set_name(gpu_index: int) -> str:
@@ -77,14 +83,19 @@ def slice_name(node: str, suffix: str) -> str:
     return f"{names.RESOURCE_SLICE_NAME_PREFIX}-{node}-{suffix}"
 
 
-def _device(gpu: GpuInventory, profile: MigProfile, placement: Placement) -> JsonObject:
+def _device(
+    gpu: GpuInventory,
+    profile: MigProfile,
+    placement: Placement,
+    taints: Sequence[DeviceTaint] = (),
+) -> JsonObject:
     counters = {
         f"{names.COUNTER_MEMORY_SLICE_PREFIX}{i}": {"value": "1"}
         for i in range(placement.start, placement.end)
     }
     if profile.media_extensions:
         counters[names.COUNTER_MEDIA_EXTENSIONS] = {"value": "1"}
-    return {
+    device: JsonObject = {
         "name": device_name(gpu_index=gpu.index, profile=profile.name, start=placement.start),
         "attributes": {
             names.ATTRIBUTE_PROFILE: {"string": profile.name},
@@ -103,6 +114,9 @@ def _device(gpu: GpuInventory, profile: MigProfile, placement: Placement) -> Jso
         },
         "consumesCounters": [{"counterSet": counter_set_name(gpu.index), "counters": counters}],
     }
+    if taints:
+        device["taints"] = [taint.to_json() for taint in taints]
+    return device
 
 
 def _counter_set(gpu: GpuInventory) -> JsonObject:
@@ -123,17 +137,21 @@ def build_pool(
     gpus: Iterable[GpuInventory],
     generation: int,
     owner: JsonObject | None = None,
+    taints: Mapping[int, Sequence[DeviceTaint]] | None = None,
 ) -> list[JsonObject]:
     """Every ResourceSlice of ``node``'s pool at ``generation``.
 
     ``owner`` is the Node's ownerReference (``apiVersion``, ``kind``, ``name``, ``uid``) so the slices
-    go away with the Node. Returns an empty list when there is nothing to publish (no MIG GPU).
+    go away with the Node. ``taints`` (GPU index → taints) go on every device of that GPU. Returns an
+    empty list when there is nothing to publish (no MIG GPU).
     """
+    taints = taints or {}
     ordered = sorted(gpus, key=lambda g: g.index)
     counter_sets = [_counter_set(g) for g in ordered]
     device_groups: list[tuple[str, Sequence[JsonObject]]] = []
     for gpu in ordered:
-        devices = [_device(gpu, p, pl) for p in gpu.profiles for pl in p.placements]
+        gpu_taints = taints.get(gpu.index, ())
+        devices = [_device(gpu, p, pl, gpu_taints) for p in gpu.profiles for pl in p.placements]
         for part, chunk in enumerate(_chunks(devices, MAX_DEVICES_PER_SLICE)):
             device_groups.append((f"gpu-{gpu.index}-{part}", chunk))
     if not device_groups:
@@ -255,6 +273,7 @@ def parse_devices(pool_slices: Iterable[JsonObject]) -> list[PublishedDevice]:
                         memory_slices_total=sizes.get(counter_set_name(gpu_index), 0),
                         attributes=attributes,
                         capacity=capacity,
+                        taints=parse_taints(dev.get("taints")),
                     )
                 )
             except (KeyError, TypeError, ValueError):

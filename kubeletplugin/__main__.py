@@ -136,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 healthz_address=settings.healthz_address,
                 metrics_address=settings.metrics_address,
                 inventory_poll_seconds=settings.inventory_poll_seconds,
+                unhealthy_taint_effect=settings.health.taint_effect,
+                xid_policy=settings.health.xids,
                 cdi_common=cdi_common,
             ),
             backend=backend,

@@ -4,7 +4,7 @@ As NVIDIA's and the example driver's health servers do, ``/healthz`` dials the r
 (``GetInfo``) and the DRA socket (``NodePrepareResources`` with an empty request, which must
 succeed), and reports a failed registration the kubelet told us about (``NotifyRegistrationStatus``).
 It also lists unhealthy GPUs, for a person reading the body, without failing: a broken GPU is not
-cured by restarting the plugin (its devices are withdrawn instead, see ``publisher``).
+cured by restarting the plugin (its devices are tainted instead, see ``publisher``).
 """
 
 from collections.abc import Callable
@@ -91,7 +91,7 @@ def _gpu_health_line(inventory: NodeInventory) -> str:
     if not unhealthy:
         return f"ok: {total} GPUs, none unhealthy"
     listed = "; ".join(f"GPU {g.index}: {g.health_reason or 'no reason given'}" for g in unhealthy)
-    return f"ok: {len(unhealthy)} of {total} GPUs unhealthy, their devices withdrawn ({listed})"
+    return f"ok: {len(unhealthy)} of {total} GPUs unhealthy, their devices tainted ({listed})"
 
 
 def _why(exc: grpc.RpcError) -> str:

@@ -6,10 +6,13 @@ Device names in ResourceSlices are DNS labels (``gpu-0-1g-5gb-me-0``), which los
 its devices, and prepare maps an allocated device name back to the (GPU, profile, placement) it was
 published for. A GPU without MIG mode (or whose profiles the backend cannot read) offers nothing.
 
-An unhealthy GPU (``GpuInfo.healthy`` False) is withheld from publishing whatever its MIG mode, but
-its devices stay in the name table: claims prepared on it before, or allocated to it just before it
-was withdrawn, must still resolve, so that a repeated prepare answers from the checkpoint, recovery
-keeps their slices, and unprepare frees them. Withdrawing a GPU never destroys what runs on it.
+An unhealthy GPU (``GpuInfo.healthy`` False) with MIG mode is published with a taint on each of its
+devices (``tainted_gpus``; the publisher adds the taints), so allocators leave it alone while
+everyone can see why; its devices stay in the name table like any other: claims prepared on it
+before, or allocated to it just before it turned unhealthy, still resolve, so that a repeated
+prepare answers from the checkpoint, recovery keeps their slices, and unprepare frees them. Tainting
+a GPU never destroys what runs on it. ``gpus`` (what the classic shim advertises) holds only the
+healthy ones.
 """
 
 from collections.abc import Iterable, Mapping
@@ -42,19 +45,26 @@ class NodeInventory:
     and the device-name table."""
 
     gpus: tuple[GpuInventory, ...] = ()
-    """Healthy GPUs with MIG mode on: what is published."""
+    """Healthy GPUs with MIG mode on: published untainted."""
     non_mig_gpus: tuple[GpuInfo, ...] = ()
     """Healthy GPUs without MIG mode."""
     devices: Mapping[str, InventoryDevice] = field(default_factory=lambda: MappingProxyType({}))
     """Every device of the published *and* the unhealthy MIG GPUs (see the module docstring)."""
     unhealthy_gpus: tuple[GpuInfo, ...] = ()
-    """GPUs the backend reports unhealthy; none of their devices is published."""
+    """GPUs the backend reports unhealthy, with or without MIG mode."""
+    tainted_gpus: tuple[GpuInventory, ...] = ()
+    """Unhealthy GPUs with MIG mode on: published with a taint on every device."""
 
     @property
     def published_device_count(self) -> int:
-        """How many devices the published GPUs offer (the withheld ones' not counted)."""
+        """How many devices the healthy published GPUs offer (the tainted ones' not counted)."""
         published = {gpu.index for gpu in self.gpus}
         return sum(1 for device in self.devices.values() if device.gpu_index in published)
+
+    @property
+    def tainted_device_count(self) -> int:
+        tainted = {gpu.index for gpu in self.tainted_gpus}
+        return sum(1 for device in self.devices.values() if device.gpu_index in tainted)
 
     def device(self, name: str) -> InventoryDevice:
         """The device published as ``name`` (or withheld, its GPU unhealthy); ``NotFoundError``
@@ -71,6 +81,7 @@ class NodeInventory:
 def build_inventory(gpus: Iterable[GpuInfo]) -> NodeInventory:
     """The inventory of the GPUs the backend reports now (pure)."""
     published: list[GpuInventory] = []
+    tainted: list[GpuInventory] = []
     non_mig: list[GpuInfo] = []
     unhealthy: list[GpuInfo] = []
     devices: dict[str, InventoryDevice] = {}
@@ -81,16 +92,15 @@ def build_inventory(gpus: Iterable[GpuInfo]) -> NodeInventory:
             if gpu.healthy:
                 non_mig.append(gpu)
             continue
-        if gpu.healthy:
-            published.append(
-                GpuInventory(
-                    index=gpu.index,
-                    uuid=gpu.uuid,
-                    product_name=gpu.product_name,
-                    memory_slices=gpu.model.memory_slices,
-                    profiles=gpu.model.profiles,
-                )
+        (published if gpu.healthy else tainted).append(
+            GpuInventory(
+                index=gpu.index,
+                uuid=gpu.uuid,
+                product_name=gpu.product_name,
+                memory_slices=gpu.model.memory_slices,
+                profiles=gpu.model.profiles,
             )
+        )
         for profile in gpu.model.profiles:
             for placement in profile.placements:
                 name = device_name(gpu_index=gpu.index, profile=profile.name, start=placement.start)
@@ -107,4 +117,5 @@ def build_inventory(gpus: Iterable[GpuInfo]) -> NodeInventory:
         non_mig_gpus=tuple(non_mig),
         devices=MappingProxyType(devices),
         unhealthy_gpus=tuple(unhealthy),
+        tainted_gpus=tuple(tainted),
     )

@@ -3,28 +3,36 @@
 Start order (what the kubelet and the Go helper expect): recover checkpoint ⇄ GPU ⇄ API first (so
 nothing is served from a stale checkpoint), publish the inventory, serve the DRA socket, then the
 registration socket (the kubelet dials the DRA endpoint as soon as it sees the registration socket),
-then ``/healthz`` and ``/metrics``, then the inventory poll. ``stop`` goes the other way and removes
+then ``/healthz`` and ``/metrics``, then the inventory poll and the XID watch. The DRA socket also
+serves the resource-health stream (``health_stream``), fed by every inventory read (lost GPUs,
+memory errors, critical XIDs). ``stop`` goes the other way: health streams ended first, and removes
 both sockets. ``__main__`` and the tests (and the local demo) build the plugin through this class;
 only the callers choose the backend and the API client.
 """
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
+
+import grpc
 
 from api.names import DRIVER_NAME
 from driver import cdi
 from driver.cdi_common import NO_COMMON_EDITS, CommonEdits, write_common_spec
 from driver.checkpoint import CHECKPOINT_FILE_NAME, CheckpointStore
 from driver.cluster.events import EventRecorder
-from driver.cluster.port import ClusterApi
+from driver.cluster.informer import Informer, ListWatch
+from driver.cluster.port import RESOURCE_SLICES, ClusterApi, JsonObject
 from driver.daemon.http import HttpEndpoint
 from driver.errors import DriverError
 from driver.gpu.backend import GpuBackend
+from driver.taints import EFFECT_NO_SCHEDULE
 from kubeletplugin.devicestatus import DeviceStatusWriter, RecordingPreparer
 from kubeletplugin.dra_service import add_dra_services
 from kubeletplugin.health import HealthChecker
+from kubeletplugin.health_settings import XidPolicy
+from kubeletplugin.health_stream import DeviceHealthBoard, DraHealthServicer, add_health_service
 from kubeletplugin.journal import CheckpointJournal
 from kubeletplugin.metrics import PluginMetrics
 from kubeletplugin.publisher import SlicePublisher
@@ -38,6 +46,7 @@ from kubeletplugin.registration import (
 from kubeletplugin.settings import split_address
 from kubeletplugin.sockets import UnixGrpcServer, ensure_directory
 from kubeletplugin.state import DeviceState, StepHook, slices_in_use
+from kubeletplugin.xid_health import XidHealth
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +68,10 @@ class PluginConfig:
     metrics_address: str = ""
     inventory_poll_seconds: float = 30.0
     driver_name: str = DRIVER_NAME
+    unhealthy_taint_effect: str = EFFECT_NO_SCHEDULE
+    xid_policy: XidPolicy = field(default_factory=XidPolicy)
+    health_resend_seconds: float = 10.0
+    """How often the health stream repeats the full state when nothing changed."""
     cdi_common: CommonEdits = NO_COMMON_EDITS
     """Edits shared by every slice's container (``driver.cdi_common``), written at start."""
 
@@ -84,6 +97,13 @@ class KubeletPlugin:
             config.plugin_registry_dir, config.driver_name
         )
         self.store = CheckpointJournal(CheckpointStore(config.state_dir / CHECKPOINT_FILE_NAME))
+        self.health_board = DeviceHealthBoard(
+            pool=config.node_name,
+            stale_after_seconds=3 * config.inventory_poll_seconds + 30,
+        )
+        self.xid_health = XidHealth(
+            backend=backend, policy=config.xid_policy, on_change=self._gpu_health_changed
+        )
         self.publisher = SlicePublisher(
             api=api,
             backend=backend,
@@ -92,7 +112,21 @@ class KubeletPlugin:
             events=events,
             metrics=self.metrics,
             poll_seconds=config.inventory_poll_seconds,
+            taint_effect=config.unhealthy_taint_effect,
+            overlay=self.xid_health.apply,
+            listeners=(self.health_board,),
         )
+        # The kubelet deletes every ResourceSlice of its node when it starts (no driver is
+        # registered yet) and of a driver that stays unregistered; seen on real kubelets, our
+        # slices were then missing until the next poll (up to ``inventory_poll_seconds``) while
+        # the node's claims stayed allocated. A watch on our own slices republishes at once.
+        self._own_slices = Informer(
+            source=ListWatch(
+                api, RESOURCE_SLICES, field_selector=f"spec.nodeName={config.node_name}"
+            ),
+            name=f"slices-{config.node_name}",
+        )
+        self._own_slices.add_handler(on_delete=self._slice_deleted)
         self.state = DeviceState(
             node_name=config.node_name,
             backend=backend,
@@ -126,13 +160,12 @@ class KubeletPlugin:
             tracker=self.tracker,
             inventory=lambda: self.publisher.inventory,
         )
+        self.health_service = DraHealthServicer(
+            self.health_board, resend_seconds=config.health_resend_seconds
+        )
         self._dra_server = UnixGrpcServer(
             path=self.dra_socket,
-            register=lambda server: add_dra_services(
-                server,
-                RecordingPreparer(self.state, prepared=self.state, writer=self.device_status),
-                metrics=self.metrics,
-            ),
+            register=self._register_dra,
             name="dra",
         )
         self._registration_server = UnixGrpcServer(
@@ -180,11 +213,14 @@ class KubeletPlugin:
         except DriverError as exc:
             logger.warning("first ResourceSlice publication failed (will retry): %s", exc)
         self._started = True
+        self.health_board.reopen()
         self._dra_server.start()
         self._registration_server.start()
         for endpoint in self._http:
             endpoint.start()
         self.publisher.start()
+        self._own_slices.start()
+        self.xid_health.start()
         return report
 
     def stop(self) -> None:
@@ -194,14 +230,33 @@ class KubeletPlugin:
             self.state.close()
             return
         self._started = False
+        self.health_board.close()
         self._registration_server.stop()
         self._dra_server.stop()
         self.device_status.close()
+        self.xid_health.stop()
+        self._own_slices.stop()
         self.publisher.stop()
         for endpoint in self._http:
             endpoint.stop()
         self.state.close()
         logger.info("kubelet plugin stopped")
+
+    def _gpu_health_changed(self) -> None:
+        self.publisher.wake()
+
+    def _slice_deleted(self, slice_obj: JsonObject) -> None:
+        if (slice_obj.get("spec") or {}).get("driver") == self.config.driver_name and self._started:
+            logger.info("a ResourceSlice of this node was deleted; republishing now")
+            self.publisher.wake()
+
+    def _register_dra(self, server: grpc.Server) -> None:
+        add_dra_services(
+            server,
+            RecordingPreparer(self.state, prepared=self.state, writer=self.device_status),
+            metrics=self.metrics,
+        )
+        add_health_service(server, self.health_service)
 
     def endpoint_port(self, name: str) -> int:
         """Port of the ``healthz`` or ``metrics`` endpoint (after start)."""

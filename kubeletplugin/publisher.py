@@ -12,22 +12,34 @@ devices withdrawn. GPUs without MIG mode are never published; each is logged and
 ``MigModeDisabled`` Warning event on the Node. Publishing errors are logged and retried on the next
 poll; they never stop the plugin.
 
-A GPU the backend reports unhealthy (lost, memory errors pending a reset, marked so) has its devices
-withdrawn the same way — a new pool generation without them, so no allocator places new slices there
-— and is reported once per episode (and again if the reason changes) with a warning log and a
-``GpuUnhealthy`` Warning event on the Node naming its index, UUID and the reason. When it is healthy
-again its devices are republished and a ``GpuHealthy`` Normal event says so. Slices already
-prepared on it are **not** destroyed: their pods may still run, and whether to stop them is the
-administrator's call (deleting the pods frees the slices as usual). We withdraw rather than taint
-devices (KEP-5055, what NVIDIA's driver does): taints need the ``DRADeviceTaints`` feature, while a
-withdrawn device is left alone by every allocator. The gauge ``gpus{health}`` counts GPUs by health.
+A GPU the backend reports unhealthy (lost, memory errors pending a reset, a critical XID, marked so)
+keeps its devices published, each with the taint ``mig.instaslice.dev/unhealthy=<reason code>``
+(KEP-5055 device taints, beta and on by default in Kubernetes 1.36) with effect ``NoSchedule``, or
+``NoExecute`` when the operator chose it, and ``timeAdded`` = when it was first seen so (kept across
+plugin restarts: read back from the published taint). kube-scheduler and our controller allocate
+no tainted device to a request that does not tolerate the taint, and everyone sees why; with
+``NoExecute``, kube-controller-manager also evicts the pods using them. It is reported once per
+episode (and again if the reason changes) with a warning log and a ``GpuUnhealthy`` Warning event
+on the Node naming its index, UUID and the reason. When it is healthy again its devices are
+republished without the taint and a ``GpuHealthy`` Normal event says so. Slices already prepared on
+it are **not** destroyed by the plugin: their pods may still run, and whether to stop them is the
+administrator's call (the ``NoExecute`` effect, or deleting the pods). The gauge ``gpus{health}``
+counts GPUs by health.
+
+An API server without the ``DRADeviceTaints`` feature (Kubernetes 1.35 by default) silently drops the
+taints; the publisher notices that in the objects it gets back and from then on withdraws an
+unhealthy GPU's devices instead (a new pool generation without them), as before taints existed.
+
+Listeners (``InventoryListener``: the health stream) hear of every inventory read and of every
+failure to read the GPUs.
 """
 
 import contextlib
 import logging
 import threading
-from collections.abc import Sequence
-from typing import Any, Final
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Final, Protocol
 
 from driver.cluster.events import NORMAL, WARNING, EventRecorder
 from driver.cluster.port import (
@@ -40,8 +52,9 @@ from driver.cluster.port import (
     uid_of,
 )
 from driver.errors import ApiNotFoundError, ConflictError, DriverError
-from driver.gpu.backend import GpuBackend
-from driver.resourceslices import build_pool
+from driver.gpu.backend import GpuBackend, GpuInfo
+from driver.resourceslices import GpuInventory, build_pool
+from driver.taints import EFFECT_NO_SCHEDULE, UNHEALTHY_TAINT_KEY, DeviceTaint, parse_taints
 from kubeletplugin.inventory import NodeInventory, build_inventory
 from kubeletplugin.metrics import PluginMetrics
 
@@ -51,6 +64,16 @@ MIG_DISABLED_REASON: Final = "MigModeDisabled"
 GPU_UNHEALTHY_REASON: Final = "GpuUnhealthy"
 GPU_HEALTHY_REASON: Final = "GpuHealthy"
 _CONFLICT_RETRIES: Final = 3
+UNHEALTHY_CODE: Final = "Unhealthy"
+"""Taint value for an unhealthy GPU whose backend gave no reason code."""
+
+
+class InventoryListener(Protocol):
+    def inventory_read(self, inventory: NodeInventory) -> None: ...
+    def inventory_failed(self, reason: str) -> None: ...
+
+
+GpuOverlay = Callable[[tuple[GpuInfo, ...]], tuple[GpuInfo, ...]]
 
 
 def _content(obj: JsonObject) -> Any:
@@ -77,6 +100,10 @@ class SlicePublisher:
         events: EventRecorder | None = None,
         metrics: PluginMetrics | None = None,
         poll_seconds: float = 30.0,
+        taint_effect: str = EFFECT_NO_SCHEDULE,
+        overlay: GpuOverlay | None = None,
+        listeners: Sequence[InventoryListener] = (),
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._api = api
         self._backend = backend
@@ -85,6 +112,16 @@ class SlicePublisher:
         self._events = events
         self._metrics = metrics or PluginMetrics()
         self._poll_seconds = poll_seconds
+        self._taint_effect = taint_effect
+        self._overlay = overlay
+        self._listeners = tuple(listeners)
+        self._clock = clock
+        self._taint_since: dict[int, tuple[str, datetime]] = {}
+        """GPU index → (taint value, timeAdded) of the taint on its devices."""
+        self._taints_kept = True
+        """False once the API server dropped our taints (until restart): unhealthy GPUs are then
+        withdrawn."""
+        self._kick = threading.Event()
         self._lock = threading.Lock()
         self._inventory = NodeInventory()
         self._reported_non_mig: set[str] = set()
@@ -102,9 +139,19 @@ class SlicePublisher:
     def refresh_inventory(self) -> NodeInventory:
         """Read the backend's GPUs now; report GPUs without MIG mode once each, and GPUs turning
         unhealthy or healthy again."""
-        inventory = build_inventory(self._backend.gpus())
+        try:
+            gpus = self._backend.gpus()
+        except DriverError as exc:
+            for listener in self._listeners:
+                listener.inventory_failed(f"reading the GPUs failed: {exc}")
+            raise
+        if self._overlay is not None:
+            gpus = self._overlay(gpus)
+        inventory = build_inventory(gpus)
         with self._lock:
             self._inventory = inventory
+        for listener in self._listeners:
+            listener.inventory_read(inventory)
         non_mig = {gpu.uuid: gpu for gpu in inventory.non_mig_gpus}
         for uuid in sorted(non_mig.keys() - self._reported_non_mig):
             gpu = non_mig[uuid]
@@ -124,12 +171,20 @@ class SlicePublisher:
             reported = index in self._reported_unhealthy
             if reported and self._reported_unhealthy[index] == gpu.health_reason:
                 continue
-            withheld = sum(1 for d in inventory.devices.values() if d.gpu_index == index)
+            tainted = sum(1 for d in inventory.devices.values() if d.gpu_index == index)
+            taint = (
+                f"{UNHEALTHY_TAINT_KEY}={gpu.health_code or UNHEALTHY_CODE}:{self._taint_effect}"
+            )
+            kept = (
+                "pods using them are evicted by the device-taint controller"
+                if self._taint_effect != EFFECT_NO_SCHEDULE
+                else "their pods keep running; delete them to free the GPU"
+            )
             message = (
                 f"GPU {index} ({gpu.product_name}, {gpu.uuid}) is unhealthy: "
-                f"{gpu.health_reason or 'no reason given'}; its {withheld} devices are withdrawn "
-                "from this node's ResourceSlices until it is healthy again. MIG slices already "
-                "prepared on it are kept (their pods keep running; delete them to free the GPU)"
+                f"{gpu.health_reason or 'no reason given'}; its {tainted} devices are tainted "
+                f"{taint} in this node's ResourceSlices until it is healthy again. MIG slices "
+                f"already prepared on it are kept ({kept})"
             )
             logger.warning("%s", message, extra={"node": self._node, "gpu": index})
             self._node_event(reason=GPU_UNHEALTHY_REASON, message=message)
@@ -141,7 +196,8 @@ class SlicePublisher:
                             extra={"node": self._node, "gpu": index})  # fmt: skip
                 continue
             message = (
-                f"GPU {index} ({present[index]}) is healthy again; its devices are republished"
+                f"GPU {index} ({present[index]}) is healthy again; its devices are republished "
+                "without the taint"
             )
             logger.info("%s", message, extra={"node": self._node, "gpu": index})
             self._node_event(reason=GPU_HEALTHY_REASON, message=message, event_type=NORMAL)
@@ -180,13 +236,26 @@ class SlicePublisher:
         current_generation = max(
             (int(o["spec"]["pool"].get("generation", 0)) for o in existing), default=0
         )
+        if self._taints_kept:
+            gpus: tuple[GpuInventory, ...] = (*inventory.gpus, *inventory.tainted_gpus)
+            taints = self._taints(inventory, existing)
+        else:
+            gpus, taints = inventory.gpus, {}
         desired = build_pool(
-            node=self._node, gpus=inventory.gpus, generation=current_generation, owner=owner
+            node=self._node,
+            gpus=gpus,
+            generation=current_generation,
+            owner=owner,
+            taints=taints,
         )
         if self._unchanged(existing, desired):
             return False
         desired = build_pool(
-            node=self._node, gpus=inventory.gpus, generation=current_generation + 1, owner=owner
+            node=self._node,
+            gpus=gpus,
+            generation=current_generation + 1,
+            owner=owner,
+            taints=taints,
         )
         wanted = {name_of(obj) for obj in desired}
         by_name = {name_of(obj): obj for obj in existing}
@@ -194,39 +263,96 @@ class SlicePublisher:
             if name not in wanted:
                 with contextlib.suppress(ApiNotFoundError):
                     self._api.delete(RESOURCE_SLICES, name=name, uid=uid_of(obj))
+        dropped = False
         for obj in desired:
             old = by_name.get(name_of(obj))
             if old is None:
-                self._api.create(RESOURCE_SLICES, obj)
+                written = self._api.create(RESOURCE_SLICES, obj)
             else:
                 obj["metadata"]["resourceVersion"] = resource_version_of(old)
-                self._api.update(RESOURCE_SLICES, obj)
+                written = self._api.update(RESOURCE_SLICES, obj)
+            dropped = dropped or _taints_dropped(obj, written)
+        if dropped:
+            self._taints_kept = False
+            logger.warning(
+                "the API server dropped the device taints (its DRADeviceTaints feature is off: "
+                "Kubernetes < 1.36?); unhealthy GPUs' devices are withdrawn instead",
+                extra={"node": self._node},
+            )
+            self.publish(inventory)
+            return True
         logger.info(
             "published %d devices of %d MIG GPUs in %d ResourceSlices (generation %d); "
-            "unhealthy GPUs withheld: %s",
-            inventory.published_device_count,
-            len(inventory.gpus),
+            "tainted unhealthy GPUs: %s",
+            inventory.published_device_count
+            + (inventory.tainted_device_count if self._taints_kept else 0),
+            len(gpus),
             len(desired),
             current_generation + 1,
-            ", ".join(str(g.index) for g in inventory.unhealthy_gpus) or "none",
+            ", ".join(f"{i} ({t[0].value})" for i, t in sorted(taints.items())) or "none",
             extra={"node": self._node},
         )
         return True
 
+    def _taints(
+        self, inventory: NodeInventory, existing: Sequence[JsonObject]
+    ) -> dict[int, tuple[DeviceTaint]]:
+        """GPU index → the taint of each unhealthy published GPU. ``timeAdded`` is when the GPU
+        was first seen unhealthy for this reason: remembered, or read back from our taint on its
+        published devices (a restarted plugin keeps the time), or now."""
+        codes = {g.index: g.health_code or UNHEALTHY_CODE for g in inventory.unhealthy_gpus}
+        published = _published_taint_times(existing)
+        since: dict[int, tuple[str, datetime]] = {}
+        for gpu in inventory.tainted_gpus:
+            code = codes.get(gpu.index, UNHEALTHY_CODE)
+            known = self._taint_since.get(gpu.index)
+            if known is not None and known[0] == code:
+                since[gpu.index] = known
+                continue
+            times = [
+                published[name]
+                for name, device in inventory.devices.items()
+                if device.gpu_index == gpu.index and name in published
+            ]
+            earlier = [added for value, added in times if value == code]
+            since[gpu.index] = (code, min(earlier) if earlier else self._clock())
+        self._taint_since = since
+        return {
+            index: (
+                DeviceTaint(
+                    key=UNHEALTHY_TAINT_KEY,
+                    value=code,
+                    effect=self._taint_effect,
+                    time_added=added,
+                ),
+            )
+            for index, (code, added) in since.items()
+        }
+
+    def wake(self) -> None:
+        """Re-read and republish now instead of at the next poll (a GPU's health changed)."""
+        self._kick.set()
+
     def start(self) -> None:
-        """Poll the backend every ``poll_seconds`` in a daemon thread."""
+        """Poll the backend every ``poll_seconds`` (or when woken) in a daemon thread."""
         self._stop.clear()
+        self._kick.clear()
         self._thread = threading.Thread(target=self._run, name="slice-publisher", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self._kick.set()
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join()
 
     def _run(self) -> None:
-        while not self._stop.wait(self._poll_seconds):
+        while True:
+            self._kick.wait(self._poll_seconds)
+            self._kick.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.sync()
             except DriverError as exc:
@@ -261,3 +387,30 @@ class SlicePublisher:
             logger.info("cannot post %s event on Node %s: %s", reason, self._node, exc)
             return
         self._events.record(node, event_type=event_type, reason=reason, message=message)
+
+
+def _published_taint_times(existing: Sequence[JsonObject]) -> Mapping[str, tuple[str, datetime]]:
+    """Device name → (value, timeAdded) of our unhealthy taint on the published devices."""
+    found: dict[str, tuple[str, datetime]] = {}
+    for obj in existing:
+        for device in (obj.get("spec") or {}).get("devices") or []:
+            try:
+                taints = parse_taints(device.get("taints"))
+            except ValueError:
+                continue
+            for taint in taints:
+                if taint.key == UNHEALTHY_TAINT_KEY and taint.time_added is not None:
+                    found[str(device.get("name"))] = (taint.value, taint.time_added)
+    return found
+
+
+def _taints_dropped(sent: JsonObject, written: JsonObject) -> bool:
+    """True when ``sent`` had device taints that the API server's answer ``written`` lacks (what
+    kube-apiserver does to fields of a disabled feature gate)."""
+    had = {d["name"] for d in sent["spec"].get("devices") or [] if d.get("taints")}
+    if not had:
+        return False
+    kept = {
+        d.get("name") for d in (written.get("spec") or {}).get("devices") or [] if d.get("taints")
+    }
+    return not had <= kept

@@ -23,8 +23,11 @@ logger = logging.getLogger(__name__)
 DRA_PLUGIN_TYPE: Final = "DRAPlugin"
 DRA_V1_SERVICE: Final = "v1.DRAPlugin"
 DRA_V1BETA1_SERVICE: Final = "v1beta1.DRAPlugin"
-SUPPORTED_SERVICES: Final = (DRA_V1_SERVICE, DRA_V1BETA1_SERVICE)
-"""In the order the Go helper lists them: for DRA, ``supported_versions`` names gRPC services."""
+DRA_HEALTH_SERVICE: Final = "v1alpha1.DRAResourceHealth"
+SUPPORTED_SERVICES: Final = (DRA_V1_SERVICE, DRA_V1BETA1_SERVICE, DRA_HEALTH_SERVICE)
+"""In the order the Go helper lists them: for DRA, ``supported_versions`` names gRPC services (the
+kubelet picks the first DRAPlugin service it knows; the health service is served on the same
+endpoint and named last, as the helper does when the driver implements it)."""
 
 
 def registration_socket_path(registry_dir: Path, driver_name: str) -> Path:

@@ -10,13 +10,14 @@ import argparse
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 from driver.cdi_common import CommonEditsChoice, parse_common_edits_flag
 from driver.daemon import flags
 from driver.daemon.flags import LOG_FORMATS, LOG_LEVELS, add_flag, env_var
+from kubeletplugin.health_settings import HealthSettings, add_health_flags, health_settings
 
 NODE_NAME_FALLBACK_ENV: Final = "NODE_NAME"
 
@@ -71,6 +72,8 @@ class Settings:
     classic_resource_prefix: str
     log_level: str
     log_format: str
+    health: HealthSettings = field(default_factory=HealthSettings)
+    """Unhealthy-GPU taint effect and which XIDs count (``health_settings``)."""
     cdi_common_edits: CommonEditsChoice = AUTO_COMMON_EDITS
     """Where the edits every slice's container shares come from (``driver.cdi_common``)."""
     mig_mode: str = "never"
@@ -191,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
         help_text="extended-resource name prefix of the classic shim; '+' in profiles becomes '-'",
         default=DEFAULT_CLASSIC_RESOURCE_PREFIX,
     )
+    add_health_flags(parser)
     add_flag(
         parser,
         "--cdi-common-edits",
@@ -304,6 +308,7 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
         classic_resource_prefix=str(args.classic_resource_prefix),
         log_level=log_level,
         log_format=str(args.log_format),
+        health=health_settings(parser, args),
         cdi_common_edits=common_edits,
         mig_mode=str(args.mig_mode),
     )

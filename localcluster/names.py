@@ -42,3 +42,20 @@ def qualified_name_errors(field: str, key: str) -> list[FieldError]:
             )
         ]
     return []
+
+
+def label_value_errors(field: str, value: str) -> list[FieldError]:
+    """A label value: empty, or at most 63 alphanumerics, '-', '_' or '.' starting and ending
+    with an alphanumeric (``validation.IsValidLabelValue``)."""
+    if value and (len(value) > 63 or not _QUALIFIED_NAME.match(value)):
+        return [
+            FieldError(
+                "Invalid",
+                field,
+                "a valid label must be an empty string or consist of alphanumeric characters, "
+                "'-', '_' or '.', and must start and end with an alphanumeric character "
+                "(at most 63 characters)",
+                value,
+            )
+        ]
+    return []

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import yaml
 
@@ -159,6 +159,15 @@ class ContainerRecord:
     envs: Mapping[str, str]
 
 
+def _cri_bytes(value: Any) -> str:
+    """A CRI ``KeyValue.value``: ``bytes`` in the 1.36 CRI API, so protojson wrote it base64."""
+    text = str(value or "")
+    try:
+        return base64.b64decode(text, validate=True).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return text
+
+
 def read_container_records(state_dir: Path) -> list[ContainerRecord]:
     """The live containers of one node, from ``cri-state/containers/<id>.json``."""
     records = []
@@ -180,7 +189,7 @@ def read_container_records(state_dir: Path) -> list[ContainerRecord]:
                 container=str((config.get("metadata") or {}).get("name") or ""),
                 cdi_devices=tuple(str(d.get("name") or "") for d in cdi or []),
                 envs={
-                    str(e.get("key")): str(e.get("value") or "") for e in config.get("envs") or []
+                    str(e.get("key")): _cri_bytes(e.get("value")) for e in config.get("envs") or []
                 },
             )
         )
@@ -366,8 +375,9 @@ class RealStack:
     def kubelet(self, node: str) -> RealKubelet:
         return self._kubelets[node]
 
-    timeout_scale = 3.0
-    """Real kubelets sync pods on their own loops: scenario waits get more time here."""
+    timeout_scale = 6.0
+    """Real kubelets sync pods on their own loops and back off after a failed prepare (10 s,
+    doubling): scenario waits get more time here."""
 
     # --- life cycle -----------------------------------------------------------------------------
 
@@ -397,15 +407,19 @@ class RealStack:
         self.kubectl_apply(load_file(DEPLOY_BASE / "rbac-kubelet-plugin.yaml"))
         self.kubectl_apply(load_file(DEPLOY_BASE / "deviceclasses.yaml"))
         controller_kubeconfig = self._service_account_kubeconfig("instaslice-controller")
-        plugin_kubeconfig = self._service_account_kubeconfig("instaslice-kubelet-plugin")
-        self._credentials = {"controller": controller_kubeconfig, "plugin": plugin_kubeconfig}
+        self._credentials = {"controller": controller_kubeconfig}
         for node in self.node_names:
             self.start_node(node)
         self._make_certificates()
         self.webhook_port = free_port()
         self._register_webhook()
         for node in self.node_names:
-            self.plugins[node] = self._plugin_process(node, plugin_kubeconfig)
+            # a DaemonSet pod's token is bound to its pod, and so to its node: the 1.36
+            # node-scoped checks (resourceclaims/driver associated-node:update) need that
+            self._credentials[f"plugin/{node}"] = self._service_account_kubeconfig(
+                "instaslice-kubelet-plugin", node=node
+            )
+            self.plugins[node] = self._plugin_process(node, self._credentials[f"plugin/{node}"])
             self.plugins[node].start()
         for index in range(self.config.controllers):
             process = self._controller_process(index, controller_kubeconfig)
@@ -589,7 +603,7 @@ class RealStack:
         self._plugin_mode_args = ["--classic-shim", "on" if on else "off"]
         for node in self.node_names:
             self.plugins[node].stop()
-            self.plugins[node] = self._plugin_process(node, self._credentials["plugin"])
+            self.plugins[node] = self._plugin_process(node, self._credentials[f"plugin/{node}"])
             self.plugins[node].start()
 
     def set_allocation_mode(self, mode: str, *, handoff_after: float | None = None) -> None:
@@ -618,18 +632,14 @@ class RealStack:
 
     # --- credentials and the webhook ------------------------------------------------------------
 
-    def _service_account_kubeconfig(self, account: str) -> Path:
-        """A kubeconfig that authenticates as ``instaslice-system/<account>`` (TokenRequest)."""
-        token = self._kubectl(
-            [
-                "create",
-                "token",
-                account,
-                "-n",
-                names.SYSTEM_NAMESPACE,
-                f"--duration={_TOKEN_SECONDS}s",
-            ]
-        ).strip()
+    def _service_account_kubeconfig(self, account: str, *, node: str | None = None) -> Path:
+        """A kubeconfig that authenticates as ``instaslice-system/<account>`` (TokenRequest),
+        with ``node`` a token bound to that Node (its node name travels with the identity)."""
+        args = ["create", "token", account, "-n", names.SYSTEM_NAMESPACE]
+        args.append(f"--duration={_TOKEN_SECONDS}s")
+        if node is not None:
+            args += ["--bound-object-kind", "Node", "--bound-object-name", node]
+        token = self._kubectl(args).strip()
         admin = yaml.safe_load(self.paths.kubeconfig.read_text(encoding="utf-8"))
         cluster = admin["clusters"][0]["cluster"]
         config = {
@@ -640,7 +650,7 @@ class RealStack:
             "contexts": [{"name": "real", "context": {"cluster": "real", "user": account}}],
             "current-context": "real",
         }
-        path = self.root / "credentials" / f"{account}.kubeconfig"
+        path = self.root / "credentials" / f"{account}{f'-{node}' if node else ''}.kubeconfig"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(config), encoding="utf-8")
         path.chmod(0o600)

@@ -6,7 +6,8 @@ claim and workload controllers, scheduler, one emulated kubelet per node) in thi
 
 * one ``instaslice-kubelet-plugin`` per node (emulated GPUs whose state file outlives the process,
   like MIG instances outlive a crashed plugin), with the kubelet's directories of its node;
-* one ``instaslice-controller``, its pod webhook on ``https://127.0.0.1:<port>`` registered with
+* one ``instaslice-controller`` (and the webhook process it starts), its pod webhook on
+  ``https://127.0.0.1:<port>`` registered with
   the API server through the MutatingWebhookConfiguration of ``deploy/base/webhook.yaml`` (the
   same rules, ``clientConfig.url`` instead of the in-cluster Service, and a CA made here);
 * the DeviceClasses of ``deploy/base/deviceclasses.yaml``.
@@ -306,42 +307,13 @@ class InstaSliceStack:
 
     def _make_certificates(self) -> Path:
         """A CA and a serving certificate for 127.0.0.1 (``--cert-mode files``)."""
-        now = datetime.now(UTC)
-        ca_cert, ca_key = generate_ca(
-            common_name="instaslice-local-ca", now=now, validity=timedelta(days=1)
-        )
-        cert, key = issue_serving_certificate(
-            ca_cert_pem=ca_cert,
-            ca_key_pem=ca_key,
-            dns_names=["localhost"],
-            ip_addresses=["127.0.0.1"],
-            now=now,
-            validity=timedelta(days=1),
-        )
         cert_dir = self.root / "controller" / "webhook-certs"
-        cert_dir.mkdir(parents=True, exist_ok=True)
-        (cert_dir / "tls.key").write_bytes(key)
-        (cert_dir / "tls.key").chmod(0o600)
-        (cert_dir / "tls.crt").write_bytes(cert)
-        (cert_dir / "ca.crt").write_bytes(ca_cert)
-        self._ca_bundle = ca_cert
+        self._ca_bundle = write_webhook_certificates(cert_dir)
         return cert_dir
 
     def _register_webhook(self) -> None:
-        configs = [
-            o
-            for o in load_file(DEPLOY_BASE / "webhook.yaml")
-            if o.get("kind") == MUTATING_WEBHOOK_CONFIGURATIONS.kind
-        ]
-        if len(configs) != 1:
-            raise ConfigError(f"{DEPLOY_BASE / 'webhook.yaml'} must hold one webhook configuration")
-        config = copy.deepcopy(configs[0])
-        for hook in config.get("webhooks") or []:
-            hook["clientConfig"] = {
-                "url": f"https://127.0.0.1:{self.webhook_port}{WEBHOOK_PATH}",
-                "caBundle": base64.b64encode(self._ca_bundle).decode(),
-            }
-        apply_object(self.api, config)
+        url = f"https://127.0.0.1:{self.webhook_port}{WEBHOOK_PATH}"
+        apply_object(self.api, webhook_configuration(url=url, ca_bundle=self._ca_bundle))
 
     def webhook_serving(self) -> bool:
         context = ssl.create_default_context(cadata=self._ca_bundle.decode())
@@ -462,6 +434,45 @@ class InstaSliceStack:
 
     def kubeconfig_hint(self) -> str:
         return f"export KUBECONFIG={self.kubeconfig}" if self.kubeconfig else ""
+
+
+def write_webhook_certificates(cert_dir: Path) -> bytes:
+    """A CA and a serving certificate for 127.0.0.1 (``tls.crt``, ``tls.key``, ``ca.crt`` in
+    ``cert_dir``, as ``--cert-mode files`` reads them); returns the CA's PEM for the caBundle."""
+    now = datetime.now(UTC)
+    ca_cert, ca_key = generate_ca(
+        common_name="instaslice-local-ca", now=now, validity=timedelta(days=1)
+    )
+    cert, key = issue_serving_certificate(
+        ca_cert_pem=ca_cert,
+        ca_key_pem=ca_key,
+        dns_names=["localhost"],
+        ip_addresses=["127.0.0.1"],
+        now=now,
+        validity=timedelta(days=1),
+    )
+    cert_dir.mkdir(parents=True, exist_ok=True)
+    (cert_dir / "tls.key").write_bytes(key)
+    (cert_dir / "tls.key").chmod(0o600)
+    (cert_dir / "tls.crt").write_bytes(cert)
+    (cert_dir / "ca.crt").write_bytes(ca_cert)
+    return ca_cert
+
+
+def webhook_configuration(*, url: str, ca_bundle: bytes) -> JsonObject:
+    """The MutatingWebhookConfiguration of ``deploy/base/webhook.yaml`` (same rules), calling
+    ``url`` — a webhook on this machine, as kube-apiserver reaches it — instead of the Service."""
+    configs = [
+        o
+        for o in load_file(DEPLOY_BASE / "webhook.yaml")
+        if o.get("kind") == MUTATING_WEBHOOK_CONFIGURATIONS.kind
+    ]
+    if len(configs) != 1:
+        raise ConfigError(f"{DEPLOY_BASE / 'webhook.yaml'} must hold one webhook configuration")
+    config = copy.deepcopy(configs[0])
+    for hook in config.get("webhooks") or []:
+        hook["clientConfig"] = {"url": url, "caBundle": base64.b64encode(ca_bundle).decode()}
+    return config
 
 
 def sockets_under(root: Path) -> list[Path]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+from localcluster.defaults_dra import apply_dra_defaults
 from localcluster.resources import ResourceType
 
 JsonObj = dict[str, Any]
@@ -119,6 +120,8 @@ def apply_defaults(resource: ResourceType, obj: JsonObj) -> None:
     """Defaults kube applies when decoding any write, so a client that omits them changes nothing."""
     if isinstance(obj.get("metadata"), dict):
         _omit_empty(obj["metadata"], _OMIT_EMPTY_METADATA)
+    if resource.group == "resource.k8s.io":
+        apply_dra_defaults(resource.plural, obj)
     if resource.group:
         return
     if resource.plural == "pods":

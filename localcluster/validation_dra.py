@@ -6,22 +6,120 @@ each ``status.devices`` entry must name an allocated device;
 a ResourceSlice holds either ``devices`` or ``sharedCounters``, at most 128 devices (64 when any
 device consumes counters or has taints), and its driver and node are immutable. CEL selectors of
 requests and DeviceClasses must compile (kube-apiserver compiles them on create: a claim with a
-malformed selector never reaches an allocator), and an exact count must be positive.
+malformed selector never reaches an allocator), and an exact count must be positive (``0`` is
+defaulted to 1 before: ``defaults_dra``). Device taints
+(``key`` a label key, ``value`` a label value, ``effect`` one of NoSchedule/NoExecute/None, at most
+16) and request tolerations (operator ``Exists`` without a value or ``Equal``, at most 16) are
+checked as kube-apiserver's ``validateDeviceTaint``/``validateDeviceToleration`` do.
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from controller.selectors import SelectorCompileError, compile_selector
 from localcluster.errors import FieldError
-from localcluster.names import name_errors
+from localcluster.names import label_value_errors, name_errors, qualified_name_errors
 
 JsonObj = dict[str, Any]
 
 IMMUTABLE = "field is immutable"
 MAX_SLICE_DEVICES = 128
 MAX_SLICE_DEVICES_WITH_COUNTERS = 64
+MAX_TAINTS = 16
+MAX_TOLERATIONS = 16
+TAINT_EFFECTS = ("NoExecute", "NoSchedule", "None")
+TOLERATION_OPERATORS = ("Equal", "Exists")
+
+
+def _effect_errors(path: str, effect: Any, *, required: bool) -> list[FieldError]:
+    if not effect:
+        return [FieldError("Required", path)] if required else []
+    if effect not in TAINT_EFFECTS:
+        supported = ", ".join(f'"{e}"' for e in TAINT_EFFECTS)
+        return [FieldError("NotSupported", path, f"supported values: {supported}", effect)]
+    return []
+
+
+def _taint_errors(taints: Any, path: str) -> list[FieldError]:
+    if not isinstance(taints, list):
+        return [FieldError("Invalid", path, "must be a list", taints)]
+    errors: list[FieldError] = []
+    if len(taints) > MAX_TAINTS:
+        errors.append(FieldError("TooMany", path, f"must have at most {MAX_TAINTS} items"))
+    for i, taint in enumerate(taints):
+        tpath = f"{path}[{i}]"
+        if not isinstance(taint, dict):
+            errors.append(FieldError("Invalid", tpath, "must be an object", taint))
+            continue
+        key = str(taint.get("key") or "")
+        if not key:
+            errors.append(FieldError("Required", f"{tpath}.key"))
+        else:
+            errors += qualified_name_errors(f"{tpath}.key", key)
+        if taint.get("value"):
+            errors += label_value_errors(f"{tpath}.value", str(taint["value"]))
+        errors += _effect_errors(f"{tpath}.effect", taint.get("effect"), required=True)
+        added = taint.get("timeAdded")
+        if added is not None and not _is_time(added):
+            errors.append(FieldError("Invalid", f"{tpath}.timeAdded", "must be RFC 3339", added))
+    return errors
+
+
+def _is_time(value: Any) -> bool:
+    try:
+        datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return True
+
+
+def _toleration_errors(tolerations: Any, path: str) -> list[FieldError]:
+    if not isinstance(tolerations, list):
+        return [FieldError("Invalid", path, "must be a list", tolerations)]
+    errors: list[FieldError] = []
+    if len(tolerations) > MAX_TOLERATIONS:
+        errors.append(FieldError("TooMany", path, f"must have at most {MAX_TOLERATIONS} items"))
+    for i, toleration in enumerate(tolerations):
+        tpath = f"{path}[{i}]"
+        if not isinstance(toleration, dict):
+            errors.append(FieldError("Invalid", tpath, "must be an object", toleration))
+            continue
+        if toleration.get("key"):
+            errors += qualified_name_errors(f"{tpath}.key", str(toleration["key"]))
+        operator = toleration.get("operator") or "Equal"  # defaulted, as kube-apiserver does
+        value = str(toleration.get("value") or "")
+        if operator == "Exists" and value:
+            errors.append(
+                FieldError(
+                    "Invalid", f"{tpath}.value", "must be empty for operator `Exists`", value
+                )
+            )
+        elif operator == "Equal":
+            errors += label_value_errors(f"{tpath}.value", value)
+        elif operator not in TOLERATION_OPERATORS:
+            supported = ", ".join(f'"{o}"' for o in TOLERATION_OPERATORS)
+            errors.append(
+                FieldError(
+                    "NotSupported", f"{tpath}.operator", f"supported values: {supported}", operator
+                )
+            )
+        errors += _effect_errors(f"{tpath}.effect", toleration.get("effect"), required=False)
+    return errors
+
+
+def _request_tolerations(request: JsonObj, rpath: str) -> list[FieldError]:
+    errors: list[FieldError] = []
+    exactly = request.get("exactly")
+    if isinstance(exactly, dict) and "tolerations" in exactly:
+        errors += _toleration_errors(exactly["tolerations"], f"{rpath}.exactly.tolerations")
+    for j, sub in enumerate(request.get("firstAvailable") or []):
+        if isinstance(sub, dict) and "tolerations" in sub:
+            errors += _toleration_errors(
+                sub["tolerations"], f"{rpath}.firstAvailable[{j}].tolerations"
+            )
+    return errors
 
 
 def _selectors(selectors: Any, path: str) -> list[FieldError]:
@@ -83,6 +181,7 @@ def _claim_spec(spec: Any, path: str) -> list[FieldError]:
         names.append(name)
         if not isinstance(request, dict):
             continue
+        errors += _request_tolerations(request, rpath)
         exactly, first = request.get("exactly"), request.get("firstAvailable")
         if (exactly is None) == (first is None):
             errors.append(
@@ -276,6 +375,8 @@ def slice_create(slice_: JsonObj) -> list[FieldError]:
                         "exactly one value must be specified",
                     )
                 )
+        if isinstance(device, dict) and device.get("taints") is not None:
+            errors += _taint_errors(device["taints"], f"spec.devices[{i}].taints")
         if len((device or {}).get("consumesCounters") or []) > 2:
             errors.append(
                 FieldError(

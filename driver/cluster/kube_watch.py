@@ -14,6 +14,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
+
 from driver.closing import ClosedOnExit
 from driver.cluster.kube_wire import status_error, with_kind
 from driver.cluster.port import Resource, WatchEvent, WatchEventType
@@ -25,11 +27,12 @@ _READ_SIZE = 65536
 
 
 class KubeWatchStream(ClosedOnExit):
-    """One watch response read line by line; ``close`` from any thread ends the iteration."""
+    """One watch response (a urllib3 response, not preloaded) read line by line, each event decoded
+    by ``orjson``; ``close`` from any thread ends the iteration."""
 
     def __init__(self, *, resource: Resource, response: Any, path: str) -> None:
         self._resource = resource
-        self._raw = response.response
+        self._raw = response
         self._path = path
         self._lock = threading.Lock()
         self._closed = False
@@ -70,7 +73,7 @@ class KubeWatchStream(ClosedOnExit):
         if not line.strip():
             return None
         try:
-            frame = json.loads(line)
+            frame = orjson.loads(line)
             kind = str(frame["type"])
             obj = frame["object"]
         except (ValueError, KeyError, TypeError) as exc:

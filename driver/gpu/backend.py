@@ -17,6 +17,10 @@ Health: ``gpus()`` reports every GPU it can count, also one that stopped answeri
 unfit for new slices (``GpuInfo.healthy`` False, ``health_reason`` saying why), rather than failing
 for the whole node. ``instances``, ``create_slice`` and ``destroy_slice`` on such a GPU still raise
 what the GPU answers.
+
+XID events: ``next_xid_event`` waits for the next XID critical-error event any GPU reports (NVML's
+event API: ``nvmlEventSetCreate``, ``nvmlDeviceRegisterEvents``, ``nvmlEventSetWait_v2``). Which
+XIDs make a GPU unhealthy is the caller's policy, not the backend's.
 """
 
 from dataclasses import dataclass
@@ -50,6 +54,21 @@ class GpuInfo:
     withdraws its devices; slices that exist on it are left alone."""
     health_reason: str | None = None
     """Why the GPU is unhealthy, in words for a person (``None`` while healthy)."""
+    health_code: str | None = None
+    """Why the GPU is unhealthy as a short token usable as a taint value (a Kubernetes label
+    value: ``GpuLost``, ``RetiredPagesPending``, ``Xid79``, …); ``None`` while healthy."""
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    """An XID critical-error event a GPU reported (``nvmlEventTypeXidCriticalError``)."""
+
+    gpu_index: int
+    gpu_uuid: GpuUuid
+    xid: int
+    gi_id: int | None = None
+    """The GPU instance the error hit, when the driver says (MIG mode); ``None`` for the GPU."""
+    ci_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +118,15 @@ class GpuBackend(Protocol):
 
     def destroy_slice(self, *, gpu_index: int, gi_id: int) -> None:
         """Destroy the compute instances of GPU instance ``gi_id``, then the GPU instance."""
+        ...
+
+    def next_xid_event(self, *, timeout_seconds: float) -> XidEvent | None:
+        """Wait up to ``timeout_seconds`` for the next XID critical-error event of any GPU.
+
+        ``None`` when none came (or the backend cannot watch events, after waiting). Raises
+        ``BackendError`` if watching failed; events that happened before the first call may be
+        missed (NVML delivers only events registered for).
+        """
         ...
 
     def close(self) -> None:

@@ -14,6 +14,8 @@ contract (``driver.gpu.backend``): the same placements, the same refusals, the s
   mark made through one backend object (an operator's, a test's) is what ``gpus()`` of every other
   one on the same state file reports. Slices on an unhealthy GPU are left as they are, and creating
   one is still allowed: a real GPU with memory errors pending a reset still answers NVML too.
+- ``inject_xid`` queues an XID critical-error event, as the GPU driver would report it, for
+  ``next_xid_event`` of this backend object (events are per process, as NVML's are).
 
 MIG mode (``MigModeBackend``): every GPU has MIG on unless listed in ``mig_disabled``. MIG mode and
 running processes (``set_running_processes``) live in the backend object, not in the state file.
@@ -35,6 +37,7 @@ An exception from any other step propagates unchanged and leaves the state as sa
 """
 
 import logging
+import queue
 import re
 import threading
 import uuid
@@ -45,7 +48,7 @@ from typing import Final
 
 from driver.errors import BackendError, ConfigError, DriverError, NotFoundError
 from driver.gpu import caps
-from driver.gpu.backend import GpuInfo, MigInstance, gpu_by_index
+from driver.gpu.backend import GpuInfo, MigInstance, XidEvent, gpu_by_index
 from driver.gpu.emulated_state import (
     FileStateStore,
     InstanceRecord,
@@ -62,6 +65,8 @@ log = logging.getLogger(__name__)
 FaultHook = Callable[[str], None]
 FAULT_STEPS: Final = ("before-gi", "after-gi", "ci", "after-ci")
 MAX_GPUS_PER_NODE: Final = 64
+MARKED_UNHEALTHY_CODE: Final = "MarkedUnhealthy"
+"""``GpuInfo.health_code`` of a GPU marked unhealthy with ``set_health``."""
 FIRST_GI_ID: Final = 1
 DEFAULT_CI_ID: Final = 0
 
@@ -154,6 +159,7 @@ class EmulatedGpuBackend:
         )
         self._fault_hook = fault_hook
         self._closed = threading.Event()
+        self._xid_events: queue.Queue[XidEvent | None] = queue.Queue()
         for index in mig_disabled:
             gpu_by_index(self._gpus, index)
         self._mig_lock = threading.RLock()
@@ -176,7 +182,12 @@ class EmulatedGpuBackend:
         if not unhealthy:
             return gpus
         return tuple(
-            replace(gpu, healthy=False, health_reason=unhealthy[gpu.index])
+            replace(
+                gpu,
+                healthy=False,
+                health_reason=unhealthy[gpu.index],
+                health_code=MARKED_UNHEALTHY_CODE,
+            )
             if gpu.index in unhealthy
             else gpu
             for gpu in gpus
@@ -263,6 +274,24 @@ class EmulatedGpuBackend:
         else:
             log.warning("emulated GPU %s marked unhealthy: %s", gpu_index, why)
 
+    def inject_xid(self, gpu_index: int, xid: int, *, gi_id: int | None = None) -> None:
+        """Report XID ``xid`` on GPU ``gpu_index`` (on GPU instance ``gi_id`` if given)."""
+        self._check_open()
+        gpu = gpu_by_index(self._gpus, gpu_index)
+        if xid < 0:
+            raise ConfigError(f"an XID is a non-negative number, got {xid}")
+        self._xid_events.put(XidEvent(gpu_index=gpu_index, gpu_uuid=gpu.uuid, xid=xid, gi_id=gi_id))
+
+    def next_xid_event(self, *, timeout_seconds: float) -> XidEvent | None:
+        self._check_open()
+        try:
+            event = self._xid_events.get(timeout=max(timeout_seconds, 0.0))
+        except queue.Empty:
+            return None
+        if event is None:  # close() woke us
+            self._check_open()
+        return event
+
     def instances(self, *, gpu_index: int | None = None) -> tuple[MigInstance, ...]:
         self._check_open()
         if gpu_index is not None:
@@ -335,6 +364,7 @@ class EmulatedGpuBackend:
 
     def close(self) -> None:
         self._closed.set()
+        self._xid_events.put(None)
 
     def _check_open(self) -> None:
         if self._closed.is_set():

@@ -17,7 +17,9 @@ Tests steer it with ``fail(function, code=…)`` (the next call(s) of that funct
 ``profile_info_v2=False`` (a driver without the V call, so profiles have no names),
 ``mig_enabled`` per GPU, and health per GPU: ``set_lost`` (every query of the GPU answers
 ``GPU_IS_LOST``, as when it fell off the bus), ``set_retired_pages_pending`` (``None``, the default,
-answers ``NOT_SUPPORTED`` as Ampere and newer GPUs do) and ``set_remapped_rows``.
+answers ``NOT_SUPPORTED`` as Ampere and newer GPUs do) and ``set_remapped_rows``. XID events:
+``inject_xid`` reports one the way the GPU driver would, to the event sets registered for it
+(NVML's event API, ``driver.gpu.fake_nvml_events``).
 
 MIG mode follows NVML's rules for ``nvmlDeviceSetMigMode``: the *pending* mode is set at once; it
 becomes the *current* mode at once only when the GPU can apply it without a reset (constructor
@@ -41,6 +43,7 @@ from typing import Any, Final
 
 from driver.gpu import nvml_api as api
 from driver.gpu.emulated import emulated_gpu_uuid, parse_gpu_spec
+from driver.gpu.fake_nvml_events import SUPPORTED_EVENT_TYPES, FakeEventHub, c_nvmlEventData_t
 from driver.gpu.fake_nvml_types import (
     FakeNvmlError,
     c_nvmlComputeInstanceInfo_t,
@@ -178,6 +181,7 @@ class FakeNvml:
         self._init_count = 0
         self._serial = 0
         self._failures: dict[str, list[int]] = {}
+        self._events = FakeEventHub()
         self.calls: list[str] = []
         """Names of the functions called, in order (tests assert on what was, or was not, called)."""
 
@@ -207,6 +211,23 @@ class FakeNvml:
         with self._lock:
             self._gpus[index].remapped_rows_pending = pending
             self._gpus[index].remapped_rows_failure = failure
+
+    def inject_xid(
+        self,
+        index: int,
+        xid: int,
+        *,
+        gi_id: int | None = None,
+        ci_id: int | None = None,
+        event_type: int = api.NVML_EVENT_TYPE_XID_CRITICAL_ERROR,
+    ) -> int:
+        """GPU ``index`` reports ``xid`` (an event of ``event_type``); how many event sets got it."""
+        with self._lock:
+            if not 0 <= index < len(self._gpus):
+                raise IndexError(f"no fake GPU {index}")
+        return self._events.post(
+            gpu_index=index, event_type=event_type, data=xid, gi_id=gi_id, ci_id=ci_id
+        )
 
     def set_processes(self, index: int, *, compute: int = 0, graphics: int = 0) -> None:
         """How many compute and graphics processes run on GPU ``index``."""
@@ -539,6 +560,35 @@ class FakeNvml:
             return 0
 
     # -- internals --------------------------------------------------------------------------
+
+    def nvmlEventSetCreate(self) -> int:
+        with self._lock:
+            self._enter("nvmlEventSetCreate")
+        return self._events.create()
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
+        with self._lock:
+            self._enter("nvmlDeviceGetSupportedEventTypes")
+            self._device(handle)
+        return SUPPORTED_EVENT_TYPES
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:
+        with self._lock:
+            self._enter("nvmlDeviceRegisterEvents")
+            gpu = self._device(handle)
+        self._events.register(eventSet, gpu_index=gpu.index, event_types=int(eventTypes))
+
+    def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> c_nvmlEventData_t:
+        with self._lock:
+            self._enter("nvmlEventSetWait_v2")
+        return self._events.wait(eventSet, timeout_ms=int(timeoutms), device_handle=_DEVICE)
+
+    def nvmlEventSetFree(self, eventSet: Any) -> None:
+        with self._lock:
+            self._enter("nvmlEventSetFree")
+        self._events.free(eventSet)
+
+    # -- helpers ----------------------------------------------------------------------------
 
     def _enter(self, function: str, *, needs_init: bool = True) -> None:
         self.calls.append(function)

@@ -25,6 +25,7 @@ _ERROR_TEXT: Final = {
     api.NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
     api.NVML_ERROR_UNKNOWN: "Unknown Error",
     api.NVML_ERROR_IN_USE: "In use by another client",
+    api.NVML_ERROR_TIMEOUT: "Timeout",
     api.NVML_ERROR_INSUFFICIENT_RESOURCES: "Insufficient Resources",
 }
 

@@ -17,6 +17,8 @@ handle (walking every MIG device is O(10 s) on big nodes).
   plugin's opt-in ``--mig-mode when-idle`` step.
 - Health, read-only, in ``gpus()``: a lost GPU or one whose memory needs a reset is reported
   unhealthy instead of failing the list; the probes live in ``driver.gpu.nvml_health``.
+- XID critical-error events through NVML's event API (``next_xid_event``,
+  ``driver.gpu.nvml_events``); the event set is freed by ``close()``.
 """
 
 import ctypes
@@ -36,8 +38,9 @@ from driver.errors import (
 )
 from driver.gpu import caps
 from driver.gpu import nvml_api as api
-from driver.gpu.backend import GpuInfo, MigInstance
+from driver.gpu.backend import GpuInfo, MigInstance, XidEvent
 from driver.gpu.nvml_call import NvmlCallError, call_nvml
+from driver.gpu.nvml_events import NvmlXidWatcher
 from driver.gpu.nvml_health import NvmlGpuHealth
 from driver.gpu.rules import slice_range
 from driver.ids import GpuUuid, MigUuid
@@ -81,6 +84,7 @@ class NvmlGpuBackend:
         self._state_lock = threading.Lock()
         self._gpu_locks: dict[int, threading.Lock] = {}
         self._health = NvmlGpuHealth(nvml=self._nvml)
+        self._xids = NvmlXidWatcher(nvml=self._nvml)
         self._closed = False
         self._call("nvmlInit", self._nvml.nvmlInit)
 
@@ -166,6 +170,10 @@ class NvmlGpuBackend:
             self._call("nvmlGpuInstanceDestroy", self._nvml.nvmlGpuInstanceDestroy, gi)
         log.info("destroyed GPU instance %s on GPU %s", gi_id, gpu_index)
 
+    def next_xid_event(self, *, timeout_seconds: float) -> XidEvent | None:
+        self._check_open()
+        return self._xids.next_event(timeout_seconds=timeout_seconds)
+
     # -- MigModeBackend ----------------------------------------------------------------------
 
     def running_processes(self, *, gpu_index: int) -> int:
@@ -208,6 +216,7 @@ class NvmlGpuBackend:
             if self._closed:
                 return
             self._closed = True
+        self._xids.close()
         self._call("nvmlShutdown", self._nvml.nvmlShutdown)
 
     # -- discovery --------------------------------------------------------------------------

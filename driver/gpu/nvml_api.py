@@ -26,6 +26,7 @@ NVML_ERROR_NOT_FOUND: Final = 6
 NVML_ERROR_INSUFFICIENT_SIZE: Final = 7
 NVML_ERROR_DRIVER_NOT_LOADED: Final = 9
 NVML_ERROR_LIBRARY_NOT_FOUND: Final = 12
+NVML_ERROR_TIMEOUT: Final = 10
 NVML_ERROR_FUNCTION_NOT_FOUND: Final = 13
 NVML_ERROR_GPU_IS_LOST: Final = 15
 NVML_ERROR_RESET_REQUIRED: Final = 16
@@ -36,6 +37,13 @@ NVML_ERROR_UNKNOWN: Final = 999
 NVML_DEVICE_MIG_DISABLE: Final = 0
 NVML_DEVICE_MIG_ENABLE: Final = 1
 NVML_SUCCESS: Final = 0
+
+# nvmlEventType* bit masks (pynvml: nvmlEventTypeXidCriticalError, ...) (nvmlDeviceRegisterEvents, c_nvmlEventData_t.eventType).
+NVML_EVENT_TYPE_SINGLE_BIT_ECC_ERROR: Final = 0x1
+NVML_EVENT_TYPE_DOUBLE_BIT_ECC_ERROR: Final = 0x2
+NVML_EVENT_TYPE_XID_CRITICAL_ERROR: Final = 0x8
+NVML_NO_INSTANCE_ID: Final = 0xFFFFFFFF
+"""``gpuInstanceId``/``computeInstanceId`` of an event that is not about one MIG instance."""
 
 # nvmlEnableState_t (what nvmlDeviceGetRetiredPagesPendingStatus answers).
 NVML_FEATURE_DISABLED: Final = 0
@@ -133,3 +141,8 @@ class NvmlLibrary(Protocol):
     ) -> int: ...
     def nvmlComputeInstanceGetInfo(self, computeInstance: Any) -> Any: ...
     def nvmlComputeInstanceDestroy(self, computeInstance: Any) -> int: ...
+    def nvmlEventSetCreate(self) -> Any: ...
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int: ...
+    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None: ...
+    def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> Any: ...
+    def nvmlEventSetFree(self, eventSet: Any) -> None: ...

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from driver.cluster.informer import Backoff, Informer
+from driver.cluster.informer import Backoff, Informer, strip_managed_fields
 from driver.cluster.port import JsonObject, ObjectList, WatchEvent, WatchEventType
 from driver.errors import ClusterError, GoneError
 from tests.cluster.fakes import ScriptedListerWatcher, ScriptedStream, obj
@@ -166,3 +166,59 @@ def test_handler_added_late_gets_existing_objects_and_a_failing_handler_is_conta
         assert recorder.events == [("add", "a", "1")]
     finally:
         informer.stop()
+
+
+def test_a_transform_applies_to_listed_and_watched_objects_before_caching() -> None:
+    def with_fields(name: str, rv: str) -> JsonObject:
+        o = obj(name, rv)
+        o["metadata"]["managedFields"] = [{"manager": "kubectl", "operation": "Update"}]
+        return o
+
+    def lists(n: int) -> ObjectList:
+        return ObjectList(items=[with_fields("a", "1")], resource_version="1")
+
+    def watches(n: int, rv: str) -> ScriptedStream:
+        if n == 1:
+            return ScriptedStream(
+                [
+                    WatchEvent(WatchEventType.ADDED, with_fields("b", "2")),
+                    WatchEvent(WatchEventType.MODIFIED, with_fields("a", "3")),
+                    WatchEvent(WatchEventType.BOOKMARK, {"metadata": {"resourceVersion": "4"}}),
+                ]
+            )
+        return idle_stream()
+
+    source = ScriptedListerWatcher(lists=lists, watches=watches)
+    informer = Informer(
+        source=source,
+        name="t",
+        backoff=Backoff(initial=0.01, jitter=0.0),
+        transform=strip_managed_fields,
+    )
+    handed: list[JsonObject] = []
+    informer.add_handler(on_add=handed.append, on_update=lambda old, new: handed.append(new))
+    informer.start()
+    try:
+        assert wait_until(lambda: informer.last_resource_version == "4")
+        cached = {o["metadata"]["name"]: o for o in informer.list()}
+        assert cached["a"]["metadata"] == {
+            "name": "a",
+            "namespace": "ns",
+            "resourceVersion": "3",
+            "uid": "uid-a",
+        }
+        assert "managedFields" not in cached["b"]["metadata"]
+        assert [o["metadata"]["resourceVersion"] for o in handed] == ["1", "2", "3"]
+        assert all("managedFields" not in o["metadata"] for o in handed)
+    finally:
+        informer.stop()
+
+
+def test_strip_managed_fields_leaves_the_input_and_objects_without_them_alone() -> None:
+    plain = obj("a", "1")
+    assert strip_managed_fields(plain) is plain
+    full = obj("b", "2")
+    full["metadata"]["managedFields"] = [{"manager": "m"}]
+    stripped = strip_managed_fields(full)
+    assert "managedFields" not in stripped["metadata"]
+    assert full["metadata"]["managedFields"] == [{"manager": "m"}]  # the input is not mutated

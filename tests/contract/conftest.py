@@ -38,6 +38,8 @@ class Harness:
     reopen: Callable[[], GpuBackend] | None
     """A second backend over the same GPUs (``None`` where state dies with the backend)."""
     opened: list[GpuBackend] = field(default_factory=list)
+    inject_xid: Callable[[int, int], object] | None = None
+    """``inject_xid(gpu_index, xid)``: the GPU reports an XID critical error."""
 
     def another(self) -> GpuBackend:
         if self.reopen is None:
@@ -76,6 +78,7 @@ def _emulated(tmp_path: Path, *, file_backed: bool) -> Factory:
             fail_next_ci=lambda: failing.append("ci"),
             set_health=set_health,
             reopen=reopen if file_backed else None,
+            inject_xid=backend.inject_xid,
         )
         harness.opened.append(backend)
         return harness
@@ -96,6 +99,7 @@ def _nvml_over_fake(spec: str) -> Harness:
             index, pending=not healthy, failure=False
         ),
         reopen=lambda: NvmlGpuBackend(nvml=fake),
+        inject_xid=fake.inject_xid,
     )
     harness.opened.append(backend)
     return harness

@@ -6,6 +6,7 @@ emulated backend has (marks kept in its state file).
 """
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from driver.gpu.fake_nvml import FakeNvml
 from driver.gpu.nvml import NvmlCallError, NvmlGpuBackend
 from tests.contract.conftest import Harness
 
+_TAINT_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
 # -- the contract, on every backend -------------------------------------------------------------
 
 
@@ -30,6 +33,7 @@ def test_every_gpu_has_a_health_verdict_with_a_reason_when_unhealthy(
     for gpu in discovery_backend.gpus():
         assert isinstance(gpu.healthy, bool)
         assert (gpu.health_reason is None) == gpu.healthy
+        assert (gpu.health_code is None) == gpu.healthy
 
 
 def test_gpus_are_healthy_by_default(harness: Harness) -> None:
@@ -45,7 +49,10 @@ def test_an_unhealthy_gpu_is_reported_with_a_reason_and_keeps_its_slices(harness
     assert first == before[0]
     assert second.healthy is False
     assert second.health_reason
-    assert replace(second, healthy=True, health_reason=None) == before[1]  # same GPU, same model
+    assert second.health_code in ("MarkedUnhealthy", "RowRemapPending")
+    assert _TAINT_VALUE.match(second.health_code)  # usable as a taint value (a label value)
+    healthy_again = replace(second, healthy=True, health_reason=None, health_code=None)
+    assert healthy_again == before[1]  # same GPU, same model
     assert harness.backend.instances(gpu_index=1) == (made,)  # nothing destroyed
 
     harness.set_health(1, True)
@@ -75,6 +82,7 @@ def test_a_lost_gpu_is_reported_unhealthy_as_last_seen_not_raised() -> None:
     assert lost.healthy is False
     assert lost.health_reason is not None
     assert "GPU is lost" in lost.health_reason
+    assert lost.health_code == "GpuLost"
     with pytest.raises(BackendError, match="GPU is lost"):  # the GPU's own answer, as before
         backend.instances(gpu_index=1)
     with pytest.raises(BackendError, match="GPU is lost"):
@@ -98,6 +106,7 @@ def test_a_gpu_lost_before_it_was_ever_read_gets_a_placeholder_identity() -> Non
     )
     assert lost.health_reason is not None
     assert "GPU is lost" in lost.health_reason
+    assert lost.health_code == "GpuLost"
     assert fine.healthy
     backend.close()
 
@@ -167,6 +176,28 @@ def test_memory_errors_pending_a_reset_make_a_gpu_unhealthy(
     assert (fine.healthy, fine.health_reason) == (True, None)
     assert (checked.healthy, checked.health_reason) == (reason is None, reason)
     assert checked.model is not None  # still a MIG GPU with its profiles
+    backend.close()
+
+
+@pytest.mark.parametrize(
+    ("pages_pending", "rows_pending", "rows_failure", "code"),
+    [
+        (True, False, False, "RetiredPagesPending"),
+        (None, True, False, "RowRemapPending"),
+        (True, True, False, "RowRemapPending"),
+        (True, True, True, "RowRemapFailure"),
+    ],
+    ids=["pages", "rows-pending", "rows-pending-and-pages", "rows-failed-and-everything"],
+)
+def test_the_gravest_memory_error_gives_the_health_code(
+    pages_pending: bool | None, rows_pending: bool, rows_failure: bool, code: str
+) -> None:
+    fake = FakeNvml(gpus="H100-80GB")
+    fake.set_retired_pages_pending(0, pending=pages_pending)
+    fake.set_remapped_rows(0, pending=rows_pending, failure=rows_failure)
+    backend = NvmlGpuBackend(nvml=fake)
+    (gpu,) = backend.gpus()
+    assert (gpu.healthy, gpu.health_code) == (False, code)
     backend.close()
 
 

@@ -5,7 +5,7 @@ manager create them, controllers run in-process, and the overlap check every tes
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from typing import Any
 
@@ -35,6 +35,7 @@ from driver.cluster.port import (
 from driver.cluster.throttle import ClientSettings
 from driver.mig.catalog import CATALOG
 from driver.resourceslices import GpuInventory, build_pool, complete_pools, parse_devices
+from driver.taints import DeviceTaint
 from localcluster.apiserver import LocalApiServer
 
 NS = "default"
@@ -76,9 +77,16 @@ def node_object(
 
 
 def publish_node(
-    api: ClusterApi, name: str, *, gpus: int = 8, model: str = "A100-40GB", **node: Any
+    api: ClusterApi,
+    name: str,
+    *,
+    gpus: int = 8,
+    model: str = "A100-40GB",
+    device_taints: Mapping[int, Sequence[DeviceTaint]] | None = None,
+    **node: Any,
 ) -> JsonObject:
-    """A Node and its ResourceSlices, as the kubelet plugin publishes them."""
+    """A Node and its ResourceSlices, as the kubelet plugin publishes them (``device_taints``:
+    GPU index → taints on each of its devices, as for an unhealthy GPU)."""
     gpu_model = CATALOG[model]
     node_obj = node_object(name, **node)
     # what the device-plugin shim advertises for classic requests (kube-scheduler needs it)
@@ -97,7 +105,9 @@ def publish_node(
         )
         for i in range(gpus)
     ]
-    for slice_obj in build_pool(node=name, gpus=inventory, generation=1, owner=owner):
+    for slice_obj in build_pool(
+        node=name, gpus=inventory, generation=1, owner=owner, taints=device_taints
+    ):
         api.create(RESOURCE_SLICES, slice_obj)
     return created
 
@@ -143,6 +153,7 @@ def request(
     count: int = 1,
     selectors: Sequence[str] = (),
     all_devices: bool = False,
+    tolerations: Sequence[JsonObject] = (),
 ) -> JsonObject:
     exactly: JsonObject = {
         "deviceClassName": device_class or (profile_device_class(profile) if profile else ""),
@@ -153,6 +164,8 @@ def request(
         exactly["count"] = count
     if selectors:
         exactly["selectors"] = [selector(s) for s in selectors]
+    if tolerations:
+        exactly["tolerations"] = list(tolerations)
     return {"name": name, "exactly": exactly}
 
 

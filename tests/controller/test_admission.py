@@ -420,3 +420,14 @@ def test_deployed_match_conditions_send_every_pod_the_webhook_acts_on_to_exactly
 def test_context_protocol_is_satisfied_by_the_fake() -> None:
     context: AdmissionContext = default_context()
     assert context.max_slices_per_gpu("1g.5gb") == 7
+
+
+def test_a_claim_naming_a_class_of_our_domain_that_does_not_exist_is_gated() -> None:
+    """Found on the real stack: the controller counts such a class as ours (the pod waits for it,
+    DeviceClassNotFound), so the webhook must gate the pod too — else kube-scheduler takes it."""
+    context = default_context()
+    context.claims[("team-a", "future")] = ["mig-9g.99gb.instaslice.dev"]
+    obj = pod(claims=[{"name": "mig", "resourceClaimName": "future"}])
+    response = review_pod(review(obj), context)["response"]
+    patched = apply_patch(obj, json.loads(base64.b64decode(response["patch"])))
+    assert [g["name"] for g in patched["spec"]["schedulingGates"]] == [SCHEDULING_GATE]

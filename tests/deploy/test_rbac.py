@@ -21,7 +21,7 @@ PLUGIN_CLUSTER_GRANTS: set[Grant] = {
     ("resource.k8s.io", "resourceclaims/driver", "associated-node:update", "mig.instaslice.dev"),
     *(
         ("resource.k8s.io", "resourceslices", v, None)
-        for v in ("list", "create", "update", "delete")
+        for v in ("list", "watch", "create", "update", "delete")
     ),
     *(("", "nodes", v, None) for v in ("get", "list", "watch")),
     ("", "nodes/status", "patch", None),

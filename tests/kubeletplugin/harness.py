@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,8 @@ from protos.dra.v1 import api_pb2 as v1
 from protos.dra.v1 import api_pb2_grpc as v1_grpc
 from protos.dra.v1beta1 import api_pb2 as v1beta1
 from protos.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from protos.drahealth.v1alpha1 import api_pb2 as health_pb2
+from protos.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from protos.pluginregistration import api_pb2 as reg
 from protos.pluginregistration import api_pb2_grpc as reg_grpc
 
@@ -102,6 +106,10 @@ class Kubelet:
 
     def close(self) -> None:
         self._channel.close()
+
+    def watch_health(self) -> HealthWatch:
+        """Open ``NodeWatchResources`` on the DRA endpoint, as the kubelet does after registering."""
+        return HealthWatch(self.info.endpoint)
 
     def prepare(self, claims: Sequence[ClaimHandle], *, version: str = "v1") -> dict[str, Answer]:
         if version == "v1":
@@ -350,3 +358,63 @@ class NodeHarness:
 
     def delete_claim(self, claim: ClaimHandle) -> None:
         self.api.delete(RESOURCE_CLAIMS, name=claim.name, namespace=claim.namespace)
+
+
+class HealthWatch:
+    """One ``NodeWatchResources`` stream read in a thread, as the kubelet's health client does:
+    every response is kept; ``ended`` is set when the stream ends (with ``status`` its code)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self._channel = grpc.insecure_channel(f"unix://{endpoint}")
+        stub = health_grpc.DRAResourceHealthStub(self._channel)
+        self._call = stub.NodeWatchResources(health_pb2.NodeWatchResourcesRequest())
+        self._cond = threading.Condition()
+        self.responses: list[health_pb2.NodeWatchResourcesResponse] = []
+        self.ended = threading.Event()
+        self.status: grpc.StatusCode | None = None
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            for response in self._call:
+                with self._cond:
+                    self.responses.append(response)
+                    self._cond.notify_all()
+            self.status = grpc.StatusCode.OK
+        except grpc.RpcError as exc:
+            self.status = exc.code()
+        finally:
+            self.ended.set()
+            with self._cond:
+                self._cond.notify_all()
+
+    def health(self) -> dict[str, tuple[str, str]]:
+        """Device name → (health name, message) of the latest response."""
+        with self._cond:
+            latest = self.responses[-1] if self.responses else None
+        if latest is None:
+            return {}
+        return {
+            d.device.device_name: (health_pb2.HealthStatus.Name(d.health), d.message)
+            for d in latest.devices
+        }
+
+    def wait_for(
+        self, check: Callable[[dict[str, tuple[str, str]]], bool], *, what: str, timeout: float = 10
+    ) -> dict[str, tuple[str, str]]:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                current = self.health()
+                if self.responses and check(current):
+                    return current
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self.ended.is_set():
+                    raise AssertionError(f"health stream: timed out waiting for {what}")
+                self._cond.wait(remaining)
+
+    def cancel(self) -> None:
+        self._call.cancel()
+        self.ended.wait(10)
+        self._channel.close()

@@ -31,7 +31,11 @@ def test_registration_names_the_dra_socket_and_both_services(node: NodeHarness) 
     kubelet = node.kubelet()
     assert kubelet.info.endpoint == str(plugin.dra_socket)
     assert list(kubelet.info.supported_versions) == list(SUPPORTED_SERVICES)
-    assert list(SUPPORTED_SERVICES) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert list(SUPPORTED_SERVICES) == [
+        "v1.DRAPlugin",
+        "v1beta1.DRAPlugin",
+        "v1alpha1.DRAResourceHealth",
+    ]
     assert plugin.tracker.state.registered is True
 
 

@@ -12,7 +12,7 @@ from api.names import DRIVER_NAME
 from driver.cluster.events import EventRecorder
 from driver.cluster.kube import KubeClusterApi
 from driver.cluster.port import EVENTS, NODES, RESOURCE_SLICES, JsonObject
-from driver.gpu.backend import GpuInfo, MigInstance
+from driver.gpu.backend import GpuInfo, MigInstance, XidEvent
 from driver.gpu.emulated import EmulatedGpuBackend
 from driver.resourceslices import complete_pools, parse_devices
 from kubeletplugin.publisher import MIG_DISABLED_REASON, SlicePublisher
@@ -48,6 +48,9 @@ class ChangingGpus:
 
     def destroy_slice(self, *, gpu_index: int, gi_id: int) -> None:
         self.inner.destroy_slice(gpu_index=gpu_index, gi_id=gi_id)
+
+    def next_xid_event(self, *, timeout_seconds: float) -> XidEvent | None:
+        return self.inner.next_xid_event(timeout_seconds=timeout_seconds)
 
     def close(self) -> None:
         self.inner.close()

@@ -134,6 +134,64 @@ def test_bad_classic_shim_settings_are_cli_errors(
     assert fragment in capsys.readouterr().err
 
 
+# -- device health: taint effect and XIDs -----------------------------------------------------
+
+
+def test_health_defaults_taint_no_schedule_and_ignore_the_application_error_xids() -> None:
+    health = parse_settings(["--node-name", "n"], environ={}).health
+    assert health.taint_effect == "NoSchedule"
+    assert [x for x in (13, 31, 43, 45, 68, 109) if health.xids.is_critical(x)] == []
+    assert all(health.xids.is_critical(x) for x in (48, 63, 64, 74, 79, 92, 94, 95))
+
+
+@pytest.mark.parametrize(
+    ("argv", "critical", "not_critical"),
+    [
+        (["--ignore-xids", "48, 94"], [79], [48, 94, 13]),
+        (["--critical-xids", "43"], [43, 79], [13]),
+        (["--ignore-xids", "all"], [], [48, 79]),
+        (["--ignore-xids", "all", "--critical-xids", "79"], [79], [48, 13]),
+        (["--ignore-xids", "79", "--critical-xids", "79"], [79], [13]),
+    ],
+    ids=["ignore-more", "make-critical", "ignore-all", "all-but-one", "critical-wins"],
+)
+def test_xid_flags(argv: list[str], critical: list[int], not_critical: list[int]) -> None:
+    policy = parse_settings(["--node-name", "n", *argv], environ={}).health.xids
+    assert [x for x in critical if policy.is_critical(x)] == critical
+    assert [x for x in not_critical if policy.is_critical(x)] == []
+
+
+def test_health_flags_come_from_the_environment_too() -> None:
+    environ = {
+        "INSTASLICE_UNHEALTHY_TAINT_EFFECT": "NoExecute",
+        "INSTASLICE_IGNORE_XIDS": "48",
+        "INSTASLICE_CRITICAL_XIDS": "13",
+    }
+    health = parse_settings(["--node-name", "n"], environ=environ).health
+    assert health.taint_effect == "NoExecute"
+    assert not health.xids.is_critical(48)
+    assert health.xids.is_critical(13)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--unhealthy-taint-effect", "Evict"], "invalid choice"),
+        (["--ignore-xids", "48,x"], "--ignore-xids: 'x' is not an XID number"),
+        (["--critical-xids", "all"], "--critical-xids: 'all' is not an XID number"),
+        (["--critical-xids", "-1"], "--critical-xids: '-1' is not an XID number"),
+    ],
+    ids=["bad-effect", "bad-xid", "critical-all", "negative"],
+)
+def test_bad_health_flags_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_settings(["--node-name", "n", *argv], environ={})
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def test_common_edits_and_mig_mode_default_to_auto_and_never() -> None:
     settings = parse_settings(["--node-name", "n"], environ={})
     assert settings.cdi_common_edits == CommonEditsChoice(mode="auto")

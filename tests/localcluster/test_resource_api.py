@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 from typing import Any
 
 import pytest
 from kubernetes import client
 from kubernetes.client import ApiException
 
+from localcluster.apiserver import LocalApiServer
 from tests.localcluster.helpers import NS, allocation, claim, status_of
 
 DRIVER = "mig.instaslice.dev"
@@ -236,7 +239,7 @@ def _request(**exactly: Any) -> dict[str, Any]:
             _request(selectors=[{"cel": {"expression": 'device.attributes["x" ==  '}}]),
             "spec.devices.requests[0].exactly.selectors[0].cel.expression: Invalid value",
         ),
-        (_request(count=0), "spec.devices.requests[0].exactly.count: Invalid value"),
+        (_request(count=-1), "spec.devices.requests[0].exactly.count: Invalid value"),
         (
             {
                 "name": "gpu",
@@ -251,7 +254,7 @@ def _request(**exactly: Any) -> dict[str, Any]:
             "spec.devices.requests[0].firstAvailable[0].selectors[0].cel.expression",
         ),
     ],
-    ids=["selector-does-not-compile", "count-zero", "subrequest-selector-does-not-compile"],
+    ids=["selector-does-not-compile", "count-negative", "subrequest-selector-does-not-compile"],
 )
 def test_a_claim_kube_apiserver_would_refuse_is_refused(
     resource_api: Any, request_body: dict[str, Any], fragment: str
@@ -275,3 +278,119 @@ def test_a_device_class_with_a_malformed_selector_is_refused(resource_api: Any) 
     with pytest.raises(ApiException) as caught:
         resource_api.create_device_class(body)
     assert "spec.selectors[0].cel.expression: Invalid value" in _invalid_message(caught)
+
+
+def test_a_zero_count_is_defaulted_to_one(resource_api: Any) -> None:
+    """As the real 1.36 API server does (0 is the field's zero value)."""
+    body = claim("c")
+    body["spec"]["devices"]["requests"] = [_request(count=0)]
+    created = resource_api.create_namespaced_resource_claim(NS, body)
+    assert created.spec.devices.requests[0].exactly.count == 1
+
+
+# -- device taints and request tolerations (DRADeviceTaints, kube-apiserver's rules) -------------
+
+
+def _post(server: LocalApiServer, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    """A raw POST (the typed client refuses some invalid bodies before sending them)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+CLAIMS = f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims"
+
+
+def _refused(server: LocalApiServer, path: str, body: dict[str, Any]) -> str:
+    code, status = _post(server, path, body)
+    assert (code, status["reason"]) == (422, "Invalid")
+    return str(status["message"])
+
+
+def _tainted(*taints: dict[str, Any]) -> dict[str, Any]:
+    device = _devices(1, counters=True)[0]
+    device["taints"] = list(taints)
+    return _slice("s", devices=[device])
+
+
+UNHEALTHY = "mig.instaslice.dev/unhealthy"
+
+
+@pytest.mark.parametrize(
+    ("taints", "fragment"),
+    [
+        ([{"key": UNHEALTHY, "value": "Xid79"}], "spec.devices[0].taints[0].effect: Required"),
+        ([{"key": UNHEALTHY, "effect": "Evict"}], 'supported values: "NoExecute", "NoSchedule"'),
+        ([{"value": "Xid79", "effect": "NoSchedule"}], "spec.devices[0].taints[0].key: Required"),
+        ([{"key": "not a key", "effect": "NoSchedule"}], "spec.devices[0].taints[0].key"),
+        ([{"key": UNHEALTHY, "value": "XID 79!", "effect": "NoSchedule"}], "taints[0].value"),
+        ([{"key": UNHEALTHY, "value": "x" * 64, "effect": "NoSchedule"}], "taints[0].value"),
+        ([{"key": f"{UNHEALTHY}{i}", "effect": "NoSchedule"} for i in range(17)],
+         "must have at most 16 items"),
+        ([{"key": UNHEALTHY, "effect": "NoSchedule", "timeAdded": "yesterday"}], "timeAdded"),
+    ],
+    ids=["no-effect", "bad-effect", "no-key", "bad-key", "bad-value", "long-value", "17-taints",
+         "bad-time"],
+)  # fmt: skip
+def test_invalid_device_taints(
+    apiserver: LocalApiServer, taints: list[dict[str, Any]], fragment: str
+) -> None:
+    assert fragment in _refused(apiserver, SLICES, _tainted(*taints))
+
+
+def test_device_taints_are_kept_and_get_their_time_added(resource_api: Any) -> None:
+    given = {"key": UNHEALTHY, "value": "Xid79", "effect": "NoExecute",
+             "timeAdded": "2026-12-01T17:00:00Z"}  # fmt: skip
+    created = resource_api.create_resource_slice(
+        _tainted(given, {"key": UNHEALTHY, "effect": "None"})
+    )
+
+    kept, defaulted = created.spec.devices[0].taints
+    assert (kept.key, kept.value, kept.effect) == (UNHEALTHY, "Xid79", "NoExecute")
+    assert kept.time_added.isoformat() == "2026-12-01T17:00:00+00:00"
+    assert defaulted.effect == "None"
+    assert defaulted.time_added is not None  # set by the API server, as kube-apiserver does
+
+
+def test_more_than_64_devices_with_taints_are_refused(apiserver: LocalApiServer) -> None:
+    devices = _devices(65, counters=False)
+    devices[0]["taints"] = [{"key": UNHEALTHY, "effect": "NoSchedule"}]
+    message = _refused(apiserver, SLICES, _slice("s", devices=devices))
+    assert "must have at most 64 items" in message
+
+
+def _claim_with(tolerations: list[dict[str, Any]]) -> dict[str, Any]:
+    body = claim("c")
+    body["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] = tolerations
+    return body
+
+
+@pytest.mark.parametrize(
+    ("tolerations", "fragment"),
+    [
+        ([{"key": UNHEALTHY, "operator": "Exists", "value": "Xid79"}], "must be empty"),
+        ([{"key": UNHEALTHY, "operator": "Lt", "value": "1"}], "tolerations[0].operator"),
+        ([{"key": UNHEALTHY, "operator": "Exists", "effect": "Never"}], "tolerations[0].effect"),
+        ([{"key": "bad key", "operator": "Exists"}], "tolerations[0].key"),
+        ([{"operator": "Exists"}] * 17, "must have at most 16 items"),
+    ],
+    ids=["exists-with-value", "bad-operator", "bad-effect", "bad-key", "17-tolerations"],
+)
+def test_invalid_tolerations(
+    apiserver: LocalApiServer, tolerations: list[dict[str, Any]], fragment: str
+) -> None:
+    assert fragment in _refused(apiserver, CLAIMS, _claim_with(tolerations))
+
+
+def test_a_toleration_without_operator_is_equal(resource_api: Any) -> None:
+    created = resource_api.create_namespaced_resource_claim(
+        NS, _claim_with([{"key": UNHEALTHY, "value": "Xid79", "effect": "NoSchedule"}])
+    )
+
+    (toleration,) = created.spec.devices.requests[0].exactly.tolerations
+    assert (toleration.key, toleration.operator, toleration.value) == (UNHEALTHY, "Equal", "Xid79")

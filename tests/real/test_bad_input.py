@@ -107,7 +107,12 @@ def test_a_bad_claim_gets_its_reason_and_a_good_pod_beside_it_runs(
     cluster.api.create(RESOURCE_CLAIMS, _claim(claim_object("good")), namespace=E2E_NS)
     cluster.api.create(PODS, _pod_with_claim("good-pod", "good"), namespace=E2E_NS)
     wait_for(cluster, lambda: running(get_pod(cluster, E2E_NS, "good-pod")))
-    wait_for(cluster, lambda: _reason(cluster, "bad-pod") == reason, message=f"no {reason}")
+    wait_for(
+        cluster,
+        lambda: _reason(cluster, "bad-pod") == reason,
+        message=f"no {reason}",
+        explain=lambda: f"pod: {(get_pod(cluster, E2E_NS, 'bad-pod') or {}).get('status')}",
+    )
     assert is_gated(get_pod(cluster, E2E_NS, "bad-pod"))
     events = cluster.api.list_objects(EVENTS, namespace=E2E_NS).items
     assert any(
@@ -140,10 +145,10 @@ def test_the_webhook_refuses_impossible_classic_requests_with_its_reason(
 @pytest.mark.parametrize(
     ("change", "words"),
     [
-        ({"count": 0}, "count"),
+        ({"count": -1}, "count"),
         ({"selectors": [{"cel": {"expression": 'device.attributes["x" ==  '}}]}, "compilation"),
     ],
-    ids=["count-zero", "selector-does-not-compile"],
+    ids=["count-negative", "selector-does-not-compile"],
 )
 def test_the_api_server_refuses_a_malformed_claim_itself(
     cluster: RealStack, change: JsonObject, words: str

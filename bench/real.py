@@ -1,0 +1,899 @@
+"""Speed on the real control plane: kube-scheduler allocating itself versus our controller with its
+webhook on, the same burst both ways in one run, alternating, on the same nodes.
+
+Uses the real Kubernetes 1.36 stack of ``/work/shared/realstack`` (``$INSTASLICE_REALSTACK``,
+default ``/tmp/k8s``: etcd, kube-apiserver, kube-scheduler, kube-controller-manager); skips with one
+line when it is not built. The run starts it fresh (``start.sh --clean``) and stops it at the end.
+Nodes are Node objects kept Ready (their kube-node-lease Leases renewed from here; there is no
+kubelet, pods are bound but never run) with the ResourceSlices our kubelet plugin publishes for 8
+A100-40GB each. This process plays the users: one ResourceClaim per pod (asking one 1g.5gb) made
+before the burst, then every pod created at once from ``--clients`` threads.
+
+Paths, one round each per repeat, alternating:
+
+* ``scheduler``: no webhook, no controller; kube-scheduler allocates the claims itself and binds.
+* ``controller``: ``instaslice-controller`` started for the round (no leader election, its webhook
+  process serving ``https://127.0.0.1:<port>`` through the MutatingWebhookConfiguration of
+  ``deploy/base/webhook.yaml``): the webhook gates each pod at creation, the controller allocates
+  and ungates, kube-scheduler binds.
+
+Figures per round: ``pods_per_s`` = pods / (last bound - first create sent); create→bound latency
+(create call sent → ``spec.nodeName`` seen by a pod informer here) p50/p99/max; ``overlaps`` (two
+allocations sharing a memory slice of one GPU; must be 0); the webhook's latency as kube-apiserver
+measured it (``apiserver_admission_webhook_admission_duration_seconds``, the difference over the
+burst: mean, share within 25 ms, p99 interpolated in its buckets); CPU seconds of every process
+during the burst (controller, its webhook process, kube-apiserver, etcd, kube-scheduler,
+kube-controller-manager) and the controller's peak RSS. Between rounds every pod and claim is
+removed (pods with grace period 0; claims freed and their finalizer lifted here, not waiting for
+kube-controller-manager's rate-limited client).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from api.names import DRIVER_NAME, SCHEDULING_GATE, profile_device_class
+from controller.settings import DEFAULT_WORKERS
+from driver.cluster.informer import Informer, ListWatch
+from driver.cluster.kube import KubeClusterApi, connect
+from driver.cluster.port import (
+    LEASES,
+    NODES,
+    PODS,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+    JsonObject,
+    PatchType,
+    Resource,
+    gate_names,
+    name_of,
+)
+from driver.cluster.throttle import ClientSettings
+from driver.errors import AlreadyExistsError, ApiNotFoundError, ClusterError, ConflictError
+from driver.mig.catalog import CATALOG
+from driver.resourceslices import GpuInventory, build_pool, complete_pools, parse_devices
+from localcluster.manifests import (
+    MUTATING_WEBHOOK_CONFIGURATIONS,
+    NAMESPACES,
+    apply_object,
+    load_file,
+)
+from localcluster.stack import (
+    DEPLOY_BASE,
+    WEBHOOK_PATH,
+    webhook_configuration,
+    write_webhook_certificates,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "A100-40GB"
+PROFILE = "1g.5gb"
+GPUS_PER_NODE = 8
+NS = "bench"
+WEBHOOK_NAME = "pod-gate.instaslice.dev"
+WEBHOOK_CONFIG = "instaslice-pod-gate"
+PATHS = ("scheduler", "controller", "pregated")
+DEFAULT_PATHS = ("scheduler", "controller")
+FULL = {"nodes": 20, "pods": 1000}
+QUICK = {"nodes": 2, "pods": 10}
+LEASE_RENEW_S = 10.0
+BURST_TIMEOUT_S = 900.0
+COMPONENTS = ("kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manager")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("real (python -m bench real)")
+    group.add_argument("--nodes", type=int, help=f"nodes (default {FULL['nodes']})")
+    group.add_argument("--pods", type=int, help=f"pods per burst (default {FULL['pods']})")
+    group.add_argument("--repeat", type=int, default=1, help="rounds of each path (default 1)")
+    group.add_argument(
+        "--paths",
+        default=",".join(DEFAULT_PATHS),
+        help=f"comma-separated, of {PATHS} (default {','.join(DEFAULT_PATHS)})",
+    )
+    group.add_argument("--clients", type=int, default=16, help="threads creating pods")
+    group.add_argument(
+        "--workers",
+        type=int,
+        default=DEFAULT_WORKERS,
+        help=f"controller --workers (default {DEFAULT_WORKERS})",
+    )
+    group.add_argument(
+        "--controller-args", default="", help="more controller flags, space-separated"
+    )
+
+
+def stack_dir() -> Path:
+    """Where the real stack is built: ``$INSTASLICE_REALSTACK``, default ``/tmp/k8s``."""
+    return Path(os.environ.get("INSTASLICE_REALSTACK") or "/tmp/k8s")
+
+
+def missing() -> str | None:
+    where = stack_dir()
+    for path in (where / "start.sh", where / "stop.sh", where / "bin" / "kube-apiserver"):
+        if not path.exists():
+            return f"no real control plane built at {where} ({path.name} missing)"
+    return None
+
+
+# -- numbers ---------------------------------------------------------------------------------
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+_LE = re.compile(r'le="([^"]+)"')
+
+
+def webhook_histogram(metrics: str, webhook: str = WEBHOOK_NAME) -> dict[str, Any]:
+    """kube-apiserver's admission-duration histogram of ``webhook`` (summed over label sets)."""
+    buckets: dict[float, float] = {}
+    total = count = 0.0
+    for line in metrics.splitlines():
+        if not line.startswith("apiserver_admission_webhook_admission_duration_seconds"):
+            continue
+        if f'name="{webhook}"' not in line:
+            continue
+        series, _, value = line.rpartition(" ")
+        if series.startswith("apiserver_admission_webhook_admission_duration_seconds_bucket"):
+            match = _LE.search(series)
+            if match:
+                le = float(match.group(1))
+                buckets[le] = buckets.get(le, 0.0) + float(value)
+        elif series.startswith("apiserver_admission_webhook_admission_duration_seconds_sum"):
+            total += float(value)
+        elif series.startswith("apiserver_admission_webhook_admission_duration_seconds_count"):
+            count += float(value)
+    return {"buckets": buckets, "sum": total, "count": count}
+
+
+def histogram_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """What the histogram gained between two scrapes: calls, mean, share ≤ 25 ms, p50/p99 (linear
+    inside a bucket, as Prometheus' ``histogram_quantile``)."""
+    count = float(after["count"] - before["count"])
+    if count <= 0:
+        return {"calls": 0}
+    cumulative: list[tuple[float, float]] = sorted(
+        (le, after["buckets"][le] - before["buckets"].get(le, 0.0)) for le in after["buckets"]
+    )
+
+    def quantile(q: float) -> float:
+        rank = q * count
+        lower, below = 0.0, 0.0
+        for le, seen in cumulative:
+            if seen >= rank:
+                if le == float("inf"):
+                    return lower
+                share = (rank - below) / (seen - below) if seen > below else 1.0
+                return lower + (le - lower) * share
+            lower, below = le, seen
+        return lower
+
+    within = dict(cumulative).get(0.025, 0.0)
+    return {
+        "calls": int(count),
+        "mean_ms": round(1000 * (after["sum"] - before["sum"]) / count, 2),
+        "p50_ms": round(1000 * quantile(0.50), 2),
+        "p99_ms": round(1000 * quantile(0.99), 2),
+        "within_25ms": round(within / count, 4),
+        "over_100ms": round(1 - dict(cumulative).get(0.1, 0.0) / count, 4),
+        "buckets": {str(le): int(seen) for le, seen in cumulative},
+    }
+
+
+# -- processes -------------------------------------------------------------------------------
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    fields = _stat(pid) if pid else None
+    if fields is None:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mib(pid: int | None) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        fields = _stat(int(entry.name)) if entry.name.isdigit() else None
+        if fields is not None and int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def _component_pids() -> dict[str, int | None]:
+    pids: dict[str, int | None] = {}
+    for name in COMPONENTS:
+        try:
+            pids[name] = int((stack_dir() / "run" / f"{name}.pid").read_text().strip())
+        except (OSError, ValueError):
+            pids[name] = None
+    return pids
+
+
+def tcp_states(port: int) -> dict[str, int]:
+    """Sockets on this machine whose local port is ``port``, by TCP state (``/proc/net/tcp``):
+    many ``TIME_WAIT`` ones after a burst mean connections were not kept alive."""
+    names = {"01": "established", "06": "time_wait", "08": "close_wait"}
+    counts: dict[str, int] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 3 and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                state = names.get(fields[3], fields[3])
+                counts[state] = counts.get(state, 0) + 1
+    return counts
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# -- the cluster -----------------------------------------------------------------------------
+
+
+def _now_micro() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class FakeNodes:
+    """Node objects kept Ready (status once, Lease renewals from a thread) with our slices."""
+
+    def __init__(self, api: KubeClusterApi, count: int) -> None:
+        self._api = api
+        self.names = [f"gpu-node-{i:03d}" for i in range(count)]
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def create(self) -> None:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(self._create_one, self.names))
+        self._thread = threading.Thread(target=self._renew, name="bench-leases", daemon=True)
+        self._thread.start()
+
+    def _create_one(self, name: str) -> None:
+        api = self._api
+        node = api.create(
+            NODES,
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "labels": {
+                        "kubernetes.io/hostname": name,
+                        "kubernetes.io/os": "linux",
+                        "kubernetes.io/arch": "amd64",
+                        "node.kubernetes.io/fake": "true",
+                    },
+                },
+            },
+        )
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        resources = {"cpu": "128", "memory": "1Ti", "pods": "110", "ephemeral-storage": "1Ti"}
+        conditions = [
+            {"type": kind, "status": "False", "reason": reason, "message": "bench"}
+            for kind, reason in (
+                ("MemoryPressure", "KubeletHasSufficientMemory"),
+                ("DiskPressure", "KubeletHasNoDiskPressure"),
+                ("PIDPressure", "KubeletHasSufficientPID"),
+            )
+        ]
+        conditions.append(
+            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "bench"}
+        )
+        for condition in conditions:
+            condition.update(lastHeartbeatTime=now, lastTransitionTime=now)
+        api.patch(
+            NODES,
+            name=name,
+            patch={
+                "status": {
+                    "capacity": resources,
+                    "allocatable": resources,
+                    "conditions": conditions,
+                    "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                    "nodeInfo": {
+                        "machineID": name, "systemUUID": name, "bootID": "bench",
+                        "kernelVersion": "bench", "osImage": "bench",
+                        "containerRuntimeVersion": "fake://0", "kubeletVersion": "bench",
+                        "kubeProxyVersion": "", "operatingSystem": "linux",
+                        "architecture": "amd64",
+                    },
+                }
+            },
+            patch_type=PatchType.MERGE,
+            subresource="status",
+        )  # fmt: skip
+        owner = {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}
+        api.create(
+            LEASES,
+            {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {
+                    "name": name,
+                    "namespace": "kube-node-lease",
+                    "ownerReferences": [owner],
+                },
+                "spec": {
+                    "holderIdentity": name,
+                    "leaseDurationSeconds": 40,
+                    "renewTime": _now_micro(),
+                },
+            },
+            namespace="kube-node-lease",
+        )
+        model = CATALOG[MODEL]
+        gpus = [
+            GpuInventory(
+                index=g,
+                uuid=f"GPU-{name}-{g}",
+                product_name=model.product_name,
+                memory_slices=model.memory_slices,
+                profiles=model.profiles,
+            )
+            for g in range(GPUS_PER_NODE)
+        ]
+        for slice_obj in build_pool(node=name, gpus=gpus, generation=1, owner=owner):
+            api.create(RESOURCE_SLICES, slice_obj)
+
+    def _renew(self) -> None:
+        while not self._stop.wait(LEASE_RENEW_S):
+            for name in self.names:
+                if self._stop.is_set():
+                    return
+                try:
+                    self._api.patch(
+                        LEASES,
+                        name=name,
+                        namespace="kube-node-lease",
+                        patch={"spec": {"renewTime": _now_micro()}},
+                        patch_type=PatchType.MERGE,
+                    )
+                except ClusterError as exc:
+                    print(f"bench real: lease of {name} not renewed: {exc}", file=sys.stderr)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+
+SERVICE_ACCOUNTS = Resource(
+    group="", version="v1", plural="serviceaccounts", kind="ServiceAccount", namespaced=True
+)
+
+
+def _setup(api: KubeClusterApi) -> None:
+    for obj in load_file(DEPLOY_BASE / "deviceclasses.yaml"):
+        apply_object(api, obj)
+    api.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    # pods need it (ServiceAccount admission); kube-controller-manager makes it a little later
+    with contextlib.suppress(AlreadyExistsError):
+        api.create(
+            SERVICE_ACCOUNTS,
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}},
+            namespace=NS,
+        )
+    api.create(
+        NAMESPACES,
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "instaslice-system"}},
+    )
+
+
+def _claim(i: int) -> JsonObject:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": f"claim-{i:05d}", "namespace": NS},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": "mig", "exactly": {"deviceClassName": profile_device_class(PROFILE)}}
+                ]
+            }
+        },
+    }
+
+
+def _pod(i: int, *, claim: str) -> JsonObject:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"pod-{i:05d}", "namespace": NS},
+        "spec": {
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+            "containers": [
+                {"name": "main", "image": "busybox:1", "resources": {"claims": [{"name": "gpu"}]}}
+            ],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+def overlaps(api: KubeClusterApi) -> tuple[int, int]:
+    """(devices allocated in the namespace, allocations sharing a memory slice of one GPU)."""
+    devices = {
+        (d.node, d.name): d
+        for pool in complete_pools(
+            api.list_objects(RESOURCE_SLICES, field_selector=f"spec.driver={DRIVER_NAME}").items
+        ).values()
+        for d in parse_devices(pool)
+    }
+    used: dict[tuple[str, int], int] = {}
+    allocated = found = 0
+    for claim in api.list_objects(RESOURCE_CLAIMS, namespace=NS).items:
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        for result in (allocation.get("devices") or {}).get("results") or []:
+            device = devices[(result["pool"], result["device"])]
+            key = (device.node, device.gpu_index)
+            allocated += 1
+            if used.get(key, 0) & device.placement.mask:
+                found += 1
+            used[key] = used.get(key, 0) | device.placement.mask
+    return allocated, found
+
+
+def _progress(message: str) -> None:
+    print(f"bench real: {datetime.now(UTC):%H:%M:%S} {message}", file=sys.stderr, flush=True)
+
+
+def _parallel(func: Callable[[Any], object], items: Iterable[Any], threads: int = 16) -> None:
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(func, items))
+
+
+def _cleanup(api: KubeClusterApi) -> None:
+    """Remove every pod (grace 0) and claim of the namespace, freeing the claims ourselves."""
+    api.request(
+        "DELETE",
+        f"/api/v1/namespaces/{NS}/pods",
+        body={"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0},
+    )
+
+    def release(claim: JsonObject) -> None:
+        for _ in range(20):
+            try:
+                if claim.get("status"):
+                    claim = api.update_status(RESOURCE_CLAIMS, {**claim, "status": {}})
+                if (claim.get("metadata") or {}).get("finalizers"):
+                    metadata = {**claim["metadata"], "finalizers": []}
+                    claim = api.update(RESOURCE_CLAIMS, {**claim, "metadata": metadata})
+                api.delete(RESOURCE_CLAIMS, name=name_of(claim), namespace=NS)
+                return
+            except ConflictError:
+                try:
+                    claim = api.get(RESOURCE_CLAIMS, name=name_of(claim), namespace=NS)
+                except ApiNotFoundError:
+                    return
+            except ApiNotFoundError:
+                return
+
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        claims = api.list_objects(RESOURCE_CLAIMS, namespace=NS).items
+        pods = api.list_objects(PODS, namespace=NS).items
+        if not claims and not pods:
+            return
+        _parallel(release, claims)
+        time.sleep(0.5)
+    raise RuntimeError("bench real: pods or claims of the last round are still there")
+
+
+# -- one round -------------------------------------------------------------------------------
+
+
+class _Controller:
+    """``instaslice-controller`` for one round, its webhook registered with kube-apiserver."""
+
+    def __init__(
+        self, api: KubeClusterApi, tmp: Path, *, workers: int, extra: list[str], webhook: bool
+    ) -> None:
+        self._api = api
+        self._webhook = webhook
+        self.port = _free_port() if webhook else 0
+        self.health = _free_port()
+        ca = write_webhook_certificates(tmp / "certs")
+        url = f"https://127.0.0.1:{self.port}{WEBHOOK_PATH}"
+        self._log = (tmp / "controller.log").open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "controller", "--kubeconfig", str(stack_dir() / "kubeconfig"),
+             "--no-leader-elect", "--webhook-port", str(self.port),
+             "--webhook-cert-dir", str(tmp / "certs"), "--cert-mode", "files",
+             "--metrics-address", "", "--healthz-address", f"127.0.0.1:{self.health}",
+             "--workers", str(workers), "--log-level", "WARNING", *extra],
+            cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        self._wait_ready()
+        if webhook:
+            apply_object(api, webhook_configuration(url=url, ca_bundle=ca))
+            self._wait_admitting()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the controller exited with {self.process.returncode}")
+            try:
+                url = f"http://127.0.0.1:{self.health}/readyz"
+                with urllib.request.urlopen(url, timeout=1) as reply:
+                    if reply.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("the controller did not become ready")
+
+    def _wait_admitting(self) -> None:
+        """Until kube-apiserver calls the webhook: a probe pod (its claim does not exist) is
+        gated when the webhook answers."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            probe = _pod(99999, claim="no-such-claim")
+            probe["metadata"]["name"] = "webhook-probe"
+            try:
+                created = self._api.create(PODS, probe, namespace=NS)
+            except AlreadyExistsError:
+                created = self._api.get(PODS, name="webhook-probe", namespace=NS)
+            self._api.request(
+                "DELETE",
+                f"/api/v1/namespaces/{NS}/pods/webhook-probe",
+                body={"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0},
+            )
+            if SCHEDULING_GATE in gate_names(created):
+                while True:
+                    try:
+                        self._api.get(PODS, name="webhook-probe", namespace=NS)
+                    except ApiNotFoundError:
+                        return
+                    time.sleep(0.1)
+            time.sleep(0.5)
+        raise RuntimeError("kube-apiserver does not call the webhook")
+
+    def pids(self) -> tuple[int, int | None]:
+        webhook = children(self.process.pid)
+        return self.process.pid, (webhook[0] if webhook else None)
+
+    def stop(self) -> None:
+        if self._webhook:
+            with contextlib.suppress(ApiNotFoundError):
+                self._api.delete(MUTATING_WEBHOOK_CONFIGURATIONS, name=WEBHOOK_CONFIG)
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._log.close()
+
+
+def _burst(
+    api: KubeClusterApi, pods: int, clients: int, *, gated: bool, pregated: bool
+) -> dict[str, Any]:
+    sent: dict[str, float] = {}
+    ungated: dict[str, float] = {}
+    bound: dict[str, float] = {}
+    wrong_gate: list[str] = []
+    failed: list[str] = []
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def seen(pod: JsonObject) -> None:
+        name = name_of(pod)
+        if gated and SCHEDULING_GATE not in gate_names(pod):
+            with lock:
+                ungated.setdefault(name, time.monotonic())
+        if not (pod.get("spec") or {}).get("nodeName"):
+            return
+        with lock:
+            if name not in bound:
+                bound[name] = time.monotonic()
+                if len(bound) + len(failed) >= pods:
+                    done.set()
+
+    informer = Informer(source=ListWatch(api, PODS, namespace=NS), name="bench-real-pods")
+    informer.add_handler(on_add=seen, on_update=lambda old, new: seen(new))
+    informer.start()
+    informer.wait_for_sync(timeout=60)
+
+    def create(i: int) -> None:
+        name = f"pod-{i:05d}"
+        with lock:
+            sent[name] = time.monotonic()
+        pod = _pod(i, claim=f"claim-{i:05d}")
+        if pregated:  # as the webhook would have made it
+            pod["spec"]["schedulingGates"] = [{"name": SCHEDULING_GATE}]
+        try:
+            created = api.create(PODS, pod, namespace=NS)
+        except ClusterError as exc:  # counted: a refused create is a result, not a crash
+            print(f"bench real: {name} not created: {exc}", file=sys.stderr)
+            with lock:
+                failed.append(name)
+                if len(bound) + len(failed) >= pods:
+                    done.set()
+            return
+        if (SCHEDULING_GATE in gate_names(created)) != gated:
+            with lock:
+                wrong_gate.append(name)
+
+    first = time.monotonic()
+    _parallel(create, range(pods), clients)
+    created_all = time.monotonic()
+    finished = done.wait(timeout=BURST_TIMEOUT_S)
+    informer.stop()
+    with lock:
+        latencies = [bound[n] - sent[n] for n in bound if n in sent]
+        last = max(bound.values(), default=first)
+        ours = [ungated[n] - sent[n] for n in ungated if n in sent]
+        theirs = [bound[n] - ungated[n] for n in bound if n in ungated]
+    split = {}
+    if ours and theirs:
+        # where the time goes: our part (create -> gate lifted), kube-scheduler's (-> bound)
+        split = {
+            "to_ungated_p50_s": round(statistics.median(ours), 3),
+            "to_ungated_p99_s": round(_percentile(ours, 0.99), 3),
+            "ungated_to_bound_p50_s": round(statistics.median(theirs), 3),
+            "ungated_to_bound_p99_s": round(_percentile(theirs, 0.99), 3),
+        }
+    return {
+        **split,
+        "finished": finished,
+        "creation_s": round(created_all - first, 3),
+        "wall_s": round(last - first, 3),
+        "pods_per_s": round(len(bound) / (last - first), 1) if last > first else 0.0,
+        "latency_p50_s": round(statistics.median(latencies), 3) if latencies else None,
+        "latency_p99_s": round(_percentile(latencies, 0.99), 3) if latencies else None,
+        "latency_max_s": round(max(latencies), 3) if latencies else None,
+        "bound": len(bound),
+        "create_failures": len(failed),
+        "wrongly_gated": len(wrong_gate),
+    }
+
+
+def _round(
+    api: KubeClusterApi, path: str, options: argparse.Namespace, pods: int, *, last: bool
+) -> dict[str, Any]:
+    _parallel(lambda i: api.create(RESOURCE_CLAIMS, _claim(i), namespace=NS), range(pods))
+    _progress(f"{path}: {pods} claims created")
+    with tempfile.TemporaryDirectory(prefix="bench-real-") as tmp:
+        controller = (
+            _Controller(
+                api,
+                Path(tmp),
+                workers=options.workers,
+                extra=options.controller_args.split(),
+                webhook=path == "controller",
+            )
+            if path in ("controller", "pregated")
+            else None
+        )
+        try:
+            pids: dict[str, int | None] = dict(_component_pids())
+            if controller is not None:
+                pids["controller"], pids["webhook"] = controller.pids()
+            metrics_before = webhook_histogram(
+                api.request("GET", "/metrics", accept="text/plain").decode()
+            )
+            cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            _progress(f"{path}: burst of {pods} pods")
+            figures = _burst(
+                api,
+                pods,
+                options.clients,
+                gated=controller is not None,
+                pregated=path == "pregated",
+            )
+            cpu_after = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            sockets = tcp_states(controller.port) if controller and controller.port else {}
+            metrics_after = webhook_histogram(
+                api.request("GET", "/metrics", accept="text/plain").decode()
+            )
+            rss = {
+                name: peak_rss_mib(pids.get(name))
+                for name in ("controller", "webhook")
+                if pids.get(name)
+            }
+        finally:
+            if controller is not None:
+                controller.stop()
+    allocated, found = overlaps(api)
+    cpu = {
+        name: round(after - before, 2)
+        for name, after in cpu_after.items()
+        if after is not None and (before := cpu_before.get(name)) is not None
+    }
+    result: dict[str, Any] = {
+        "path": path,
+        **figures,
+        "allocated": allocated,
+        "overlaps": found,
+        "cpu_s": cpu,
+        "peak_rss_mib": rss,
+    }
+    if path == "controller":
+        result["webhook"] = histogram_delta(metrics_before, metrics_after)
+        result["webhook_sockets"] = sockets
+    if controller is not None:
+        for name in ("controller", "webhook"):
+            if name in cpu and figures["bound"]:
+                result[f"{name}_cpu_ms_per_pod"] = round(1000 * cpu[name] / figures["bound"], 2)
+    if not last:  # after the last round the stack is stopped (and the next run starts clean)
+        _progress(f"{path}: burst done ({figures['bound']} bound); removing pods and claims")
+        _cleanup(api)
+    return result
+
+
+def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, Any]:
+    reason = missing()
+    if reason is not None:
+        print(f"bench real: skipped: {reason}")
+        return {"benchmark": "real", "skipped": reason}
+    if options is None:
+        options = argparse.Namespace(
+            nodes=None, pods=None, repeat=1, paths=",".join(DEFAULT_PATHS), clients=16,
+            workers=DEFAULT_WORKERS,
+            controller_args="",
+        )  # fmt: skip
+    size = QUICK if quick else FULL
+    nodes = options.nodes or size["nodes"]
+    pods = options.pods or size["pods"]
+    paths = [p for p in options.paths.split(",") if p]
+    if any(p not in PATHS for p in paths):
+        raise SystemExit(f"bench real: --paths takes {PATHS}, got {paths}")
+    started = datetime.now(UTC)
+    log = stack_dir() / "logs" / "bench-real-start.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        subprocess.run(
+            [str(stack_dir() / "start.sh"), "--clean"], check=True, stdout=out, stderr=out
+        )
+    rounds: list[dict[str, Any]] = []
+    fake: FakeNodes | None = None
+    try:
+        api = connect(
+            kubeconfig=str(stack_dir() / "kubeconfig"),
+            settings=ClientSettings(qps=0, connection_pool_maxsize=64, user_agent="bench-real"),
+        )
+        with api:
+            _setup(api)
+            fake = FakeNodes(api, nodes)
+            fake.create()
+            _progress(f"{nodes} nodes and their slices published")
+            plan = [(repeat, path) for repeat in range(options.repeat) for path in paths]
+            for index, (repeat, path) in enumerate(plan):
+                result = _round(api, path, options, pods, last=index == len(plan) - 1)
+                result["repeat"] = repeat
+                rounds.append(result)
+                print(f"bench real: {_line(result)}", flush=True)
+    finally:
+        if fake is not None:
+            fake.stop()
+        subprocess.run([str(stack_dir() / "stop.sh"), "--quiet"], check=False)
+    by_path = {
+        path: statistics.median(r["pods_per_s"] for r in rounds if r["path"] == path)
+        for path in paths
+    }
+    ratio = (
+        round(by_path["controller"] / by_path["scheduler"], 2)
+        if by_path.get("scheduler") and "controller" in by_path
+        else None
+    )
+    return {
+        "benchmark": "real",
+        "result_name": f"real-{pods}pods-{nodes}nodes",
+        "date": started.strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{os.cpu_count()} CPUs, {_kubernetes_version()}, load before {_load()}",
+        "quick": quick,
+        "nodes": nodes,
+        "gpus_per_node": GPUS_PER_NODE,
+        "model": MODEL,
+        "profile": PROFILE,
+        "pods": pods,
+        "clients": options.clients,
+        "controller_workers": options.workers,
+        "rounds": rounds,
+        "pods_per_s": by_path,
+        "ratio": ratio,
+        "targets": {"ratio": 3.0, "latency_p99_s": 3.0 if pods >= 1000 else 1.0, "overlaps": 0},
+    }
+
+
+def _kubernetes_version() -> str:
+    try:
+        out = subprocess.run(
+            [str(stack_dir() / "bin" / "kube-apiserver"), "--version"],
+            capture_output=True, text=True, check=False, timeout=10,
+        )  # fmt: skip
+        return out.stdout.strip() or "kube-apiserver ?"
+    except (OSError, subprocess.TimeoutExpired):
+        return "kube-apiserver ?"
+
+
+def _load() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def _line(r: dict[str, Any]) -> str:
+    text = (
+        f"{r['path']:>10}: {r['bound']} bound, {r['pods_per_s']} pods/s, create->bound p50 "
+        f"{r['latency_p50_s']} s p99 {r['latency_p99_s']} s max {r['latency_max_s']} s, "
+        f"overlaps {r['overlaps']}"
+    )
+    if r.get("create_failures"):
+        text += f", {r['create_failures']} creates refused"
+    if "webhook" in r and r["webhook"].get("calls"):
+        hook = r["webhook"]
+        text += (
+            f"; webhook (kube-apiserver) mean {hook['mean_ms']} ms p99 ~{hook['p99_ms']} ms, "
+            f"{100 * hook['within_25ms']:.1f}% <= 25 ms, its sockets after {r.get('webhook_sockets')}"
+        )
+    if "to_ungated_p99_s" in r:
+        text += (
+            f"; create->ungated p50 {r['to_ungated_p50_s']} s p99 {r['to_ungated_p99_s']} s, "
+            f"ungated->bound p50 {r['ungated_to_bound_p50_s']} s "
+            f"p99 {r['ungated_to_bound_p99_s']} s"
+        )
+    if "controller_cpu_ms_per_pod" in r:
+        text += (
+            f"; CPU/pod controller {r['controller_cpu_ms_per_pod']} ms, webhook "
+            f"{r.get('webhook_cpu_ms_per_pod')} ms; peak RSS {r['peak_rss_mib']}"
+        )
+    return text
+
+
+def summary(result: dict[str, Any]) -> str:
+    if result.get("skipped"):
+        return f"skipped: {result['skipped']}"
+    lines = [
+        f"{result['pods']} pods on {result['nodes']} nodes x {result['gpus_per_node']} "
+        f"{result['model']} ({result['date']}; {result['machine']})"
+    ]
+    lines += [_line(r) for r in result["rounds"]]
+    lines.append(f"pods/s (median per path): {json.dumps(result['pods_per_s'])}; "
+                 f"ratio controller/scheduler {result['ratio']}")  # fmt: skip
+    return "\n".join(lines)

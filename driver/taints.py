@@ -1,0 +1,142 @@
+"""Device taints and tolerations (KEP-5055, ``resource.k8s.io/v1``), and how one tolerates the other.
+
+The kubelet plugin puts a taint on every device of an unhealthy GPU instead of withdrawing it, so the
+devices stay visible with the reason; allocators skip a tainted device unless the request tolerates
+the taint. The rules are kube-scheduler's (``k8s.io/dynamic-resource-allocation``:
+``resourceclaim.ToleratesTaint`` and the structured allocator's taint check):
+
+- only the effects ``NoSchedule`` and ``NoExecute`` keep a device from being allocated; ``None``
+  (informational) and any effect this code does not know are ignored;
+- a toleration with an ``effect`` matches only that effect, with a ``key`` only that key;
+- operator ``Exists`` matches any value, ``Equal`` (the default, also when empty) the exact value.
+
+Field names and limits are the API's: ``key`` is a label key, ``value`` a label value (≤ 63
+characters), ``effect`` one of ``NoSchedule``/``NoExecute``/``None``, ``timeAdded`` RFC 3339; at most
+16 taints per device and 16 tolerations per request.
+"""
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from api.names import DRIVER_NAME
+
+EFFECT_NO_SCHEDULE: Final = "NoSchedule"
+EFFECT_NO_EXECUTE: Final = "NoExecute"
+EFFECT_NONE: Final = "None"
+TAINT_EFFECTS: Final = (EFFECT_NO_SCHEDULE, EFFECT_NO_EXECUTE, EFFECT_NONE)
+BLOCKING_EFFECTS: Final = frozenset({EFFECT_NO_SCHEDULE, EFFECT_NO_EXECUTE})
+"""Effects that keep a device from being allocated (others are informational)."""
+OPERATOR_EQUAL: Final = "Equal"
+OPERATOR_EXISTS: Final = "Exists"
+MAX_TAINTS_PER_DEVICE: Final = 16
+MAX_TOLERATIONS_PER_REQUEST: Final = 16
+
+UNHEALTHY_TAINT_KEY: Final = f"{DRIVER_NAME}/unhealthy"
+"""The taint the kubelet plugin puts on the devices of an unhealthy GPU; the value says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTaint:
+    key: str
+    value: str
+    effect: str
+    time_added: datetime | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"key": self.key}
+        if self.value:
+            body["value"] = self.value
+        body["effect"] = self.effect
+        if self.time_added is not None:
+            body["timeAdded"] = format_time(self.time_added)
+        return body
+
+    def __str__(self) -> str:
+        return (
+            f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceToleration:
+    key: str = ""
+    operator: str = OPERATOR_EQUAL
+    value: str = ""
+    effect: str = ""
+
+
+def format_time(moment: datetime) -> str:
+    """RFC 3339 in UTC with whole seconds, as the API server writes ``metav1.Time``."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str) -> datetime:
+    """``metav1.Time`` text → aware datetime; ``ValueError`` if it is not RFC 3339."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def parse_taints(raw: Any) -> tuple[DeviceTaint, ...]:
+    """A device's ``taints`` list as published; ``ValueError`` if an entry is malformed."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ValueError(f"taints must be a list, got {type(raw).__name__}")
+    taints = []
+    for entry in raw:
+        if not isinstance(entry, Mapping) or not entry.get("key") or not entry.get("effect"):
+            raise ValueError(f"taint {entry!r} needs a key and an effect")
+        added = entry.get("timeAdded")
+        taints.append(
+            DeviceTaint(
+                key=str(entry["key"]),
+                value=str(entry.get("value") or ""),
+                effect=str(entry["effect"]),
+                time_added=parse_time(str(added)) if added else None,
+            )
+        )
+    return tuple(taints)
+
+
+def parse_tolerations(raw: Any) -> tuple[DeviceToleration, ...]:
+    """A request's ``tolerations`` list; an empty operator is ``Equal`` (the API's default)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ValueError(f"tolerations must be a list, got {type(raw).__name__}")
+    tolerations = []
+    for entry in raw:
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"toleration {entry!r} is not an object")
+        tolerations.append(
+            DeviceToleration(
+                key=str(entry.get("key") or ""),
+                operator=str(entry.get("operator") or OPERATOR_EQUAL),
+                value=str(entry.get("value") or ""),
+                effect=str(entry.get("effect") or ""),
+            )
+        )
+    return tuple(tolerations)
+
+
+def tolerates(toleration: DeviceToleration, taint: DeviceTaint) -> bool:
+    """kube-scheduler's ``ToleratesTaint``."""
+    if toleration.effect and toleration.effect != taint.effect:
+        return False
+    if toleration.key and toleration.key != taint.key:
+        return False
+    if toleration.operator in ("", OPERATOR_EQUAL):
+        return toleration.value == taint.value
+    return toleration.operator == OPERATOR_EXISTS
+
+
+def untolerated(
+    taints: Iterable[DeviceTaint], tolerations: Sequence[DeviceToleration]
+) -> DeviceTaint | None:
+    """The first taint that keeps the device from a request with ``tolerations``; ``None`` if the
+    device may be allocated to it."""
+    for taint in taints:
+        if taint.effect in BLOCKING_EFFECTS and not any(tolerates(t, taint) for t in tolerations):
+            return taint
+    return None

@@ -1,0 +1,161 @@
+"""The webhook in its own process: the controller starts it, restarts it when it dies, and it ends
+with the controller, even one killed with ``SIGKILL``; its answers come from its own caches."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from api.names import SCHEDULING_GATE
+from controller.settings import parse_settings
+from controller.webhook_process import main as webhook_main
+from driver.cluster.port import PODS, RESOURCE_CLAIMS, gate_names
+from localcluster.apiserver import LocalApiServer
+from tests.controller.harness import (
+    NS,
+    claim_object,
+    client,
+    create_device_classes,
+    pod_object,
+    publish_node,
+    wait_for,
+)
+from tests.controller.test_main import WEBHOOK_CONFIGURATIONS, _free_port, _get
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of the live processes whose parent is ``pid`` (Linux ``/proc``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) != pid or fields[0] == "Z":
+                continue
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue
+        found.append((int(entry.name), command))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _webhook_children(pid: int) -> list[int]:
+    return [child for child, command in _children(pid) if "controller.webhook_process" in command]
+
+
+def test_the_flag_is_on_by_default_and_can_be_turned_off() -> None:
+    assert parse_settings([], environ={}).webhook_process is True
+    assert parse_settings(["--no-webhook-process"], environ={}).webhook_process is False
+    env = {"INSTASLICE_WEBHOOK_PROCESS": "false"}
+    assert parse_settings([], environ=env).webhook_process is False
+
+
+def test_the_webhook_process_refuses_port_zero() -> None:
+    assert webhook_main(["--webhook-port", "0", "--kube-api-url", "http://127.0.0.1:1"]) == 2
+
+
+@pytest.fixture
+def webhook_port() -> int:
+    return _free_port()
+
+
+@pytest.fixture
+def gated_server(webhook_port: int) -> Iterator[LocalApiServer]:
+    with LocalApiServer(
+        service_resolver=lambda ns, name, port: f"https://127.0.0.1:{webhook_port}"
+    ) as server:
+        yield server
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_controller_runs_restarts_and_takes_down_its_webhook_process(
+    gated_server: LocalApiServer, webhook_port: int, tmp_path: Path
+) -> None:
+    with client(gated_server) as api:
+        create_device_classes(api)
+        publish_node(api, "node-a", gpus=1)
+        api.create(
+            WEBHOOK_CONFIGURATIONS,
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "MutatingWebhookConfiguration",
+                "metadata": {"name": "instaslice-pod-gate"},
+                "webhooks": [
+                    {
+                        "name": "pod-gate.instaslice.dev",
+                        "admissionReviewVersions": ["v1"],
+                        "clientConfig": {
+                            "service": {"name": "instaslice-webhook", "namespace": NS,
+                                        "path": "/mutate-v1-pod", "port": 443}
+                        },
+                        "rules": [{"operations": ["CREATE"], "apiGroups": [""],
+                                   "apiVersions": ["v1"], "resources": ["pods"]}],
+                        # Fail: a pod created while no webhook answers is refused, never let
+                        # through ungated, so each create below proves an answer.
+                        "failurePolicy": "Fail",
+                        "sideEffects": "None",
+                        "timeoutSeconds": 5,
+                    }
+                ],
+            },
+        )  # fmt: skip
+        health = _free_port()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "controller", "--kube-api-url", gated_server.url,
+             "--namespace", NS, "--no-leader-elect", "--webhook-port", str(webhook_port),
+             "--webhook-cert-dir", str(tmp_path / "certs"), "--cert-mode", "self",
+             "--metrics-address", "", "--healthz-address", f"127.0.0.1:{health}",
+             "--log-level", "WARNING"],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        children: list[int] = []
+        try:
+            ready = f"http://127.0.0.1:{health}/readyz"
+            wait_for(lambda: _get(ready)[0] == 200, timeout=30, what="/readyz")
+            children = wait_for(
+                lambda: _webhook_children(process.pid), timeout=30, what="webhook child"
+            )
+            assert len(children) == 1
+            first = children[0]
+
+            api.create(RESOURCE_CLAIMS, claim_object("c1"), namespace=NS)
+            created = api.create(PODS, pod_object("p1", claims=["c1"], gates=()), namespace=NS)
+            assert gate_names(created) == [SCHEDULING_GATE]
+
+            os.kill(first, signal.SIGKILL)
+            wait_for(lambda: not _alive(first), timeout=30, what="the first webhook process gone")
+            restarted = wait_for(
+                lambda: [c for c in _webhook_children(process.pid) if c != first],
+                timeout=30,
+                what="the webhook process started again",
+            )
+            children = restarted
+            wait_for(lambda: _get(ready)[0] == 200, timeout=30, what="/readyz after the restart")
+            api.create(RESOURCE_CLAIMS, claim_object("c2"), namespace=NS)
+            created = api.create(PODS, pod_object("p2", claims=["c2"], gates=()), namespace=NS)
+            assert gate_names(created) == [SCHEDULING_GATE]  # answered by the new process
+        finally:
+            process.kill()  # as a crash or an OOM kill would end it
+            process.wait()
+        for child in children:
+            wait_for(lambda child=child: not _alive(child), timeout=30, what="the child ended")
