@@ -19,7 +19,7 @@ CAUSED_BY_THE_KILL_SCENARIOS = re.compile(
     r"connection refused|Error while dialing|ListAndWatch ended unexpectedly|"
     r"UnexpectedAdmissionError|Failed to admit pod|code = Unavailable|context deadline exceeded|"
     r"error reading from server: EOF|transport is closing|no such file or directory|"
-    r"is not registered"
+    r"is not registered|PreStartContainer rpc failed"
 )
 KUBELET_OWN = re.compile(r"status_manager\.go|remote_runtime\.go|pod_container_deletor")
 """The kubelet's own pod status patches and runtime look-ups (they quote pods' resources)."""
