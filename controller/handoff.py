@@ -95,8 +95,12 @@ def unbound_since(pod: JsonObject) -> datetime | None:
     return None
 
 
-def unreserved(claim: JsonObject) -> bool:
-    return not (claim.get("status") or {}).get("reservedFor")
+def unreserved(claim: JsonObject, pod: JsonObject) -> bool:
+    """Nobody but ``pod`` (not bound: no container uses the claim) reserves the claim. The
+    controller reserves a claim for its pod in the allocation write itself, so "reserved by this
+    pod alone" is the normal state of a claim we placed and kube-scheduler did not bind."""
+    reserved = (claim.get("status") or {}).get("reservedFor") or []
+    return all(r.get("uid") == uid_of(pod) for r in reserved)
 
 
 def release_shadow_claims(api: ClusterApi, pod: JsonObject, claims: list[JsonObject]) -> None:

@@ -276,7 +276,7 @@ class PodSync:
             return Result(Outcome.RETRY_AFTER, limit - waited)
         try:
             claims = sort_claims(dra_claims(pod, claims=self._claim), [], classes=self._class)
-            mine = [c for c in claims.allocated if handoff.unreserved(c)]
+            mine = [c for c in claims.allocated if handoff.unreserved(c, pod)]
             if not mine:
                 return Result(Outcome.DONE)
             nodes = sorted({n for c in mine for n in _claim_nodes(c)})

@@ -162,17 +162,21 @@ def test_a_placed_pod_kube_scheduler_cannot_bind_has_its_allocation_withdrawn(
     assert allocated_claims(api) == []
 
 
-def test_a_reserved_claim_of_an_unbound_pod_is_kept(
+def test_a_claim_another_consumer_reserves_is_kept(
     apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack
 ) -> None:
-    """kube-scheduler reserved the claim (PreBind) before it reported the pod: someone holds it,
-    so withdrawing it could strand that consumer; it stays."""
+    """Another pod shares the claim: withdrawing it could strand that consumer; it stays. (A claim
+    reserved for the unbound pod alone is withdrawn: the controller reserves its claims for their
+    pod in the allocation write, so that is the normal state of a placed claim.)"""
     publish_node(api, "node-a", gpus=1)
     create_pod_with_claim(api, "held")
     controller = start_controller(apiserver, stack, sync=SyncConfig(handoff_after=0.3))
     wait_for(lambda: ungated(api, "held"), what="placed")
     claim = api.get(RESOURCE_CLAIMS, name="held-claim", namespace=NS)
-    claim["status"]["reservedFor"] = [ops.pod_reference(get_pod(api, "held"))]
+    claim["status"]["reservedFor"] = [
+        ops.pod_reference(get_pod(api, "held")),
+        {"resource": "pods", "name": "sharer", "uid": "uid-sharer"},
+    ]
     api.update_status(RESOURCE_CLAIMS, claim)
 
     _mark_unschedulable(api, "held")
