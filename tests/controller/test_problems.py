@@ -162,7 +162,8 @@ def test_a_missing_device_class_waits_and_is_placed_once_it_exists(
         },
     )
     wait_for(lambda: ungated(api, "late-pod"), what="placed after the class appeared")
-    assert condition_reason(api, "late-pod") == "Placed"
+    # the condition is written after the gate is lifted (its own status write)
+    wait_for(lambda: condition_reason(api, "late-pod") == "Placed", what="condition Placed")
 
 
 def test_a_kueue_gated_pod_is_left_alone_until_kueue_lifts_its_gate(
