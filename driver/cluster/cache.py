@@ -3,7 +3,9 @@
 An index maps an index value (a node name, a ``namespace/claim`` key) to the keys of the objects
 that produce it. Entries are removed with their object and empty buckets are dropped, so the cache
 holds exactly the live objects whatever the churn. Objects handed out are the cached dicts
-themselves: read-only by contract — ``copy.deepcopy`` before changing one for a write.
+themselves: read-only by contract — ``copy.deepcopy`` before changing one for a write. The cache
+adopts each object it stores (``views.adopt``), so the typed view of a cached object version is
+parsed once; it releases the versions it replaces or drops.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import builtins
 import threading
 from collections.abc import Callable, Iterable
 
+from driver.cluster import views
 from driver.cluster.port import JsonObject, key_for, object_key
 
 IndexFunc = Callable[[JsonObject], Iterable[str]]
@@ -43,6 +46,9 @@ class IndexedCache:
         with self._lock:
             old = self._items.get(key)
             self._items[key] = obj
+            views.adopt(obj)
+            if old is not obj:
+                views.release(old)
             for name in self._index_funcs:
                 self._unindex_one(name, key)
                 self._index_one(name, key, obj)
@@ -53,6 +59,7 @@ class IndexedCache:
         key = object_key(obj)
         with self._lock:
             old = self._items.pop(key, None)
+            views.release(old)
             for name in self._index_funcs:
                 self._unindex_one(name, key)
             return old

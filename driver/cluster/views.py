@@ -1,0 +1,1077 @@
+"""Typed, read-only views of the Kubernetes objects the product reads.
+
+Objects cross the cluster port as their wire JSON (``JsonObject``) and are written back as such;
+every *read* of a field goes through a view here: ``PodView.of(pod)``, ``ClaimView.of(claim)``,
+``SliceView.of(slice)``, ``DeviceClassView.of(cls)``, ``NodeView.of(node)``. A view is a frozen
+dataclass parsed in one pass, keeping the raw object (``.raw``) for writes, so mypy sees every field
+the product reads and every reader agrees on one parse (one parser of allocation results, one walker
+of container resources, one reading of node selectors).
+
+Parsing is lenient in the way the API server's own defaulting is: a missing or mistyped field reads
+as its zero value (an empty map, list or string), never raises. Admission sees objects before
+validation, and caches may hold objects written by other clients; a view never fails to build.
+
+Views of objects held by an informer cache are parsed once per object version: the cache *adopts*
+each object it stores (``adopt``) and *releases* the one it replaces or drops (``release``), and
+``X.of(obj)`` memoizes only adopted objects, so the memo holds exactly the cached versions and no
+more. Any other object (an API response, an admission request) is parsed on each call. Cached
+objects are read-only by contract (``copy.deepcopy`` before changing one), which is what makes the
+memo exact.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Final, Self, TypeVar
+
+from driver.cluster.port import JsonObject
+
+HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
+NAME_FIELD: Final = "metadata.name"
+
+_EMPTY: Mapping[str, Any] = {}
+
+# ---------------------------------------------------------------------------------------------
+# lenient readers of wire JSON
+
+
+def mapping(value: Any) -> Mapping[str, Any]:
+    """``value`` if it is a JSON object, else an empty one."""
+    return value if isinstance(value, Mapping) else _EMPTY
+
+
+def items(value: Any) -> Iterator[Mapping[str, Any]]:
+    """The JSON objects of a JSON array (other entries and non-arrays read as nothing)."""
+    if isinstance(value, list | tuple):
+        for item in value:
+            if isinstance(item, Mapping):
+                yield item
+
+
+def text(value: Any) -> str:
+    """A string field: ``""`` when absent, null or not a scalar."""
+    if value is None or isinstance(value, Mapping | list):
+        return ""
+    return value if isinstance(value, str) else str(value)
+
+
+def optional_text(value: Any) -> str | None:
+    """A string field that may be null; empty strings read as ``None`` too."""
+    return text(value) or None
+
+
+def strings(value: Any) -> tuple[str, ...]:
+    """A JSON array of strings (non-strings dropped)."""
+    if isinstance(value, list | tuple):
+        return tuple(str(v) for v in value if isinstance(v, str | int | float) and v is not None)
+    return ()
+
+
+def string_map(value: Any) -> Mapping[str, str]:
+    """A ``map[string]string`` (labels, annotations, node selectors, resource quantities)."""
+    if not isinstance(value, Mapping):
+        return _EMPTY
+    return {str(k): text(v) for k, v in value.items() if v is not None}
+
+
+def integer(value: Any, default: int = 0) -> int:
+    if isinstance(value, bool):
+        return default
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return default
+    return default
+
+
+def path(obj: Any, *keys: str) -> Any:
+    """``obj[k1][k2]...`` through JSON objects; ``None`` as soon as one is missing."""
+    for key in keys:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------
+# parse once per cached object version
+
+_V = TypeVar("_V")
+
+_memo_lock = threading.Lock()
+_adopted: dict[int, JsonObject] = {}
+"""id → object, for every object an informer cache holds now."""
+_memo: dict[tuple[int, str], tuple[JsonObject, Any]] = {}
+"""(id, view kind) → (object, view) for adopted objects only."""
+
+
+def adopt(obj: JsonObject) -> None:
+    """An informer cache now holds ``obj`` (read-only from here on): views of it may be kept."""
+    with _memo_lock:
+        _adopted[id(obj)] = obj
+
+
+def release(obj: JsonObject | None) -> None:
+    """An informer cache no longer holds ``obj``: forget it and its views."""
+    if obj is None:
+        return
+    key = id(obj)
+    with _memo_lock:
+        if _adopted.get(key) is obj:
+            del _adopted[key]
+            for kind in _KINDS:
+                _memo.pop((key, kind), None)
+
+
+def memo_size() -> int:
+    """Views kept (for tests and metrics: bounded by the objects the caches hold)."""
+    with _memo_lock:
+        return len(_memo)
+
+
+_KINDS: list[str] = []
+
+
+def _memoized(kind: str, obj: JsonObject, parse: Callable[[JsonObject], _V]) -> _V:
+    key = (id(obj), kind)
+    hit = _memo.get(key)
+    if hit is not None and hit[0] is obj:
+        view: _V = hit[1]
+        return view
+    parsed = parse(obj)
+    with _memo_lock:
+        if _adopted.get(id(obj)) is obj:
+            _memo[key] = (obj, parsed)
+    return parsed
+
+
+class _View:
+    """Base of the top-level views: ``of`` parses (memoized for adopted objects)."""
+
+    __slots__ = ()
+    KIND: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.KIND:
+            _KINDS.append(cls.KIND)
+
+    @classmethod
+    def parse(cls, obj: JsonObject) -> Self:
+        raise NotImplementedError(f"{cls.__name__} does not define parse")
+
+    @classmethod
+    def of(cls, obj: JsonObject) -> Self:
+        return _memoized(cls.KIND, obj, cls.parse)
+
+
+# ---------------------------------------------------------------------------------------------
+# metadata
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerRef:
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> OwnerRef:
+        return cls(
+            api_version=text(raw.get("apiVersion")),
+            kind=text(raw.get("kind")),
+            name=text(raw.get("name")),
+            uid=text(raw.get("uid")),
+            controller=raw.get("controller") is True,
+        )
+
+    @property
+    def is_pod(self) -> bool:
+        return self.kind == "Pod" and self.api_version == "v1"
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    name: str
+    namespace: str | None
+    uid: str
+    resource_version: str
+    generation: int
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    finalizers: tuple[str, ...]
+    owners: tuple[OwnerRef, ...]
+    creation_timestamp: str
+    deletion_timestamp: str | None
+
+    @classmethod
+    def parse(cls, raw: Any) -> Meta:
+        meta = mapping(raw)
+        return cls(
+            name=text(meta.get("name")),
+            namespace=optional_text(meta.get("namespace")),
+            uid=text(meta.get("uid")),
+            resource_version=text(meta.get("resourceVersion")),
+            generation=integer(meta.get("generation")),
+            labels=string_map(meta.get("labels")),
+            annotations=string_map(meta.get("annotations")),
+            finalizers=strings(meta.get("finalizers")),
+            owners=tuple(OwnerRef.parse(o) for o in items(meta.get("ownerReferences"))),
+            creation_timestamp=text(meta.get("creationTimestamp")),
+            deletion_timestamp=optional_text(meta.get("deletionTimestamp")),
+        )
+
+    @property
+    def key(self) -> str:
+        """The informer cache key: ``namespace/name``, or ``name`` when cluster-scoped."""
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+    @property
+    def deleting(self) -> bool:
+        return self.deletion_timestamp is not None
+
+    def owned_by(self, uid: str) -> bool:
+        return any(o.uid == uid for o in self.owners)
+
+    def owner_pod_uids(self) -> tuple[str, ...]:
+        return tuple(o.uid for o in self.owners if o.is_pod)
+
+
+# ---------------------------------------------------------------------------------------------
+# node selectors (claim allocations, pod affinity)
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    key: str
+    operator: str
+    values: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> Requirement:
+        return cls(
+            key=text(raw.get("key")),
+            operator=text(raw.get("operator")),
+            values=strings(raw.get("values")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SelectorTerm:
+    match_expressions: tuple[Requirement, ...]
+    match_fields: tuple[Requirement, ...]
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> SelectorTerm:
+        return cls(
+            match_expressions=tuple(
+                Requirement.parse(r) for r in items(raw.get("matchExpressions"))
+            ),
+            match_fields=tuple(Requirement.parse(r) for r in items(raw.get("matchFields"))),
+        )
+
+    def pinned_names(self) -> frozenset[str] | None:
+        """Node names this term admits through ``metadata.name In`` / hostname ``In`` (their
+        intersection); ``None`` when the term names no node that way."""
+        names: frozenset[str] | None = None
+        for requirement, key in (
+            *((r, NAME_FIELD) for r in self.match_fields),
+            *((r, HOSTNAME_LABEL) for r in self.match_expressions),
+        ):
+            if requirement.key == key and requirement.operator == "In":
+                values = frozenset(requirement.values)
+                names = values if names is None else names & values
+        return names
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSelector:
+    terms: tuple[SelectorTerm, ...]
+
+    @classmethod
+    def parse(cls, raw: Any) -> NodeSelector | None:
+        if not isinstance(raw, Mapping):
+            return None
+        return cls(terms=tuple(SelectorTerm.parse(t) for t in items(raw.get("nodeSelectorTerms"))))
+
+    def node_names(self) -> tuple[str, ...]:
+        """Every node named by an ``In`` requirement on ``metadata.name`` or the hostname label,
+        in order (what allocators write; the informer's by-node index)."""
+        found: list[str] = []
+        for term in self.terms:
+            for requirement in term.match_fields:
+                if requirement.key == NAME_FIELD and requirement.operator == "In":
+                    found.extend(requirement.values)
+            for requirement in term.match_expressions:
+                if requirement.key == HOSTNAME_LABEL and requirement.operator == "In":
+                    found.extend(requirement.values)
+        return tuple(dict.fromkeys(found))
+
+    def pinned_names(self) -> frozenset[str] | None:
+        """The nodes the selector admits when every term pins names (union over the terms);
+        ``None`` when some term does not pin (the selector may admit other nodes)."""
+        names: set[str] = set()
+        for term in self.terms:
+            term_names = term.pinned_names()
+            if term_names is None:
+                return None
+            names |= term_names
+        return frozenset(names)
+
+
+# ---------------------------------------------------------------------------------------------
+# ResourceClaim
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceResult:
+    """One ``status.allocation.devices.results`` entry."""
+
+    request: str
+    driver: str
+    pool: str
+    device: str
+    admin_access: bool
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> DeviceResult:
+        return cls(
+            request=text(raw.get("request")),
+            driver=text(raw.get("driver")),
+            pool=text(raw.get("pool")),
+            device=text(raw.get("device")),
+            admin_access=raw.get("adminAccess") is True,
+        )
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(pool, device): a device's identity within one driver."""
+        return (self.pool, self.device)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceConfigEntry:
+    """One device configuration (claim spec or allocation): opaque parameters for a driver."""
+
+    source: str
+    """``FromClass`` / ``FromClaim`` in an allocation; ``""`` in a claim spec."""
+    requests: tuple[str, ...]
+    driver: str
+    parameters: Any
+    raw: Mapping[str, Any]
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> DeviceConfigEntry:
+        opaque = mapping(raw.get("opaque"))
+        return cls(
+            source=text(raw.get("source")),
+            requests=strings(raw.get("requests")),
+            driver=text(opaque.get("driver")),
+            parameters=opaque.get("parameters"),
+            raw=raw,
+        )
+
+    @property
+    def opaque(self) -> bool:
+        return isinstance(self.raw.get("opaque"), Mapping)
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    results: tuple[DeviceResult, ...]
+    config: tuple[DeviceConfigEntry, ...]
+    node_selector: NodeSelector | None
+    raw: Mapping[str, Any]
+
+    @classmethod
+    def parse(cls, raw: Any) -> Allocation | None:
+        if not isinstance(raw, Mapping) or not raw:
+            return None
+        devices = mapping(raw.get("devices"))
+        return cls(
+            results=tuple(DeviceResult.parse(r) for r in items(devices.get("results"))),
+            config=tuple(DeviceConfigEntry.parse(c) for c in items(devices.get("config"))),
+            node_selector=NodeSelector.parse(raw.get("nodeSelector")),
+            raw=raw,
+        )
+
+    def results_of(self, driver: str) -> tuple[DeviceResult, ...]:
+        return tuple(r for r in self.results if r.driver == driver)
+
+    def devices_of(self, driver: str) -> tuple[tuple[str, str], ...]:
+        """(pool, device) of every result of ``driver``."""
+        return tuple(r.key for r in self.results if r.driver == driver)
+
+    def node_names(self) -> tuple[str, ...]:
+        return self.node_selector.node_names() if self.node_selector else ()
+
+
+@dataclass(frozen=True, slots=True)
+class Consumer:
+    """One ``status.reservedFor`` entry."""
+
+    api_group: str
+    resource: str
+    name: str
+    uid: str
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> Consumer:
+        return cls(
+            api_group=text(raw.get("apiGroup")),
+            resource=text(raw.get("resource")),
+            name=text(raw.get("name")),
+            uid=text(raw.get("uid")),
+        )
+
+    @property
+    def is_pod(self) -> bool:
+        return self.resource == "pods" and not self.api_group
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSubRequest:
+    """``exactly`` of a request, or one ``firstAvailable`` alternative."""
+
+    name: str
+    device_class_name: str
+    selectors: tuple[str, ...]
+    """The CEL expressions of ``selectors[].cel``."""
+    allocation_mode: str
+    count: int
+    admin_access: bool
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], *, name: str = "") -> DeviceSubRequest:
+        return cls(
+            name=text(raw.get("name")) or name,
+            device_class_name=text(raw.get("deviceClassName")),
+            selectors=tuple(
+                text(path(s, "cel", "expression")) for s in items(raw.get("selectors"))
+            ),
+            allocation_mode=text(raw.get("allocationMode")) or "ExactCount",
+            count=integer(raw.get("count"), 1),
+            admin_access=raw.get("adminAccess") is True,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRequest:
+    """One ``spec.devices.requests`` entry: ``exactly`` or ``firstAvailable``."""
+
+    name: str
+    exactly: DeviceSubRequest | None
+    first_available: tuple[DeviceSubRequest, ...]
+    raw: Mapping[str, Any]
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> DeviceRequest:
+        name = text(raw.get("name"))
+        exactly = raw.get("exactly")
+        if isinstance(exactly, Mapping):
+            one: DeviceSubRequest | None = DeviceSubRequest.parse(exactly, name=name)
+        elif isinstance(raw.get("deviceClassName"), str):  # v1beta1's flat request
+            one = DeviceSubRequest.parse(raw, name=name)
+        else:
+            one = None
+        return cls(
+            name=name,
+            exactly=one,
+            first_available=tuple(
+                DeviceSubRequest.parse(s) for s in items(raw.get("firstAvailable"))
+            ),
+            raw=raw,
+        )
+
+    @property
+    def alternatives(self) -> tuple[DeviceSubRequest, ...]:
+        """``(exactly,)`` or the ``firstAvailable`` list, in preference order."""
+        return (self.exactly,) if self.exactly is not None else self.first_available
+
+    def device_class_names(self) -> tuple[str, ...]:
+        return tuple(a.device_class_name for a in self.alternatives if a.device_class_name)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceStatus:
+    """One ``status.devices`` entry (what a driver reports about an allocated device)."""
+
+    driver: str
+    pool: str
+    device: str
+    data: Mapping[str, Any]
+    raw: Mapping[str, Any]
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> DeviceStatus:
+        return cls(
+            driver=text(raw.get("driver")),
+            pool=text(raw.get("pool")),
+            device=text(raw.get("device")),
+            data=mapping(raw.get("data")),
+            raw=raw,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimSpecView:
+    """A ``ResourceClaimSpec`` (of a claim, or of a template's ``spec.spec``)."""
+
+    requests: tuple[DeviceRequest, ...]
+    config: tuple[DeviceConfigEntry, ...]
+    constraints: tuple[Mapping[str, Any], ...]
+
+    @classmethod
+    def parse(cls, raw: Any) -> ClaimSpecView:
+        devices = mapping(mapping(raw).get("devices"))
+        return cls(
+            requests=tuple(DeviceRequest.parse(r) for r in items(devices.get("requests"))),
+            config=tuple(DeviceConfigEntry.parse(c) for c in items(devices.get("config"))),
+            constraints=tuple(items(devices.get("constraints"))),
+        )
+
+    def device_class_names(self) -> tuple[str, ...]:
+        """Every DeviceClass the spec names (``exactly`` and ``firstAvailable``), in order."""
+        return tuple(n for r in self.requests for n in r.device_class_names())
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimView(_View):
+    KIND: ClassVar[str] = "ResourceClaim"
+
+    raw: JsonObject = field(repr=False)
+    meta: Meta
+    spec: ClaimSpecView
+    allocation: Allocation | None
+    reserved_for: tuple[Consumer, ...]
+    devices: tuple[DeviceStatus, ...]
+
+    @classmethod
+    def parse(cls, obj: JsonObject) -> ClaimView:
+        status = mapping(obj.get("status"))
+        return cls(
+            raw=obj,
+            meta=Meta.parse(obj.get("metadata")),
+            spec=ClaimSpecView.parse(obj.get("spec")),
+            allocation=Allocation.parse(status.get("allocation")),
+            reserved_for=tuple(Consumer.parse(c) for c in items(status.get("reservedFor"))),
+            devices=tuple(DeviceStatus.parse(d) for d in items(status.get("devices"))),
+        )
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+    @property
+    def namespace(self) -> str:
+        return self.meta.namespace or ""
+
+    @property
+    def uid(self) -> str:
+        return self.meta.uid
+
+    @property
+    def key(self) -> str:
+        return self.meta.key
+
+    @property
+    def allocated(self) -> bool:
+        return self.allocation is not None
+
+    def results_of(self, driver: str) -> tuple[DeviceResult, ...]:
+        return self.allocation.results_of(driver) if self.allocation else ()
+
+    def devices_of(self, driver: str) -> tuple[tuple[str, str], ...]:
+        return self.allocation.devices_of(driver) if self.allocation else ()
+
+    def node_names(self) -> tuple[str, ...]:
+        """Nodes the allocation pins the claim to (empty when unallocated or unpinned)."""
+        return self.allocation.node_names() if self.allocation else ()
+
+    def reserved_pod_uids(self) -> tuple[str, ...]:
+        return tuple(c.uid for c in self.reserved_for if c.is_pod)
+
+    def device_status(self, driver: str, pool: str, device: str) -> DeviceStatus | None:
+        for entry in self.devices:
+            if (entry.driver, entry.pool, entry.device) == (driver, pool, device):
+                return entry
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimTemplateView(_View):
+    KIND: ClassVar[str] = "ResourceClaimTemplate"
+
+    raw: JsonObject = field(repr=False)
+    meta: Meta
+    spec: ClaimSpecView
+
+    @classmethod
+    def parse(cls, obj: JsonObject) -> ClaimTemplateView:
+        return cls(
+            raw=obj,
+            meta=Meta.parse(obj.get("metadata")),
+            spec=ClaimSpecView.parse(path(obj, "spec", "spec")),
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Pod
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerView:
+    name: str
+    init: bool
+    """An init container (``spec.initContainers``)."""
+    restart_policy: str
+    """``Always`` on an init container makes it a sidecar."""
+    requests: Mapping[str, str]
+    limits: Mapping[str, str]
+    claims: tuple[str, ...]
+    """Names of the pod claims the container uses (``resources.claims[].name``)."""
+    raw: Mapping[str, Any]
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], *, init: bool) -> ContainerView:
+        resources = mapping(raw.get("resources"))
+        return cls(
+            name=text(raw.get("name")),
+            init=init,
+            restart_policy=text(raw.get("restartPolicy")),
+            requests=string_map(resources.get("requests")),
+            limits=string_map(resources.get("limits")),
+            claims=tuple(text(c.get("name")) for c in items(resources.get("claims"))),
+            raw=raw,
+        )
+
+    @property
+    def sidecar(self) -> bool:
+        return self.init and self.restart_policy == "Always"
+
+    def amounts(self) -> Mapping[str, str]:
+        """Requests overlaid by limits (a limit wins: for extended resources they must match)."""
+        if not self.requests:
+            return self.limits
+        if not self.limits:
+            return self.requests
+        return {**self.requests, **self.limits}
+
+    def resource_names(self) -> frozenset[str]:
+        return frozenset((*self.requests, *self.limits))
+
+
+@dataclass(frozen=True, slots=True)
+class PodClaimRef:
+    """One ``spec.resourceClaims`` entry."""
+
+    name: str
+    claim_name: str | None
+    template_name: str | None
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> PodClaimRef:
+        return cls(
+            name=text(raw.get("name")),
+            claim_name=optional_text(raw.get("resourceClaimName")),
+            template_name=optional_text(raw.get("resourceClaimTemplateName")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    type: str
+    status: str
+    reason: str
+    message: str
+    last_transition_time: str
+    raw: Mapping[str, Any]
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> Condition:
+        return cls(
+            type=text(raw.get("type")),
+            status=text(raw.get("status")),
+            reason=text(raw.get("reason")),
+            message=text(raw.get("message")),
+            last_transition_time=text(raw.get("lastTransitionTime")),
+            raw=raw,
+        )
+
+    @property
+    def true(self) -> bool:
+        return self.status == "True"
+
+
+def _condition(conditions: tuple[Condition, ...], kind: str) -> Condition | None:
+    for condition in conditions:
+        if condition.type == kind:
+            return condition
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    key: str
+    operator: str
+    value: str
+    effect: str
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> Toleration:
+        return cls(
+            key=text(raw.get("key")),
+            operator=text(raw.get("operator")) or "Equal",
+            value=text(raw.get("value")),
+            effect=text(raw.get("effect")),
+        )
+
+    def tolerates(self, taint: Taint) -> bool:
+        """Kubernetes' rule: empty effect matches every effect; empty key with ``Exists``
+        matches every taint; otherwise keys match and ``Exists`` or equal values."""
+        if self.effect and self.effect != taint.effect:
+            return False
+        if not self.key:
+            return self.operator == "Exists"
+        if self.key != taint.key:
+            return False
+        return self.operator == "Exists" or self.value == taint.value
+
+
+@dataclass(frozen=True, slots=True)
+class PodView(_View):
+    KIND: ClassVar[str] = "Pod"
+
+    raw: JsonObject = field(repr=False)
+    meta: Meta
+    node_name: str
+    scheduling_gates: tuple[str, ...]
+    init_containers: tuple[ContainerView, ...]
+    containers: tuple[ContainerView, ...]
+    overhead: Mapping[str, str]
+    claim_refs: tuple[PodClaimRef, ...]
+    node_selector: Mapping[str, str]
+    required_affinity: NodeSelector | None
+    """``affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution``."""
+    tolerations: tuple[Toleration, ...]
+    scheduler_name: str
+    phase: str
+    conditions: tuple[Condition, ...]
+    claim_statuses: Mapping[str, str | None]
+    """``status.resourceClaimStatuses``: pod claim name → generated claim name (None: not needed)."""
+
+    @classmethod
+    def parse(cls, obj: JsonObject) -> PodView:
+        spec = mapping(obj.get("spec"))
+        status = mapping(obj.get("status"))
+        return cls(
+            raw=obj,
+            meta=Meta.parse(obj.get("metadata")),
+            node_name=text(spec.get("nodeName")),
+            scheduling_gates=tuple(text(g.get("name")) for g in items(spec.get("schedulingGates"))),
+            init_containers=tuple(
+                ContainerView.parse(c, init=True) for c in items(spec.get("initContainers"))
+            ),
+            containers=tuple(
+                ContainerView.parse(c, init=False) for c in items(spec.get("containers"))
+            ),
+            overhead=string_map(spec.get("overhead")),
+            claim_refs=tuple(PodClaimRef.parse(r) for r in items(spec.get("resourceClaims"))),
+            node_selector=string_map(spec.get("nodeSelector")),
+            required_affinity=NodeSelector.parse(
+                path(
+                    spec,
+                    "affinity",
+                    "nodeAffinity",
+                    "requiredDuringSchedulingIgnoredDuringExecution",
+                )
+            ),
+            tolerations=tuple(Toleration.parse(t) for t in items(spec.get("tolerations"))),
+            scheduler_name=text(spec.get("schedulerName")),
+            phase=text(status.get("phase")),
+            conditions=tuple(Condition.parse(c) for c in items(status.get("conditions"))),
+            claim_statuses={
+                text(s.get("name")): optional_text(s.get("resourceClaimName"))
+                for s in items(status.get("resourceClaimStatuses"))
+            },
+        )
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+    @property
+    def namespace(self) -> str:
+        return self.meta.namespace or ""
+
+    @property
+    def uid(self) -> str:
+        return self.meta.uid
+
+    @property
+    def key(self) -> str:
+        return self.meta.key
+
+    @property
+    def all_containers(self) -> tuple[ContainerView, ...]:
+        """Init containers, then app containers: the one walk over a pod's resources."""
+        return (*self.init_containers, *self.containers)
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def bound(self) -> bool:
+        return bool(self.node_name)
+
+    def gated_by(self, gate: str) -> bool:
+        return gate in self.scheduling_gates
+
+    def condition(self, kind: str) -> Condition | None:
+        return _condition(self.conditions, kind)
+
+    def requests_resource(self, predicate: Callable[[str], bool]) -> bool:
+        """Whether some container requests or limits a resource whose name ``predicate`` takes."""
+        return any(predicate(name) for c in self.all_containers for name in c.resource_names())
+
+    def claim_name_of(self, ref: PodClaimRef) -> str | None:
+        """The ResourceClaim a pod claim resolves to: its ``resourceClaimName``, or for a
+        template the generated claim recorded in ``status.resourceClaimStatuses`` (``None``:
+        not generated yet, or not needed)."""
+        if ref.claim_name:
+            return ref.claim_name
+        if ref.template_name:
+            return self.claim_statuses.get(ref.name)
+        return None
+
+    def claim_keys(self) -> tuple[str, ...]:
+        """``namespace/name`` of every ResourceClaim the pod uses (named or generated)."""
+        names = [r.claim_name for r in self.claim_refs if r.claim_name]
+        names.extend(n for n in self.claim_statuses.values() if n)
+        prefix = f"{self.meta.namespace}/" if self.meta.namespace else ""
+        return tuple(dict.fromkeys(prefix + n for n in names))
+
+
+# ---------------------------------------------------------------------------------------------
+# ResourceSlice
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+    time_added: str
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> Taint:
+        return cls(
+            key=text(raw.get("key")),
+            value=text(raw.get("value")),
+            effect=text(raw.get("effect")),
+            time_added=text(raw.get("timeAdded")),
+        )
+
+
+AttributeValue = str | int | bool
+
+
+def _attribute(raw: Any) -> AttributeValue | None:
+    value = mapping(raw)
+    for key in ("string", "version"):
+        if isinstance(value.get(key), str):
+            return str(value[key])
+    if isinstance(value.get("bool"), bool):
+        return bool(value["bool"])
+    if isinstance(value.get("int"), int):
+        return int(value["int"])
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class CounterConsumption:
+    counter_set: str
+    counters: Mapping[str, str]
+    """counter name → quantity string (``value`` of each counter)."""
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> CounterConsumption:
+        return cls(
+            counter_set=text(raw.get("counterSet")),
+            counters={
+                str(k): text(mapping(v).get("value"))
+                for k, v in mapping(raw.get("counters")).items()
+            },
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SliceDevice:
+    name: str
+    attributes: Mapping[str, AttributeValue]
+    capacity: Mapping[str, str]
+    """capacity name → quantity string (``value``)."""
+    consumes: tuple[CounterConsumption, ...]
+    taints: tuple[Taint, ...]
+    raw: Mapping[str, Any]
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> SliceDevice:
+        attributes: dict[str, AttributeValue] = {}
+        for key, value in mapping(raw.get("attributes")).items():
+            parsed = _attribute(value)
+            if parsed is not None:
+                attributes[str(key)] = parsed
+        return cls(
+            name=text(raw.get("name")),
+            attributes=attributes,
+            capacity={
+                str(k): text(mapping(v).get("value"))
+                for k, v in mapping(raw.get("capacity")).items()
+            },
+            consumes=tuple(CounterConsumption.parse(c) for c in items(raw.get("consumesCounters"))),
+            taints=tuple(Taint.parse(t) for t in items(raw.get("taints"))),
+            raw=raw,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CounterSet:
+    name: str
+    counters: Mapping[str, str]
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> CounterSet:
+        return cls(
+            name=text(raw.get("name")),
+            counters={
+                str(k): text(mapping(v).get("value"))
+                for k, v in mapping(raw.get("counters")).items()
+            },
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SliceView(_View):
+    KIND: ClassVar[str] = "ResourceSlice"
+
+    raw: JsonObject = field(repr=False)
+    meta: Meta
+    driver: str
+    pool: str
+    pool_generation: int
+    pool_slice_count: int
+    node_name: str
+    all_nodes: bool
+    devices: tuple[SliceDevice, ...]
+    shared_counters: tuple[CounterSet, ...]
+
+    @classmethod
+    def parse(cls, obj: JsonObject) -> SliceView:
+        spec = mapping(obj.get("spec"))
+        pool = mapping(spec.get("pool"))
+        return cls(
+            raw=obj,
+            meta=Meta.parse(obj.get("metadata")),
+            driver=text(spec.get("driver")),
+            pool=text(pool.get("name")),
+            pool_generation=integer(pool.get("generation")),
+            pool_slice_count=integer(pool.get("resourceSliceCount"), 1),
+            node_name=text(spec.get("nodeName")),
+            all_nodes=spec.get("allNodes") is True,
+            devices=tuple(SliceDevice.parse(d) for d in items(spec.get("devices"))),
+            shared_counters=tuple(CounterSet.parse(c) for c in items(spec.get("sharedCounters"))),
+        )
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+    @property
+    def node(self) -> str:
+        """The node the slice's devices are on: ``nodeName``, else the pool name."""
+        return self.node_name or self.pool
+
+
+# ---------------------------------------------------------------------------------------------
+# DeviceClass and Node
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceClassView(_View):
+    KIND: ClassVar[str] = "DeviceClass"
+
+    raw: JsonObject = field(repr=False)
+    meta: Meta
+    selectors: tuple[str, ...]
+    """The CEL expressions of ``spec.selectors[].cel``."""
+    config: tuple[DeviceConfigEntry, ...]
+    extended_resource_name: str | None
+
+    @classmethod
+    def parse(cls, obj: JsonObject) -> DeviceClassView:
+        spec = mapping(obj.get("spec"))
+        return cls(
+            raw=obj,
+            meta=Meta.parse(obj.get("metadata")),
+            selectors=tuple(
+                text(path(s, "cel", "expression")) for s in items(spec.get("selectors"))
+            ),
+            config=tuple(DeviceConfigEntry.parse(c) for c in items(spec.get("config"))),
+            extended_resource_name=optional_text(spec.get("extendedResourceName")),
+        )
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView(_View):
+    KIND: ClassVar[str] = "Node"
+
+    raw: JsonObject = field(repr=False)
+    meta: Meta
+    unschedulable: bool
+    taints: tuple[Taint, ...]
+    capacity: Mapping[str, str]
+    allocatable: Mapping[str, str]
+    conditions: tuple[Condition, ...]
+
+    @classmethod
+    def parse(cls, obj: JsonObject) -> NodeView:
+        spec = mapping(obj.get("spec"))
+        status = mapping(obj.get("status"))
+        return cls(
+            raw=obj,
+            meta=Meta.parse(obj.get("metadata")),
+            unschedulable=spec.get("unschedulable") is True,
+            taints=tuple(Taint.parse(t) for t in items(spec.get("taints"))),
+            capacity=string_map(status.get("capacity")),
+            allocatable=string_map(status.get("allocatable")),
+            conditions=tuple(Condition.parse(c) for c in items(status.get("conditions"))),
+        )
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        return self.meta.labels
+
+    def condition(self, kind: str) -> Condition | None:
+        return _condition(self.conditions, kind)
+
+    @property
+    def ready(self) -> bool:
+        ready = self.condition("Ready")
+        return ready is not None and ready.true
