@@ -14,21 +14,18 @@ every request. When an allocation carries no configuration at all (an allocator 
 it), the claim's own ``spec.devices.config`` is used.
 """
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from api.config import MigDeviceConfig, merge_configs, parse_opaque_config
 from api.errors import ValidationFailed
 from api.names import DRIVER_NAME
+from driver.cluster.port import JsonObject
+from driver.cluster.views import Allocation, ClaimView, DeviceConfigEntry, mapping, path
 from driver.errors import ConfigError, DriverError
 from kubeletplugin.inventory import InventoryDevice, NodeInventory
 from kubeletplugin.model import ClaimRef
 
-JsonObject = dict[str, Any]
-
-_HOSTNAME_LABEL = "kubernetes.io/hostname"
-_NAME_FIELD = "metadata.name"
 _SOURCE_ORDER = {"FromClass": 0, "FromClaim": 1}
 
 
@@ -57,45 +54,34 @@ def base_request(request: str) -> str:
     return request.split("/", 1)[0]
 
 
-def check_claim(claim: JsonObject, *, ref: ClaimRef, node_name: str) -> JsonObject:
+def check_claim(claim: ClaimView, *, ref: ClaimRef, node_name: str) -> Allocation:
     """The claim's ``status.allocation`` if it may be prepared here; ``ClaimRejectedError`` if not."""
-    uid = claim.get("metadata", {}).get("uid")
+    uid = claim.uid or None
     if uid != ref.uid:
         raise ClaimRejectedError(
             f"claim {ref.namespace}/{ref.name}: UID is {uid}, not {ref.uid}; the claim was replaced"
         )
-    allocation = (claim.get("status") or {}).get("allocation")
-    if not allocation:
+    allocation = claim.allocation
+    if allocation is None:
         raise ClaimRejectedError(f"claim {ref}: not allocated")
-    nodes = pinned_nodes(allocation.get("nodeSelector"))
+    nodes = allocated_nodes(allocation)
     if nodes is not None and node_name not in nodes:
         raise ClaimRejectedError(
             f"claim {ref}: allocated to node {', '.join(sorted(nodes))}, this is node {node_name}"
         )
-    return dict(allocation)
+    return allocation
 
 
-def pinned_nodes(node_selector: Mapping[str, Any] | None) -> set[str] | None:
+def allocated_nodes(allocation: Allocation) -> frozenset[str] | None:
     """Node names an allocation's ``nodeSelector`` restricts it to; None if it does not say.
 
     Understood: ``matchFields`` on ``metadata.name`` and ``matchExpressions`` on
     ``kubernetes.io/hostname`` with operator ``In`` (what allocators write). A term that selects by
-    anything else leaves the answer open.
+    anything else leaves the answer open, and so does an absent or empty selector.
     """
-    if not node_selector:
+    if allocation.node_selector is None or not mapping(path(allocation.raw, "nodeSelector")):
         return None
-    names: set[str] = set()
-    for term in node_selector.get("nodeSelectorTerms") or []:
-        term_names: set[str] | None = None
-        for key_list, key in (("matchFields", _NAME_FIELD), ("matchExpressions", _HOSTNAME_LABEL)):
-            for requirement in term.get(key_list) or []:
-                if requirement.get("key") == key and requirement.get("operator") == "In":
-                    values = set(requirement.get("values") or [])
-                    term_names = values if term_names is None else term_names & values
-        if term_names is None:
-            return None
-        names |= term_names
-    return names
+    return allocation.node_selector.pinned_names()
 
 
 def plan_claim(
@@ -107,60 +93,55 @@ def plan_claim(
     admin-access result, or a device this node does not publish) and ``ConfigError`` for opaque
     configuration of our driver that does not validate (the message names the bad fields).
     """
-    allocation = check_claim(claim, ref=ref, node_name=node_name)
-    devices_part = allocation.get("devices") or {}
-    results = [r for r in devices_part.get("results") or [] if r.get("driver") == DRIVER_NAME]
-    entries = devices_part.get("config") or []
-    if not entries:
-        spec_config = (claim.get("spec") or {}).get("devices", {}).get("config") or []
-        entries = [{"source": "FromClaim", **entry} for entry in spec_config]
+    view = ClaimView.of(claim)
+    allocation = check_claim(view, ref=ref, node_name=node_name)
+    entries = allocation.config or view.spec.config
     configs = _our_configs(entries, ref=ref)
     planned: list[PlannedDevice] = []
-    for result in results:
-        pool = result.get("pool")
-        if pool != node_name:
+    for result in allocation.results_of(DRIVER_NAME):
+        if result.pool != node_name:
             raise ClaimRejectedError(
-                f"claim {ref}: device {result.get('device')} is allocated from pool {pool}, "
+                f"claim {ref}: device {result.device} is allocated from pool {result.pool}, "
                 f"this is node {node_name}"
             )
-        if result.get("adminAccess"):
+        if result.admin_access:
             raise ClaimRejectedError(
                 f"claim {ref}: admin access to MIG slices is not supported "
-                f"(request {result.get('request')})"
+                f"(request {result.request})"
             )
-        request = str(result.get("request", ""))
         try:
-            device = inventory.device(str(result.get("device", "")))
+            device = inventory.device(result.device)
         except DriverError as exc:
             raise ClaimRejectedError(f"claim {ref}: {exc}") from exc
-        merged = merge_configs([c for reqs, c in configs if _applies(reqs, request)])
+        merged = merge_configs([c for reqs, c in configs if _applies(reqs, result.request)])
         planned.append(
-            PlannedDevice(request=request, device=device, env=tuple(sorted(merged.env.items())))
+            PlannedDevice(
+                request=result.request, device=device, env=tuple(sorted(merged.env.items()))
+            )
         )
     return planned
 
 
 def _our_configs(
-    entries: Iterable[Mapping[str, Any]], *, ref: ClaimRef
+    entries: Iterable[DeviceConfigEntry], *, ref: ClaimRef
 ) -> list[tuple[Sequence[str], MigDeviceConfig]]:
+    """Our driver's opaque configs in precedence order (class entries, then claim entries; a
+    claim spec's entries, which carry no source, count as claim entries)."""
     ordered = sorted(
-        enumerate(entries),
-        key=lambda pair: (_SOURCE_ORDER.get(pair[1].get("source", ""), 1), pair[0]),
+        enumerate(entries), key=lambda pair: (_SOURCE_ORDER.get(pair[1].source, 1), pair[0])
     )
     configs: list[tuple[Sequence[str], MigDeviceConfig]] = []
     for _, entry in ordered:
-        opaque = entry.get("opaque")
-        if not opaque:
+        if not mapping(path(entry.raw, "opaque")):
             raise ConfigError(f"claim {ref}: a device config entry has no opaque configuration")
-        if opaque.get("driver") != DRIVER_NAME:
+        if entry.driver != DRIVER_NAME:
             continue
-        requests = list(entry.get("requests") or [])
         try:
-            config = parse_opaque_config(opaque.get("parameters") or {})
+            config = parse_opaque_config(entry.parameters or {})
         except ValidationFailed as exc:
-            scope = f" for requests {requests}" if requests else ""
+            scope = f" for requests {list(entry.requests)}" if entry.requests else ""
             raise ConfigError(f"claim {ref}: opaque config{scope}: {exc}") from exc
-        configs.append((requests, config))
+        configs.append((entry.requests, config))
     return configs
 
 

@@ -30,7 +30,8 @@ from typing import Final
 from api.checkpoint import Checkpoint, PreparedClaim, PrepareState
 from api.checkpoint import PreparedDevice as CheckpointDevice
 from driver import cdi
-from driver.cluster.port import RESOURCE_CLAIMS, ClusterApi, name_of, namespace_of, uid_of
+from driver.cluster.port import RESOURCE_CLAIMS, ClusterApi
+from driver.cluster.views import ClaimView
 from driver.errors import ApiNotFoundError, CheckpointError, ClusterError, DriverError
 from driver.gpu.backend import MigInstance
 from driver.ids import ClaimUid
@@ -168,11 +169,8 @@ class Recovery:
         specs = set(cdi.list_specs(self._cdi_root))
         inventory = self._inventory()
         for claim in claims:
-            ref = ClaimRef(
-                uid=ClaimUid(uid_of(claim)),
-                namespace=namespace_of(claim) or "",
-                name=name_of(claim),
-            )
+            view = ClaimView.of(claim)
+            ref = ClaimRef(uid=ClaimUid(view.uid), namespace=view.namespace, name=view.name)
             if ref.uid not in specs:
                 continue
             try:
@@ -236,7 +234,7 @@ class Recovery:
             logger.warning("cannot check claim %s (%s); keeping it", _label(entry), exc)
             return None
         try:
-            check_claim(claim, ref=ref, node_name=self._node)
+            check_claim(ClaimView.of(claim), ref=ref, node_name=self._node)
         except ClaimRejectedError as exc:
             return str(exc)
         return None

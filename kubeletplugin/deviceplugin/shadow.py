@@ -20,26 +20,19 @@ reconcile pass recomputes.
 
 import copy
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from api.names import (
     DRIVER_NAME,
     SHADOW_CLAIM_CONTAINER_ANNOTATION,
     SHADOW_CLAIM_LABEL,
 )
-from driver.cluster.port import (
-    PODS,
-    RESOURCE_CLAIMS,
-    ClusterApi,
-    JsonObject,
-    metadata,
-    name_of,
-    namespace_of,
-    uid_of,
-)
+from driver.cluster.port import PODS, RESOURCE_CLAIMS, ClusterApi, JsonObject
+from driver.cluster.views import ClaimView, items, path
 from driver.ids import ClaimUid, PodUid
-from kubeletplugin.claims import pinned_nodes
+from kubeletplugin.claims import allocated_nodes
 from kubeletplugin.inventory import NodeInventory
 
 logger = logging.getLogger(__name__)
@@ -84,20 +77,18 @@ class ShadowClaim:
         return f"{self.namespace}/{self.name} ({self.uid})"
 
 
-def claim_slot(obj: JsonObject) -> Slot | None:
+def claim_slot(claim: ClaimView) -> Slot | None:
     """The pod and container a shadow claim stands for, from its owner reference and annotation."""
-    meta = metadata(obj)
-    owners = [ref for ref in meta.get("ownerReferences") or [] if ref.get("kind") == "Pod"]
-    owner = next((ref for ref in owners if ref.get("controller")), owners[0] if owners else None)
-    label = (meta.get("labels") or {}).get(SHADOW_CLAIM_LABEL)
-    if owner is None or not owner.get("uid") or (label and label != owner.get("uid")):
+    owners = [ref for ref in claim.meta.owners if ref.kind == "Pod"]
+    owner = next((ref for ref in owners if ref.controller), owners[0] if owners else None)
+    label = claim.meta.labels.get(SHADOW_CLAIM_LABEL)
+    if owner is None or not owner.uid or (label and label != owner.uid):
         return None
-    container = (meta.get("annotations") or {}).get(SHADOW_CLAIM_CONTAINER_ANNOTATION, "")
     return Slot(
-        namespace=namespace_of(obj) or "",
-        pod_uid=PodUid(str(owner["uid"])),
-        pod_name=str(owner.get("name", "")),
-        container=str(container),
+        namespace=claim.namespace,
+        pod_uid=PodUid(owner.uid),
+        pod_name=owner.name,
+        container=claim.meta.annotations.get(SHADOW_CLAIM_CONTAINER_ANNOTATION, ""),
     )
 
 
@@ -105,40 +96,37 @@ def parse_shadow_claim(
     obj: JsonObject, *, node_name: str, inventory: NodeInventory
 ) -> ShadowClaim | None:
     """The claim if it is a shadow claim allocated to devices of one profile on this node."""
-    if SHADOW_CLAIM_LABEL not in (metadata(obj).get("labels") or {}):
+    claim = ClaimView.of(obj)
+    if SHADOW_CLAIM_LABEL not in claim.meta.labels:
         return None
-    allocation = (obj.get("status") or {}).get("allocation")
-    if not allocation:
+    allocation = claim.allocation
+    if allocation is None:
         return None
-    nodes = pinned_nodes(allocation.get("nodeSelector"))
+    nodes = allocated_nodes(allocation)
     if nodes is not None and node_name not in nodes:
         return None
-    results = [
-        r
-        for r in (allocation.get("devices") or {}).get("results") or []
-        if r.get("driver") == DRIVER_NAME
-    ]
-    if not results or any(r.get("pool") != node_name for r in results):
+    results = allocation.results_of(DRIVER_NAME)
+    if not results or any(r.pool != node_name for r in results):
         return None
-    devices = tuple(str(r.get("device", "")) for r in results)
+    devices = tuple(r.device for r in results)
     profiles = {d.profile.name for name in devices if (d := inventory.devices.get(name))}
     if len(profiles) != 1 or any(name not in inventory.devices for name in devices):
         logger.warning(
             "shadow claim %s/%s: devices %s are not one profile of this node's inventory; skipped",
-            namespace_of(obj),
-            name_of(obj),
+            claim.meta.namespace,
+            claim.name,
             ", ".join(devices),
         )
         return None
     return ShadowClaim(
-        uid=ClaimUid(uid_of(obj)),
-        namespace=namespace_of(obj) or "",
-        name=name_of(obj),
-        created=str(metadata(obj).get("creationTimestamp", "")),
-        slot=claim_slot(obj),
+        uid=ClaimUid(claim.uid),
+        namespace=claim.namespace,
+        name=claim.name,
+        created=claim.meta.creation_timestamp,
+        slot=claim_slot(claim),
         profile=profiles.pop(),
         devices=devices,
-        deleting=bool(metadata(obj).get("deletionTimestamp")),
+        deleting=claim.meta.deleting,
         obj=obj,
     )
 
@@ -167,16 +155,16 @@ def moved_metadata(obj: JsonObject, to: Slot) -> JsonObject:
     """A copy of the claim standing for ``to``: pod owner, label and container annotation."""
     updated = copy.deepcopy(obj)
     meta = updated.setdefault("metadata", {})
-    others = [ref for ref in meta.get("ownerReferences") or [] if ref.get("kind") != "Pod"]
+    others = [ref for ref in items(path(meta, "ownerReferences")) if path(ref, "kind") != "Pod"]
     meta["ownerReferences"] = [*others, _owner_reference(to)]
     meta.setdefault("labels", {})[SHADOW_CLAIM_LABEL] = to.pod_uid
     meta.setdefault("annotations", {})[SHADOW_CLAIM_CONTAINER_ANNOTATION] = to.container
     return updated
 
 
-def moved_reservations(reserved: Sequence[JsonObject], to: Slot) -> list[JsonObject]:
+def moved_reservations(reserved: Sequence[Mapping[str, Any]], to: Slot) -> list[Mapping[str, Any]]:
     """``status.reservedFor`` with its pod entries replaced by ``to``'s pod (once)."""
-    others = [r for r in reserved if r.get("resource") != "pods"]
+    others = [r for r in reserved if path(r, "resource") != "pods"]
     if len(others) == len(reserved):
         return list(reserved)
     return [*others, {"resource": "pods", "name": to.pod_name, "uid": to.pod_uid}]
@@ -185,7 +173,7 @@ def moved_reservations(reserved: Sequence[JsonObject], to: Slot) -> list[JsonObj
 def move_claim(api: ClusterApi, claim: ShadowClaim, to: Slot) -> JsonObject:
     """Make ``claim`` stand for ``to`` in the API server; returns the claim as written."""
     written = api.update(RESOURCE_CLAIMS, moved_metadata(claim.obj, to))
-    reserved = (written.get("status") or {}).get("reservedFor") or []
+    reserved = list(items(path(written, "status", "reservedFor")))
     wanted = moved_reservations(reserved, to)
     if wanted != reserved:
         status_update = copy.deepcopy(written)

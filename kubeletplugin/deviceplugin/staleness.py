@@ -23,7 +23,8 @@ import logging
 
 from api.checkpoint import PreparedClaim
 from api.names import DRIVER_NAME
-from driver.cluster.port import RESOURCE_CLAIMS, ClusterApi, metadata
+from driver.cluster.port import RESOURCE_CLAIMS, ClusterApi
+from driver.cluster.views import ClaimView
 from driver.errors import ApiNotFoundError
 from driver.ids import ClaimUid
 from kubeletplugin.claims import ClaimRejectedError, check_claim
@@ -45,24 +46,16 @@ def claim_gone(
     except ApiNotFoundError:
         return "the claim was deleted"
     ref = ClaimRef(uid=ClaimUid(entry.uid), namespace=entry.namespace, name=entry.name)
+    claim = ClaimView.of(obj)
     try:
-        allocation = check_claim(obj, ref=ref, node_name=node_name)
+        allocation = check_claim(claim, ref=ref, node_name=node_name)
     except ClaimRejectedError as exc:
         return str(exc)
-    if metadata(obj).get("deletionTimestamp"):
-        reserved = [
-            r
-            for r in (obj.get("status") or {}).get("reservedFor") or []
-            if r.get("resource") == "pods"
-        ]
+    if claim.meta.deleting:
+        reserved = [c for c in claim.reserved_for if c.resource == "pods"]
         if deleting_is_gone or not reserved:
             return "the claim is being deleted" + ("" if reserved else " and no longer reserved")
-    results = (allocation.get("devices") or {}).get("results") or []
-    now = sorted(
-        str(r.get("device"))
-        for r in results
-        if r.get("driver") == DRIVER_NAME and r.get("pool") == node_name
-    )
+    now = sorted(r.device for r in allocation.results_of(DRIVER_NAME) if r.pool == node_name)
     if now != sorted(d.device for d in entry.devices):
         return f"the claim is now allocated {', '.join(now) or 'no device of ours'} here"
     return None

@@ -7,10 +7,11 @@ from typing import Any
 import pytest
 
 from api.names import DRIVER_NAME
+from driver.cluster.views import Allocation
 from driver.errors import ConfigError
 from driver.gpu.emulated import EmulatedGpuBackend
 from driver.ids import ClaimUid
-from kubeletplugin.claims import ClaimRejectedError, pinned_nodes, plan_claim
+from kubeletplugin.claims import ClaimRejectedError, allocated_nodes, plan_claim
 from kubeletplugin.inventory import build_inventory
 from kubeletplugin.model import ClaimRef
 
@@ -41,14 +42,18 @@ def result(device: str, *, request: str = "gpu", pool: str = "n1", **extra: Any)
     ("selector", "expected"),
     [
         (None, None),
+        ({}, None),
+        ({"nodeSelectorTerms": []}, set()),
         ({"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a"]}]}]}, {"a"}),
         ({"nodeSelectorTerms": [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["b"]}]}]}, {"b"}),
         ({"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z"]}]}]}, None),
     ],
-    ids=["absent", "match-fields", "hostname-label", "other-label"],
+    ids=["absent", "empty", "no-terms", "match-fields", "hostname-label", "other-label"],
 )  # fmt: skip
-def test_pinned_nodes(selector: Any, expected: set[str] | None) -> None:
-    assert pinned_nodes(selector) == expected
+def test_allocated_nodes(selector: Any, expected: set[str] | None) -> None:
+    allocation = Allocation.parse({"devices": {}, "nodeSelector": selector})
+    assert allocation is not None
+    assert allocated_nodes(allocation) == expected
 
 
 def test_plan_maps_device_names_back_to_profiles_with_plus_me() -> None:
