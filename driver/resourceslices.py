@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from api import names
+from driver.cluster.views import AttributeValue, SliceDevice, SliceView, mapping, path
 from driver.mig.model import MigProfile, Placement
 from driver.mig.naming import device_name
-from driver.taints import DeviceTaint, parse_taints
+from driver.taints import DeviceTaint, device_taints
 
 JsonObject = dict[str, Any]
 
@@ -197,16 +198,18 @@ def build_pool(
     return slices
 
 
-def _attr(attributes: Mapping[str, Any], name: str) -> Any:
-    value = attributes.get(name) or attributes.get(f"{names.DRIVER_NAME}/{name}")
-    if not isinstance(value, Mapping) or len(value) != 1:
+def _attr(device: SliceDevice, name: str) -> AttributeValue:
+    value = device.attributes.get(name)
+    if value is None:
+        value = device.attributes.get(f"{names.DRIVER_NAME}/{name}")
+    if value is None:
         raise ValueError(f"attribute {name!r} missing or malformed")
-    return next(iter(value.values()))
+    return value
 
 
-def _quantity_int(capacity: Mapping[str, Any], name: str) -> int:
-    entry = capacity.get(name) or capacity.get(f"{names.DRIVER_NAME}/{name}") or {}
-    value = str(entry.get("value", "0"))
+def _quantity_int(device: SliceDevice, name: str) -> int:
+    capacity = device.capacity
+    value = capacity.get(name) or capacity.get(f"{names.DRIVER_NAME}/{name}") or "0"
     suffixes = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
     for suffix, factor in suffixes.items():
         if value.endswith(suffix):
@@ -217,18 +220,18 @@ def _quantity_int(capacity: Mapping[str, Any], name: str) -> int:
 def complete_pools(slices: Iterable[JsonObject]) -> dict[str, list[JsonObject]]:
     """Our slices grouped by pool, keeping only each pool's newest generation, and only when all
     ``resourceSliceCount`` slices of it are present (a half-published pool is not trusted yet)."""
-    by_pool: dict[str, list[JsonObject]] = {}
+    by_pool: dict[str, list[SliceView]] = {}
     for obj in slices:
-        spec = obj.get("spec", {})
-        if spec.get("driver") != names.DRIVER_NAME:
+        view = SliceView.of(obj)
+        if view.driver != names.DRIVER_NAME:
             continue
-        by_pool.setdefault(spec["pool"]["name"], []).append(obj)
+        by_pool.setdefault(view.pool, []).append(view)
     complete: dict[str, list[JsonObject]] = {}
-    for pool, objs in by_pool.items():
-        newest = max(o["spec"]["pool"]["generation"] for o in objs)
-        current = [o for o in objs if o["spec"]["pool"]["generation"] == newest]
-        if len(current) >= current[0]["spec"]["pool"]["resourceSliceCount"]:
-            complete[pool] = current
+    for pool, views in by_pool.items():
+        newest = max(v.pool_generation for v in views)
+        current = [v for v in views if v.pool_generation == newest]
+        if len(current) >= current[0].pool_slice_count:
+            complete[pool] = [v.raw for v in current]
     return complete
 
 
@@ -238,44 +241,41 @@ def parse_devices(pool_slices: Iterable[JsonObject]) -> list[PublishedDevice]:
     Devices whose attributes are malformed are skipped: a slice we did not write must not break
     allocation for everyone else.
     """
-    objs = list(pool_slices)
-    sizes: dict[str, int] = {}
-    for obj in objs:
-        for counter_set in obj["spec"].get("sharedCounters") or []:
-            prefix = names.COUNTER_MEMORY_SLICE_PREFIX
-            sizes[counter_set["name"]] = sum(
-                1 for k in counter_set["counters"] if k.startswith(prefix)
-            )
+    views = [SliceView.of(obj) for obj in pool_slices]
+    prefix = names.COUNTER_MEMORY_SLICE_PREFIX
+    sizes = {
+        counter_set.name: sum(1 for k in counter_set.counters if k.startswith(prefix))
+        for view in views
+        for counter_set in view.shared_counters
+    }
     devices: list[PublishedDevice] = []
-    for obj in objs:
-        spec = obj["spec"]
-        node = spec.get("nodeName") or spec["pool"]["name"]
-        for dev in spec.get("devices") or []:
-            attributes = dev.get("attributes", {})
-            capacity = dev.get("capacity", {})
+    for view in views:
+        for dev in view.devices:
             try:
-                gpu_index = int(_attr(attributes, names.ATTRIBUTE_GPU_INDEX))
+                if not dev.name:
+                    raise ValueError("device without a name")
+                gpu_index = int(_attr(dev, names.ATTRIBUTE_GPU_INDEX))
                 devices.append(
                     PublishedDevice(
-                        node=node,
-                        name=dev["name"],
+                        node=view.node,
+                        name=dev.name,
                         gpu_index=gpu_index,
-                        parent_uuid=str(_attr(attributes, names.ATTRIBUTE_PARENT_UUID)),
-                        product_name=str(_attr(attributes, names.ATTRIBUTE_PRODUCT_NAME)),
-                        profile=str(_attr(attributes, names.ATTRIBUTE_PROFILE)),
+                        parent_uuid=str(_attr(dev, names.ATTRIBUTE_PARENT_UUID)),
+                        product_name=str(_attr(dev, names.ATTRIBUTE_PRODUCT_NAME)),
+                        profile=str(_attr(dev, names.ATTRIBUTE_PROFILE)),
                         placement=Placement(
-                            start=int(_attr(attributes, names.ATTRIBUTE_PLACEMENT_START)),
-                            size=int(_attr(attributes, names.ATTRIBUTE_PLACEMENT_SIZE)),
+                            start=int(_attr(dev, names.ATTRIBUTE_PLACEMENT_START)),
+                            size=int(_attr(dev, names.ATTRIBUTE_PLACEMENT_SIZE)),
                         ),
-                        media_extensions=bool(_attr(attributes, names.ATTRIBUTE_MEDIA_EXTENSIONS)),
-                        memory_bytes=_quantity_int(capacity, names.CAPACITY_MEMORY),
-                        multiprocessors=_quantity_int(capacity, names.CAPACITY_MULTIPROCESSORS),
+                        media_extensions=bool(_attr(dev, names.ATTRIBUTE_MEDIA_EXTENSIONS)),
+                        memory_bytes=_quantity_int(dev, names.CAPACITY_MEMORY),
+                        multiprocessors=_quantity_int(dev, names.CAPACITY_MULTIPROCESSORS),
                         memory_slices_total=sizes.get(counter_set_name(gpu_index), 0),
-                        attributes=attributes,
-                        capacity=capacity,
-                        taints=parse_taints(dev.get("taints")),
+                        attributes=mapping(path(dev.raw, "attributes")),
+                        capacity=mapping(path(dev.raw, "capacity")),
+                        taints=device_taints(dev.taints),
                     )
                 )
-            except (KeyError, TypeError, ValueError):
+            except (TypeError, ValueError):
                 continue
     return devices

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from api.names import DRIVER_NAME
+from driver.cluster.views import Taint, Toleration
 
 EFFECT_NO_SCHEDULE: Final = "NoSchedule"
 EFFECT_NO_EXECUTE: Final = "NoExecute"
@@ -77,26 +78,22 @@ def parse_time(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-def parse_taints(raw: Any) -> tuple[DeviceTaint, ...]:
-    """A device's ``taints`` list as published; ``ValueError`` if an entry is malformed."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise ValueError(f"taints must be a list, got {type(raw).__name__}")
-    taints = []
-    for entry in raw:
-        if not isinstance(entry, Mapping) or not entry.get("key") or not entry.get("effect"):
-            raise ValueError(f"taint {entry!r} needs a key and an effect")
-        added = entry.get("timeAdded")
-        taints.append(
+def device_taints(taints: Iterable[Taint]) -> tuple[DeviceTaint, ...]:
+    """A device's published taints (``SliceDevice.taints``); ``ValueError`` if one is malformed
+    (no key, no effect, or a ``timeAdded`` that is not RFC 3339)."""
+    parsed = []
+    for taint in taints:
+        if not taint.key or not taint.effect:
+            raise ValueError(f"taint {taint} needs a key and an effect")
+        parsed.append(
             DeviceTaint(
-                key=str(entry["key"]),
-                value=str(entry.get("value") or ""),
-                effect=str(entry["effect"]),
-                time_added=parse_time(str(added)) if added else None,
+                key=taint.key,
+                value=taint.value,
+                effect=taint.effect,
+                time_added=parse_time(taint.time_added) if taint.time_added else None,
             )
         )
-    return tuple(taints)
+    return tuple(parsed)
 
 
 def parse_tolerations(raw: Any) -> tuple[DeviceToleration, ...]:
@@ -109,12 +106,13 @@ def parse_tolerations(raw: Any) -> tuple[DeviceToleration, ...]:
     for entry in raw:
         if not isinstance(entry, Mapping):
             raise ValueError(f"toleration {entry!r} is not an object")
+        toleration = Toleration.parse(entry)
         tolerations.append(
             DeviceToleration(
-                key=str(entry.get("key") or ""),
-                operator=str(entry.get("operator") or OPERATOR_EQUAL),
-                value=str(entry.get("value") or ""),
-                effect=str(entry.get("effect") or ""),
+                key=toleration.key,
+                operator=toleration.operator,
+                value=toleration.value,
+                effect=toleration.effect,
             )
         )
     return tuple(tolerations)

@@ -27,7 +27,8 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Final, Protocol
 
 from api.checkpoint import PreparedClaim, PrepareState
-from driver.cluster.port import RESOURCE_CLAIMS, ClusterApi, JsonObject, uid_of
+from driver.cluster.port import RESOURCE_CLAIMS, ClusterApi, JsonObject
+from driver.cluster.views import ClaimView, DeviceStatus, mapping, path
 from driver.errors import ApiNotFoundError, ConflictError
 from driver.ids import ClaimUid
 from kubeletplugin.model import ClaimPreparer, ClaimRef, PrepareResult
@@ -47,44 +48,39 @@ class PreparedClaims(Protocol):
 
 def desired_device_statuses(
     claim: JsonObject, entry: PreparedClaim, *, driver: str, pool: str
-) -> list[JsonObject] | None:
+) -> list[Any] | None:
     """The claim's ``status.devices`` with a ``data.migUUID`` for each of ``entry``'s devices
     that the claim's allocation holds (pure); None when that is what the claim already has.
 
     Entries of other drivers or pools, and fields of ours other than ``data.migUUID``, are kept;
     our entries for devices no longer allocated (which the API server would refuse) are dropped.
     """
-    status = claim.get("status") or {}
-    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
-    allocated = {
-        str(r.get("device"))
-        for r in results
-        if isinstance(r, dict) and r.get("driver") == driver and r.get("pool") == pool
-    }
+    allocated = {r.device for r in ClaimView.of(claim).results_of(driver) if r.pool == pool}
     uuids = {d.device: d.mig_uuid for d in entry.devices if d.mig_uuid and d.device in allocated}
-    current: list[Any] = list(status.get("devices") or [])
-    wanted: list[JsonObject] = []
+    current: list[Any] = list(path(claim, "status", "devices") or [])
+    wanted: list[Any] = []
     seen: set[str] = set()
     for item in current:
-        if not isinstance(item, dict) or (item.get("driver"), item.get("pool")) != (driver, pool):
+        status = DeviceStatus.parse(item) if isinstance(item, Mapping) else None
+        if status is None or (status.driver, status.pool) != (driver, pool):
             wanted.append(item)
             continue
-        device = str(item.get("device"))
-        if device not in allocated or device in seen:
+        if status.device not in allocated or status.device in seen:
             continue
-        seen.add(device)
-        wanted.append(_with_uuid(item, uuids.get(device)))
+        seen.add(status.device)
+        wanted.append(_with_uuid(status, uuids.get(status.device)))
     for device, uuid in uuids.items():
         if device not in seen:
-            wanted.append(_with_uuid({"driver": driver, "pool": pool, "device": device}, uuid))
+            wanted.append(
+                {"driver": driver, "pool": pool, "device": device, "data": {MIG_UUID_KEY: uuid}}
+            )
     return None if wanted == current else wanted
 
 
-def _with_uuid(item: JsonObject, uuid: str | None) -> JsonObject:
+def _with_uuid(status: DeviceStatus, uuid: str | None) -> Mapping[str, Any]:
     if uuid is None:
-        return item
-    data = item.get("data")
-    return {**item, "data": {**(data if isinstance(data, dict) else {}), MIG_UUID_KEY: uuid}}
+        return status.raw
+    return {**status.raw, "data": {**status.data, MIG_UUID_KEY: uuid}}
 
 
 class DeviceStatusWriter:
@@ -144,13 +140,13 @@ class DeviceStatusWriter:
 
     def _write_once(self, entry: PreparedClaim) -> None:
         claim = self._api.get(RESOURCE_CLAIMS, name=entry.name, namespace=entry.namespace)
-        if uid_of(claim) != entry.uid:
+        if ClaimView.of(claim).uid != entry.uid:
             logger.debug("claim %s/%s was replaced; not recording", entry.namespace, entry.name)
             return
         wanted = desired_device_statuses(claim, entry, driver=self._driver, pool=self._pool)
         if wanted is None:
             return
-        claim["status"] = {**(claim.get("status") or {}), "devices": wanted}
+        claim["status"] = {**mapping(path(claim, "status")), "devices": wanted}
         self._api.update_status(RESOURCE_CLAIMS, claim)
         logger.info(
             "recorded MIG UUIDs in claim %s/%s (%s)",

@@ -51,10 +51,11 @@ from driver.cluster.port import (
     resource_version_of,
     uid_of,
 )
+from driver.cluster.views import SliceView, mapping, path
 from driver.errors import ApiNotFoundError, ConflictError, DriverError
 from driver.gpu.backend import GpuBackend, GpuInfo
 from driver.resourceslices import GpuInventory, build_pool
-from driver.taints import EFFECT_NO_SCHEDULE, UNHEALTHY_TAINT_KEY, DeviceTaint, parse_taints
+from driver.taints import EFFECT_NO_SCHEDULE, UNHEALTHY_TAINT_KEY, DeviceTaint, parse_time
 from kubeletplugin.inventory import NodeInventory, build_inventory
 from kubeletplugin.metrics import PluginMetrics
 
@@ -78,13 +79,12 @@ GpuOverlay = Callable[[tuple[GpuInfo, ...]], tuple[GpuInfo, ...]]
 
 def _content(obj: JsonObject) -> Any:
     """What must match for a published slice to need no write: spec without generation, owners."""
-    spec = dict(obj.get("spec") or {})
-    pool = dict(spec.get("pool") or {})
+    spec = dict(mapping(path(obj, "spec")))
+    pool = dict(mapping(spec.pop("pool", None)))
     pool.pop("generation", None)
     spec["pool"] = pool
     owners = [
-        {k: ref.get(k) for k in ("apiVersion", "kind", "name", "uid")}
-        for ref in obj.get("metadata", {}).get("ownerReferences") or []
+        (ref.api_version, ref.kind, ref.name, ref.uid) for ref in SliceView.of(obj).meta.owners
     ]
     return spec, owners
 
@@ -230,12 +230,10 @@ class SlicePublisher:
             for obj in self._api.list_objects(
                 RESOURCE_SLICES, field_selector=f"spec.nodeName={self._node}"
             ).items
-            if obj.get("spec", {}).get("driver") == self._driver
+            if SliceView.of(obj).driver == self._driver
         ]
         owner = self._node_owner()
-        current_generation = max(
-            (int(o["spec"]["pool"].get("generation", 0)) for o in existing), default=0
-        )
+        current_generation = max((SliceView.of(o).pool_generation for o in existing), default=0)
         if self._taints_kept:
             gpus: tuple[GpuInventory, ...] = (*inventory.gpus, *inventory.tainted_gpus)
             taints = self._taints(inventory, existing)
@@ -364,7 +362,7 @@ class SlicePublisher:
     def _unchanged(existing: Sequence[JsonObject], desired: Sequence[JsonObject]) -> bool:
         if len(existing) != len(desired):
             return False
-        generations = {o["spec"]["pool"].get("generation") for o in existing}
+        generations = {SliceView.of(o).pool_generation for o in existing}
         if len(generations) > 1:
             return False
         old = {name_of(o): _content(o) for o in existing}
@@ -393,24 +391,21 @@ def _published_taint_times(existing: Sequence[JsonObject]) -> Mapping[str, tuple
     """Device name → (value, timeAdded) of our unhealthy taint on the published devices."""
     found: dict[str, tuple[str, datetime]] = {}
     for obj in existing:
-        for device in (obj.get("spec") or {}).get("devices") or []:
-            try:
-                taints = parse_taints(device.get("taints"))
-            except ValueError:
-                continue
-            for taint in taints:
-                if taint.key == UNHEALTHY_TAINT_KEY and taint.time_added is not None:
-                    found[str(device.get("name"))] = (taint.value, taint.time_added)
+        for device in SliceView.of(obj).devices:
+            for taint in device.taints:
+                if taint.key == UNHEALTHY_TAINT_KEY and taint.time_added:
+                    try:
+                        found[device.name] = (taint.value, parse_time(taint.time_added))
+                    except ValueError:
+                        continue
     return found
 
 
 def _taints_dropped(sent: JsonObject, written: JsonObject) -> bool:
     """True when ``sent`` had device taints that the API server's answer ``written`` lacks (what
     kube-apiserver does to fields of a disabled feature gate)."""
-    had = {d["name"] for d in sent["spec"].get("devices") or [] if d.get("taints")}
+    had = {d.name for d in SliceView.of(sent).devices if d.taints}
     if not had:
         return False
-    kept = {
-        d.get("name") for d in (written.get("spec") or {}).get("devices") or [] if d.get("taints")
-    }
+    kept = {d.name for d in SliceView.of(written).devices if d.taints}
     return not had <= kept
