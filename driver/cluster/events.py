@@ -27,6 +27,7 @@ from driver.cluster.port import (
     resource_version_of,
     uid_of,
 )
+from driver.cluster.views import path, text
 from driver.errors import ApiNotFoundError, ClusterError
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ class EventRecorder:
         namespace = namespace_of(obj) or _DEFAULT_NAMESPACE
         key: _Key = (
             namespace,
-            str(obj.get("kind", "")),
+            text(path(obj, "kind")),
             name_of(obj),
             uid_of(obj),
             reason,
@@ -98,7 +99,11 @@ class EventRecorder:
             )
         except ClusterError as exc:
             logger.warning(
-                "cannot post event %s on %s %s: %s", reason, obj.get("kind"), name_of(obj), exc
+                "cannot post event %s on %s %s: %s",
+                reason,
+                text(path(obj, "kind")),
+                name_of(obj),
+                exc,
             )
             return
         with self._lock:
@@ -133,8 +138,8 @@ class EventRecorder:
         now: str,
     ) -> JsonObject:
         involved: JsonObject = {
-            "apiVersion": obj.get("apiVersion", ""),
-            "kind": obj.get("kind", ""),
+            "apiVersion": text(path(obj, "apiVersion")),
+            "kind": text(path(obj, "kind")),
             "name": name_of(obj),
             "uid": uid_of(obj),
             "resourceVersion": resource_version_of(obj),

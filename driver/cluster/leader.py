@@ -29,6 +29,7 @@ from typing import Protocol
 from api.names import LEADER_LEASE_NAME, SYSTEM_NAMESPACE
 from driver.cluster.clock import Clock, SystemClock
 from driver.cluster.port import LEASES, JsonObject, Resource, format_micro_time
+from driver.cluster.views import LeaseView
 from driver.errors import ApiNotFoundError, ClusterError
 
 logger = logging.getLogger(__name__)
@@ -134,23 +135,23 @@ class LeaderElector:
         except ClusterError as exc:
             logger.info("lease %s/%s: cannot read: %s", config.namespace, config.name, exc)
             return False
-        spec = lease.get("spec") or {}
-        holder = str(spec.get("holderIdentity") or "")
-        self._observe(lease, holder)
+        view = LeaseView.of(lease)
+        holder = view.holder_identity
+        self._observe(view, holder)
         if holder and holder != config.identity:
-            duration = float(spec.get("leaseDurationSeconds") or config.lease_duration)
+            duration = float(view.lease_duration_seconds or config.lease_duration)
             if self._clock.monotonic() < self._observed_at + duration:
                 self._lose_if_leading()
                 return False
         now = format_micro_time(self._clock.now())
         renewing = holder == config.identity
-        transitions = int(spec.get("leaseTransitions") or 0)
+        transitions = view.lease_transitions
         updated = copy.deepcopy(lease)
         updated["spec"] = {
-            **spec,
+            **view.spec,
             "holderIdentity": config.identity,
             "leaseDurationSeconds": config.lease_duration,
-            "acquireTime": spec.get("acquireTime") if renewing else now,
+            "acquireTime": (view.acquire_time or None) if renewing else now,
             "renewTime": now,
             "leaseTransitions": transitions if renewing else transitions + 1,
         }
@@ -168,12 +169,12 @@ class LeaderElector:
         with self._lock:
             self._renewed_at = None
             lease = self._lease
-        if lease is None or (lease.get("spec") or {}).get("holderIdentity") != config.identity:
+        if lease is None or LeaseView.of(lease).holder_identity != config.identity:
             return False
         updated = copy.deepcopy(lease)
         now = format_micro_time(self._clock.now())
         updated["spec"] = {
-            **updated.get("spec", {}),
+            **LeaseView.of(lease).spec,
             "holderIdentity": "",
             "leaseDurationSeconds": 1,
             "acquireTime": now,
@@ -281,14 +282,14 @@ class LeaderElector:
         self._succeeded(written, attempt_started)
         return True
 
-    def _observe(self, lease: JsonObject, holder: str) -> None:
-        spec = lease.get("spec") or {}
+    def _observe(self, view: LeaseView, holder: str) -> None:
+        lease = view.raw
         record = (
             holder,
-            spec.get("renewTime"),
-            spec.get("acquireTime"),
-            spec.get("leaseTransitions"),
-            spec.get("leaseDurationSeconds"),
+            view.renew_time,
+            view.acquire_time,
+            view.lease_transitions,
+            view.lease_duration_seconds,
         )
         new_leader = False
         with self._lock:
@@ -304,7 +305,7 @@ class LeaderElector:
             self._call(lambda: on_new_leader(holder), "on_new_leader")
 
     def _succeeded(self, lease: JsonObject, attempt_started: float) -> None:
-        self._observe(lease, self.config.identity)
+        self._observe(LeaseView.of(lease), self.config.identity)
         with self._lock:
             self._renewed_at = attempt_started
 

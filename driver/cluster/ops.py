@@ -27,6 +27,7 @@ from driver.cluster.port import (
     namespace_of,
     uid_of,
 )
+from driver.cluster.views import ClaimView, PodView, mapping, path
 from driver.errors import ConflictError, InvalidError
 
 logger = logging.getLogger(__name__)
@@ -48,14 +49,15 @@ def remove_scheduling_gate(
         current = gate_names(pod)
         if gate not in current:
             return pod
-        gates = pod.get("spec", {}).get("schedulingGates") or []
+        # the wire list itself: the ``test`` must match what the API server holds
+        gates = path(pod, "spec", "schedulingGates") or []
         ops: list[JsonObject] = [
             {"op": "test", "path": "/metadata/uid", "value": uid},
             {"op": "test", "path": "/spec/schedulingGates", "value": gates},
             {
                 "op": "replace",
                 "path": "/spec/schedulingGates",
-                "value": [g for g in gates if g.get("name") != gate],
+                "value": [g for g in gates if path(g, "name") != gate],
             },
         ]
         try:
@@ -77,10 +79,10 @@ def set_pod_node_selector(
 ) -> JsonObject:
     """Merge ``node_selector`` into the pod's ``spec.nodeSelector`` — allowed only while the pod is
     gated, so it is guarded by a ``test`` that the pod is the same and still carries its gates."""
-    gates = pod.get("spec", {}).get("schedulingGates") or []
+    gates = path(pod, "spec", "schedulingGates") or []
     if not gates:
         raise InvalidError(f"pod {namespace_of(pod)}/{name_of(pod)} is not gated")
-    merged = {**(pod.get("spec", {}).get("nodeSelector") or {}), **node_selector}
+    merged = {**PodView.of(pod).node_selector, **node_selector}
     ops: list[JsonObject] = [
         {"op": "test", "path": "/metadata/uid", "value": uid_of(pod)},
         {"op": "test", "path": "/spec/schedulingGates", "value": gates},
@@ -108,13 +110,13 @@ def set_pod_condition(
     """
     namespace, name = namespace_of(pod), name_of(pod)
     for attempt in range(_ATTEMPTS):
-        conditions = list(pod.get("status", {}).get("conditions") or [])
-        existing = next((c for c in conditions if c.get("type") == condition_type), None)
-        if existing is not None and (
-            existing.get("status"),
-            existing.get("reason"),
-            existing.get("message"),
-        ) == (status, reason, message):
+        view = PodView.of(pod)
+        existing = view.condition(condition_type)
+        if existing is not None and (existing.status, existing.reason, existing.message) == (
+            status,
+            reason,
+            message,
+        ):
             return pod
         condition: JsonObject = {
             "type": condition_type,
@@ -123,16 +125,16 @@ def set_pod_condition(
             "message": message,
             "lastProbeTime": None,
             "lastTransitionTime": (
-                existing["lastTransitionTime"]
+                existing.last_transition_time
                 if existing is not None
-                and existing.get("status") == status
-                and existing.get("lastTransitionTime")
+                and existing.status == status
+                and existing.last_transition_time
                 else format_time(now)
             ),
         }
         updated = copy.deepcopy(pod)
         updated.setdefault("status", {})["conditions"] = [
-            condition if c is existing else copy.deepcopy(c) for c in conditions
+            condition if c is existing else copy.deepcopy(dict(c.raw)) for c in view.conditions
         ] + ([] if existing is not None else [condition])
         try:
             return api.update_status(PODS, updated)
@@ -148,7 +150,7 @@ def add_claim_finalizer(
 ) -> JsonObject:
     """Add the delete-protection finalizer (a normal update, resourceVersion-checked) — required
     before writing an allocation (DESIGN fact 3). No write if it is already there."""
-    finalizers = claim.get("metadata", {}).get("finalizers") or []
+    finalizers = ClaimView.of(claim).meta.finalizers
     if finalizer in finalizers:
         return claim
     # shallow copies of what changes: the cached claim is never mutated, and a deep copy of the
@@ -169,16 +171,16 @@ def write_claim_allocation(
     ``/status`` with the claim's resourceVersion. ``reserved_for`` is set too when given (the
     controller reserves each claim for the pod it allocates it for, so kube-scheduler has no claim
     write left to do before binding)."""
-    finalizers = claim.get("metadata", {}).get("finalizers") or []
-    if DELETE_PROTECTION_FINALIZER not in finalizers:
+    view = ClaimView.of(claim)
+    if DELETE_PROTECTION_FINALIZER not in view.meta.finalizers:
         raise ValueError(
             f"claim {namespace_of(claim)}/{name_of(claim)} lacks {DELETE_PROTECTION_FINALIZER}; "
             "call add_claim_finalizer first"
         )
-    if claim.get("status", {}).get("allocation"):
+    if view.allocated:
         raise ConflictError(f"claim {namespace_of(claim)}/{name_of(claim)} is already allocated")
     status = {
-        **(claim.get("status") or {}),
+        **mapping(path(claim, "status")),
         "allocation": {**allocation, "allocationTimestamp": format_time(allocated_at)},
     }
     if reserved_for is not None:

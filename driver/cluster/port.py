@@ -233,21 +233,26 @@ def metadata(obj: JsonObject) -> JsonObject:
     return meta if isinstance(meta, dict) else {}
 
 
+def _metadata_text(obj: JsonObject, key: str) -> str:
+    """A string field of ``metadata``, read as ``views.text`` reads one (``""`` when absent)."""
+    value = metadata(obj).get(key)
+    return "" if value is None or isinstance(value, dict | list) else str(value)
+
+
 def name_of(obj: JsonObject) -> str:
-    return str(metadata(obj).get("name", ""))
+    return _metadata_text(obj, "name")
 
 
 def namespace_of(obj: JsonObject) -> str | None:
-    namespace = metadata(obj).get("namespace")
-    return str(namespace) if namespace else None
+    return _metadata_text(obj, "namespace") or None
 
 
 def uid_of(obj: JsonObject) -> str:
-    return str(metadata(obj).get("uid", ""))
+    return _metadata_text(obj, "uid")
 
 
 def resource_version_of(obj: JsonObject) -> str:
-    return str(metadata(obj).get("resourceVersion", ""))
+    return _metadata_text(obj, "resourceVersion")
 
 
 def object_key(obj: JsonObject) -> str:

@@ -29,6 +29,7 @@ from api.names import (
     shim_lease_name,
 )
 from driver.cluster.port import LEASES, ClusterApi, JsonObject, format_micro_time
+from driver.cluster.views import LeaseView
 from driver.errors import ApiNotFoundError, ClusterError, ConflictError
 
 logger = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ class ShimLease:
                 except ConflictError:
                     continue  # created meanwhile (AlreadyExists): update it
             updated = copy.deepcopy(current)
-            updated["spec"] = {**(current.get("spec") or {}), **spec}
+            updated["spec"] = {**LeaseView.of(current).spec, **spec}
             try:
                 self._api.update(LEASES, updated)
                 return

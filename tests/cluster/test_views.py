@@ -251,3 +251,31 @@ def test_objects_outside_a_cache_are_never_kept() -> None:
     first = ClaimView.of(obj)
     assert ClaimView.of(obj) is not first
     assert views.memo_size() == before
+
+
+def test_lease_view_reads_spec_and_defaults_to_zero_values() -> None:
+    lease = views.LeaseView.of(
+        {
+            "metadata": {"name": "l", "namespace": "ns"},
+            "spec": {
+                "holderIdentity": "me",
+                "leaseDurationSeconds": 15,
+                "acquireTime": "2026-01-01T00:00:00.000000Z",
+                "renewTime": "2026-01-01T00:00:05.000000Z",
+                "leaseTransitions": 2,
+            },
+        }
+    )
+    assert (lease.meta.key, lease.holder_identity, lease.lease_duration_seconds) == (
+        "ns/l",
+        "me",
+        15,
+    )
+    assert (lease.acquire_time, lease.renew_time, lease.lease_transitions) == (
+        "2026-01-01T00:00:00.000000Z",
+        "2026-01-01T00:00:05.000000Z",
+        2,
+    )
+    empty = views.LeaseView.of({"metadata": {"name": "l"}, "spec": None})
+    assert (empty.spec, empty.holder_identity, empty.lease_duration_seconds) == ({}, "", 0)
+    assert (empty.acquire_time, empty.lease_transitions) == ("", 0)
