@@ -40,6 +40,7 @@ from typing import Final
 
 from driver.cluster.informer import Backoff, Informer, ListWatch
 from driver.cluster.port import NODES, ClusterApi, JsonObject, PatchType
+from driver.cluster.views import NodeView
 from driver.errors import ApiNotFoundError, ClusterError
 from kubeletplugin.deviceplugin.podresources import PodResourcesError, PodResourcesSource
 
@@ -73,12 +74,11 @@ def remembered_resources(checkpoint: Path) -> frozenset[str] | None:
 
 def stale_resources(node: JsonObject, *, prefix: str) -> list[str]:
     """Names under ``prefix`` in the Node's capacity or allocatable, sorted."""
-    status = node.get("status") or {}
+    view = NodeView.of(node)
+    lists = {"capacity": view.capacity, "allocatable": view.allocatable}
     names: set[str] = set()
     for field in STATUS_LISTS:
-        names.update(
-            str(name) for name in (status.get(field) or {}) if str(name).startswith(prefix)
-        )
+        names.update(name for name in lists[field] if name.startswith(prefix))
     return sorted(names)
 
 

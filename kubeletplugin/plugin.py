@@ -24,6 +24,7 @@ from driver.checkpoint import CHECKPOINT_FILE_NAME, CheckpointStore
 from driver.cluster.events import EventRecorder
 from driver.cluster.informer import Informer, ListWatch
 from driver.cluster.port import RESOURCE_SLICES, ClusterApi, JsonObject
+from driver.cluster.views import SliceView
 from driver.daemon.http import HttpEndpoint
 from driver.errors import DriverError
 from driver.gpu.backend import GpuBackend
@@ -246,7 +247,7 @@ class KubeletPlugin:
         self.publisher.wake()
 
     def _slice_deleted(self, slice_obj: JsonObject) -> None:
-        if (slice_obj.get("spec") or {}).get("driver") == self.config.driver_name and self._started:
+        if SliceView.of(slice_obj).driver == self.config.driver_name and self._started:
             logger.info("a ResourceSlice of this node was deleted; republishing now")
             self.publisher.wake()
 

@@ -36,6 +36,7 @@ from api.checkpoint import Checkpoint, PreparedClaim, PrepareState, ShimBinding
 from api.checkpoint import PreparedDevice as CheckpointDevice
 from driver import cdi
 from driver.cluster.port import RESOURCE_CLAIMS, ClusterApi, JsonObject
+from driver.cluster.views import ClaimView
 from driver.errors import ApiNotFoundError, DriverError
 from driver.gpu.backend import GpuBackend, MigInstance
 from driver.ids import ClaimUid
@@ -376,14 +377,10 @@ def _ids(ref: ClaimRef) -> dict[str, str]:
 
 def _pod_ids(claim: JsonObject) -> dict[str, str]:
     """The pods the claim is reserved for (``status.reservedFor``), for the logs."""
-    pods = [
-        consumer
-        for consumer in (claim.get("status") or {}).get("reservedFor") or []
-        if consumer.get("resource") == "pods"
-    ]
+    pods = [c for c in ClaimView.of(claim).reserved_for if c.resource == "pods"]
     if not pods:
         return {}
     return {
-        "pod": ",".join(str(p.get("name", "")) for p in pods),
-        "pod_uid": ",".join(str(p.get("uid", "")) for p in pods),
+        "pod": ",".join(p.name for p in pods),
+        "pod_uid": ",".join(p.uid for p in pods),
     }

@@ -10,31 +10,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from driver.cluster.port import PODS, ClusterApi, uid_of
+from driver.cluster.port import PODS, ClusterApi
+from driver.cluster.views import PodView
 from driver.errors import ApiNotFoundError
 
 
 @dataclass(frozen=True, slots=True)
-class PodView:
+class PodNeeds:
+    """What the reconciler needs of one pod: its UID, its node, and its classic resource counts."""
+
     uid: str
     node_name: str
     needs: Mapping[tuple[str, str], int]
     """(container, resource) → count in the pod spec's limits (requests if no limits)."""
 
 
-def pod_needs(pod: Mapping[str, object]) -> dict[tuple[str, str], int]:
-    spec = pod.get("spec")
+def pod_needs(pod: PodView) -> dict[tuple[str, str], int]:
     needs: dict[tuple[str, str], int] = {}
-    if not isinstance(spec, Mapping):
-        return needs
-    for key in ("initContainers", "containers"):
-        for container in spec.get(key) or []:
-            resources = container.get("resources") or {}
-            asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
-            for resource, value in asked.items():
-                text = str(value)
-                if text.isdigit():
-                    needs[(str(container.get("name", "")), str(resource))] = int(text)
+    for container in pod.all_containers:
+        for resource, value in container.amounts().items():
+            if value.isdigit():
+                needs[(container.name, resource)] = int(value)
     return needs
 
 
@@ -43,9 +39,9 @@ class PodCache:
 
     def __init__(self, api: ClusterApi) -> None:
         self._api = api
-        self._pods: dict[tuple[str, str], PodView | None] = {}
+        self._pods: dict[tuple[str, str], PodNeeds | None] = {}
 
-    def get(self, namespace: str, name: str) -> PodView | None:
+    def get(self, namespace: str, name: str) -> PodNeeds | None:
         """Raises ``ClusterError`` (other than not-found) when the pod cannot be read."""
         key = (namespace, name)
         if key not in self._pods:
@@ -54,10 +50,10 @@ class PodCache:
             except ApiNotFoundError:
                 self._pods[key] = None
             else:
-                spec = obj.get("spec") or {}
-                self._pods[key] = PodView(
-                    uid=uid_of(obj),
-                    node_name=str(spec.get("nodeName") or ""),
-                    needs=MappingProxyType(pod_needs(obj)),
+                pod = PodView.of(obj)
+                self._pods[key] = PodNeeds(
+                    uid=pod.uid,
+                    node_name=pod.node_name,
+                    needs=MappingProxyType(pod_needs(pod)),
                 )
         return self._pods[key]
