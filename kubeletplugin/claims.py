@@ -23,8 +23,8 @@ from api.names import DRIVER_NAME
 from driver.cluster.port import JsonObject
 from driver.cluster.views import Allocation, ClaimView, DeviceConfigEntry, mapping, path
 from driver.errors import ConfigError, DriverError
-from kubeletplugin.inventory import InventoryDevice, NodeInventory
 from kubeletplugin.model import ClaimRef
+from kubeletplugin.nodeinventory import InventoryDevice, NodeInventory
 
 _SOURCE_ORDER = {"FromClass": 0, "FromClaim": 1}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 
-from kubeletplugin.inventory import NodeInventory
+from kubeletplugin.nodeinventory import NodeInventory
 from kubeletplugin.registration import RegistrationTracker
 from protos.dra.v1 import api_pb2 as dra_v1
 from protos.dra.v1 import api_pb2_grpc as dra_v1_grpc

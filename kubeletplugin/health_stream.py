@@ -28,7 +28,7 @@ from typing import Final
 
 import grpc
 
-from kubeletplugin.inventory import NodeInventory
+from kubeletplugin.nodeinventory import NodeInventory
 from protos.drahealth.v1alpha1 import api_pb2 as health_pb2
 from protos.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 

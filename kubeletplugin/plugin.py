@@ -29,6 +29,7 @@ from driver.daemon.http import HttpEndpoint
 from driver.errors import DriverError
 from driver.gpu.backend import GpuBackend
 from driver.taints import EFFECT_NO_SCHEDULE
+from kubeletplugin.devicestate import DeviceState, StepHook, slices_in_use
 from kubeletplugin.devicestatus import DeviceStatusWriter, RecordingPreparer
 from kubeletplugin.dra_service import add_dra_services
 from kubeletplugin.health import HealthChecker
@@ -46,7 +47,6 @@ from kubeletplugin.registration import (
 )
 from kubeletplugin.settings import split_address
 from kubeletplugin.sockets import UnixGrpcServer, ensure_directory
-from kubeletplugin.state import DeviceState, StepHook, slices_in_use
 from kubeletplugin.xid_health import XidHealth
 
 logger = logging.getLogger(__name__)

@@ -56,8 +56,8 @@ from driver.errors import ApiNotFoundError, ConflictError, DriverError
 from driver.gpu.backend import GpuBackend, GpuInfo
 from driver.resourceslices import GpuInventory, build_pool
 from driver.taints import EFFECT_NO_SCHEDULE, UNHEALTHY_TAINT_KEY, DeviceTaint, parse_time
-from kubeletplugin.inventory import NodeInventory, build_inventory
 from kubeletplugin.metrics import PluginMetrics
+from kubeletplugin.nodeinventory import NodeInventory, build_inventory
 
 logger = logging.getLogger(__name__)
 

@@ -36,10 +36,10 @@ from driver.errors import ApiNotFoundError, CheckpointError, ClusterError, Drive
 from driver.gpu.backend import MigInstance
 from driver.ids import ClaimUid
 from kubeletplugin.claims import ClaimRejectedError, check_claim, plan_claim
-from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.journal import CheckpointJournal
 from kubeletplugin.metrics import PluginMetrics
 from kubeletplugin.model import ClaimRef
+from kubeletplugin.nodeinventory import NodeInventory
 from kubeletplugin.slices import SliceOperations, describe, owner_of, records
 
 logger = logging.getLogger(__name__)

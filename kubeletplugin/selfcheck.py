@@ -42,7 +42,7 @@ from driver.gpu.backend import GpuInfo, MigInstance, MigModeBackend
 from driver.gpu.rules import Occupant, refusal
 from driver.mig.catalog import CATALOG
 from driver.mig.model import GpuModel
-from kubeletplugin.inventory import InventoryDevice, build_inventory
+from kubeletplugin.nodeinventory import InventoryDevice, build_inventory
 from kubeletplugin.settings import Settings, parse_settings
 from kubeletplugin.slices import SliceOperations
 

@@ -1,8 +1,8 @@
 """MIG instances as the checkpoint sees them: who owns which instance, and create/destroy per GPU.
 
-Shared by prepare/unprepare (``state``) and start-up recovery (``recovery``). One GPU's operations
-are serialised by a lock per GPU (NVML's MIG calls on one GPU do not mix well, and "is this
-placement free?" followed by "create" must not interleave); different GPUs proceed in parallel.
+Shared by prepare/unprepare (``devicestate``) and start-up recovery (``recovery``). One GPU's
+operations are serialised by a lock per GPU (NVML's MIG calls on one GPU do not mix well, and "is
+this placement free?" followed by "create" must not interleave); different GPUs proceed in parallel.
 
 Ownership: an instance belongs to the checkpoint entry that records it — by GPU-instance id once
 known, else (an entry still ``PrepareStarted``, written before the instance existed) by GPU, profile

@@ -51,8 +51,8 @@ from kubeletplugin.deviceplugin.podresources import (
 )
 from kubeletplugin.deviceplugin.resources import ResourceSpec
 from kubeletplugin.deviceplugin.shadow import ShadowClaim, Slot, list_shadow_claims
-from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.model import ClaimRef
+from kubeletplugin.nodeinventory import NodeInventory
 from kubeletplugin.overlaps import StaleSliceJudge
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class NoReservationError(AllocateError):
 
 
 class SlicePreparer(Protocol):
-    """The plugin's prepare path (``kubeletplugin.state.DeviceState``)."""
+    """The plugin's prepare path (``kubeletplugin.devicestate.DeviceState``)."""
 
     def prepare_claim(
         self, ref: ClaimRef, *, visible_devices_env: bool = True, shim: ShimBinding | None = None

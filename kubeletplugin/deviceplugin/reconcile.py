@@ -58,7 +58,7 @@ from kubeletplugin.deviceplugin.shadow import (
     move_claim,
 )
 from kubeletplugin.deviceplugin.staleness import claim_gone
-from kubeletplugin.inventory import NodeInventory
+from kubeletplugin.nodeinventory import NodeInventory
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from driver.cluster.port import PODS, RESOURCE_CLAIMS, ClusterApi, JsonObject
 from driver.cluster.views import ClaimView, items, path
 from driver.ids import ClaimUid, PodUid
 from kubeletplugin.claims import allocated_nodes
-from kubeletplugin.inventory import NodeInventory
+from kubeletplugin.nodeinventory import NodeInventory
 
 logger = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from driver.gpu.backend import GpuBackend, GpuInfo, XidEvent
 from driver.gpu.emulated import EmulatedGpuBackend
 from driver.resourceslices import complete_pools, parse_devices
 from kubeletplugin.health_settings import XidPolicy
-from kubeletplugin.inventory import build_inventory
 from kubeletplugin.metrics import PluginMetrics
+from kubeletplugin.nodeinventory import build_inventory
 from kubeletplugin.plugin import KubeletPlugin, PluginConfig
 from kubeletplugin.publisher import GPU_HEALTHY_REASON, GPU_UNHEALTHY_REASON, SlicePublisher
 from kubeletplugin.xid_health import XidHealth

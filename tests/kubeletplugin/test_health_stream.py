@@ -13,7 +13,7 @@ import pytest
 
 from driver.gpu.emulated import EmulatedGpuBackend
 from kubeletplugin.health_stream import DeviceHealthBoard, DraHealthServicer, add_health_service
-from kubeletplugin.inventory import NodeInventory, build_inventory
+from kubeletplugin.nodeinventory import NodeInventory, build_inventory
 from kubeletplugin.sockets import UnixGrpcServer
 from tests.kubeletplugin.harness import HealthWatch
 

@@ -121,7 +121,7 @@ def test_prepare_logs_carry_claim_and_pod_ids(
     node.start_plugin()
     claim = node.claim(["gpu-0-1g-5gb-5"])
     node.reserve_for_pod(claim, pod="trainer-0", uid="1c0ffee0-pod")
-    with caplog.at_level(logging.INFO, logger="kubeletplugin.state"):
+    with caplog.at_level(logging.INFO, logger="kubeletplugin.devicestate"):
         assert node.kubelet().prepare([claim])[claim.uid].error == ""
     (record,) = [r for r in caplog.records if r.getMessage().startswith("prepared claim")]
     assert record.__dict__["claim_uid"] == claim.uid

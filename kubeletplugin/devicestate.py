@@ -49,10 +49,10 @@ from kubeletplugin.claim_devices import (
     write_cdi,
 )
 from kubeletplugin.claims import ClaimRejectedError, PlannedDevice, plan_claim
-from kubeletplugin.inventory import NodeInventory
 from kubeletplugin.journal import CheckpointJournal
 from kubeletplugin.metrics import PluginMetrics
 from kubeletplugin.model import ClaimRef, PrepareResult
+from kubeletplugin.nodeinventory import NodeInventory
 from kubeletplugin.overlaps import (
     StaleSliceJudge,
     StaleSliceUnknownError,
