@@ -1,11 +1,13 @@
 """The published device model: limits of the API, names, counters, and the round trip back."""
 
 import re
+from datetime import UTC, datetime
 
 import pytest
 
 from driver.mig.catalog import gpu_model
 from driver.resourceslices import GpuInventory, build_pool, complete_pools, parse_devices
+from driver.taints import UNHEALTHY_TAINT_KEY, DeviceTaint
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -117,3 +119,19 @@ def test_malformed_foreign_device_is_skipped() -> None:
     devices = parse_devices(complete_pools(slices)["a"])
     assert "weird" not in {d.name for d in devices}
     assert len(devices) == 25
+
+
+def test_device_taints_round_trip_and_a_malformed_taint_skips_its_device() -> None:
+    added = datetime(2026, 5, 9, 7, 35, 25, tzinfo=UTC)
+    taint = DeviceTaint(
+        key=UNHEALTHY_TAINT_KEY, value="Xid79", effect="NoSchedule", time_added=added
+    )
+    slices = build_pool(node="a", gpus=_gpus(1), generation=1, taints={0: (taint,)})
+    devices = parse_devices(complete_pools(slices)["a"])
+    assert len(devices) == 25
+    assert {d.taints for d in devices} == {(taint,)}
+    broken = next(d for d in slices[1]["spec"]["devices"] if d["name"] == devices[0].name)
+    broken["taints"] = [{"key": UNHEALTHY_TAINT_KEY, "value": "Xid79"}]  # no effect
+    devices = parse_devices(complete_pools(slices)["a"])
+    assert len(devices) == 24
+    assert broken["name"] not in {d.name for d in devices}
