@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def use_color(*, no_color: bool, stream: TextIO) -> bool:
-    if no_color or os.environ.get("NO_COLOR"):
+    if no_color or os.getenv("NO_COLOR"):
         return False
     return stream.isatty()
 

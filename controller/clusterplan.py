@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from api import names
 from controller.inventory import SliceInventory
 from controller.occupancy import ClaimOccupancy
-from controller.statussource import allocated_claims
+from controller.statussource import allocated_claims, read_objects
 from controller.statusview import PodRef, build_view
-from driver.cluster.port import PODS, RESOURCE_CLAIMS, RESOURCE_SLICES, ClusterApi, JsonObject
+from driver.cluster.port import ClusterApi, JsonObject
 from driver.placement import Engine
 from driver.planning.defrag import Unit, UnitSlice
 
@@ -132,10 +132,10 @@ def read_snapshot(
     api: ClusterApi, *, policy: str, driver: str = names.DRIVER_NAME
 ) -> ClusterSnapshot:
     """The cluster now: our ResourceSlices, our allocated claims, the pods of their namespaces."""
-    slices = api.list_objects(RESOURCE_SLICES, field_selector=f"spec.driver={driver}").items
-    claims = allocated_claims(api.list_objects(RESOURCE_CLAIMS).items, driver=driver)
-    namespaces = sorted({str(c.get("metadata", {}).get("namespace", "")) for c in claims})
-    pods: list[JsonObject] = []
-    for namespace in namespaces:
-        pods += api.list_objects(PODS, namespace=namespace).items
-    return snapshot_of(resource_slices=slices, claims=claims, pods=pods, policy=policy)
+    objects = read_objects(api, driver=driver)
+    return snapshot_of(
+        resource_slices=objects.resource_slices,
+        claims=objects.claims,
+        pods=objects.pods,
+        policy=policy,
+    )

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from api import names
 from controller.statusview import ClusterView, MigUuidKey, build_view
 from driver.checkpoint import CheckpointStore
 from driver.cluster.port import PODS, RESOURCE_CLAIMS, RESOURCE_SLICES, ClusterApi, JsonObject
+from driver.cluster.views import ClaimView
 from driver.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -21,13 +23,29 @@ logger = logging.getLogger(__name__)
 
 def allocated_claims(claims: Iterable[JsonObject], *, driver: str) -> list[JsonObject]:
     """Claims with at least one allocation result of ``driver``."""
-    chosen = []
-    for claim in claims:
-        allocation = (claim.get("status") or {}).get("allocation") or {}
-        results = (allocation.get("devices") or {}).get("results") or []
-        if any(r.get("driver") == driver for r in results if isinstance(r, dict)):
-            chosen.append(claim)
-    return chosen
+    return [claim for claim in claims if ClaimView.of(claim).results_of(driver)]
+
+
+@dataclass(frozen=True, slots=True)
+class StatusObjects:
+    """What the slice map is built from: our ResourceSlices, our allocated claims, and the pods of
+    the namespaces those claims live in."""
+
+    resource_slices: list[JsonObject]
+    claims: list[JsonObject]
+    pods: list[JsonObject]
+
+
+def read_objects(api: ClusterApi, *, driver: str = names.DRIVER_NAME) -> StatusObjects:
+    """Our ResourceSlices, our allocated claims, and the pods of the namespaces those claims live
+    in (one list per namespace, not every pod of a large cluster)."""
+    slices = api.list_objects(RESOURCE_SLICES, field_selector=f"spec.driver={driver}").items
+    claims = allocated_claims(api.list_objects(RESOURCE_CLAIMS).items, driver=driver)
+    namespaces = sorted({ClaimView.of(c).namespace for c in claims})
+    pods: list[JsonObject] = []
+    for namespace in namespaces:
+        pods += api.list_objects(PODS, namespace=namespace).items
+    return StatusObjects(resource_slices=slices, claims=claims, pods=pods)
 
 
 def read_view(
@@ -36,16 +54,14 @@ def read_view(
     mig_uuids: Mapping[MigUuidKey, str] | None = None,
     driver: str = names.DRIVER_NAME,
 ) -> ClusterView:
-    """The cluster's slice map now: our ResourceSlices, our allocated claims, and the pods of the
-    namespaces those claims live in (one list per namespace, not every pod of a large cluster)."""
-    slices = api.list_objects(RESOURCE_SLICES, field_selector=f"spec.driver={driver}").items
-    claims = allocated_claims(api.list_objects(RESOURCE_CLAIMS).items, driver=driver)
-    namespaces = sorted({str(c.get("metadata", {}).get("namespace", "")) for c in claims})
-    pods: list[JsonObject] = []
-    for namespace in namespaces:
-        pods += api.list_objects(PODS, namespace=namespace).items
+    """The cluster's slice map now (see ``read_objects``)."""
+    objects = read_objects(api, driver=driver)
     return build_view(
-        resource_slices=slices, claims=claims, pods=pods, mig_uuids=mig_uuids, driver=driver
+        resource_slices=objects.resource_slices,
+        claims=objects.claims,
+        pods=objects.pods,
+        mig_uuids=mig_uuids,
+        driver=driver,
     )
 
 

@@ -16,13 +16,12 @@ from __future__ import annotations
 import string
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from api import names
+from driver.cluster.port import JsonObject
+from driver.cluster.views import ClaimView, PodView, SliceView
 from driver.mig.model import Placement
 from driver.resourceslices import PublishedDevice, parse_devices
-
-JsonObject = dict[str, Any]
 
 LABELS = string.ascii_uppercase + string.ascii_lowercase + string.digits
 """Letters naming the taken slices of one GPU, in placement order (``A`` is the lowest start)."""
@@ -159,10 +158,11 @@ def build_view(
     known_uuids = dict(mig_uuids or {})
     taken: dict[tuple[str, int], list[tuple[PublishedDevice, _Holder]]] = {}
     strays: list[StrayAllocation] = []
-    for claim in claims:
+    for obj in claims:
+        claim = ClaimView.of(obj)
         holder = _holder(claim, pod_index)
-        for result in _results(claim, driver=driver):
-            pool, name = str(result.get("pool", "")), str(result.get("device", ""))
+        for result in claim.results_of(driver):
+            pool, name = result.pool, result.device
             device = by_key.get((pool, name))
             if device is None:
                 strays.append(
@@ -174,7 +174,7 @@ def build_view(
                     )
                 )
                 continue
-            uuid = known_uuids.get((holder.uid, name)) or _status_mig_uuid(
+            uuid = known_uuids.get((holder.uid, name)) or status_mig_uuid(
                 claim, driver=driver, pool=pool, device=name
             )
             taken.setdefault((device.node, device.gpu_index), []).append(
@@ -190,18 +190,16 @@ def build_view(
 
 def _published_devices(slices: Iterable[JsonObject], *, driver: str) -> list[PublishedDevice]:
     """Devices of each pool's newest generation (a pool mid-republication is still shown)."""
-    by_pool: dict[str, list[JsonObject]] = {}
+    by_pool: dict[str, list[SliceView]] = {}
     for obj in slices:
-        spec = obj.get("spec") or {}
-        if spec.get("driver") != driver or not isinstance(spec.get("pool"), dict):
+        view = SliceView.of(obj)
+        if view.driver != driver or not view.pool:
             continue
-        by_pool.setdefault(str(spec["pool"].get("name", "")), []).append(obj)
+        by_pool.setdefault(view.pool, []).append(view)
     devices: list[PublishedDevice] = []
-    for objs in by_pool.values():
-        newest = max(int(o["spec"]["pool"].get("generation", 0)) for o in objs)
-        devices += parse_devices(
-            o for o in objs if int(o["spec"]["pool"].get("generation", 0)) == newest
-        )
+    for pool_slices in by_pool.values():
+        newest = max(v.pool_generation for v in pool_slices)
+        devices += parse_devices(v.raw for v in pool_slices if v.pool_generation == newest)
     return devices
 
 
@@ -227,12 +225,12 @@ class _Holder:
 
 class _PodIndex:
     def __init__(self, pods: Iterable[JsonObject]) -> None:
-        self._by_uid: dict[str, JsonObject] = {}
-        self._by_name: dict[tuple[str, str], JsonObject] = {}
-        for pod in pods:
-            meta = pod.get("metadata") or {}
-            self._by_uid[str(meta.get("uid", ""))] = pod
-            self._by_name[(str(meta.get("namespace", "")), str(meta.get("name", "")))] = pod
+        self._by_uid: dict[str, PodView] = {}
+        self._by_name: dict[tuple[str, str], PodView] = {}
+        for obj in pods:
+            pod = PodView.of(obj)
+            self._by_uid[pod.uid] = pod
+            self._by_name[(pod.namespace, pod.name)] = pod
 
     def ref(self, *, namespace: str, name: str, uid: str) -> PodRef:
         pod = self._by_uid.get(uid) if uid else None
@@ -240,77 +238,54 @@ class _PodIndex:
             pod = self._by_name.get((namespace, name))
         if pod is None:
             return PodRef(namespace=namespace, name=name, phase="Gone")
-        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
         return PodRef(
-            namespace=str(meta.get("namespace", namespace)),
-            name=str(meta.get("name", name)),
-            phase=str((pod.get("status") or {}).get("phase") or "Pending"),
-            gated=bool(spec.get("schedulingGates")),
+            namespace=pod.meta.namespace or namespace,
+            name=pod.name or name,
+            phase=pod.phase or "Pending",
+            gated=bool(pod.scheduling_gates),
         )
 
-    def by_uid(self, uid: str) -> JsonObject | None:
+    def by_uid(self, uid: str) -> PodView | None:
         return self._by_uid.get(uid)
 
 
-def _holder(claim: JsonObject, pods: _PodIndex) -> _Holder:
-    meta = claim.get("metadata") or {}
-    namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
-    labels = meta.get("labels") or {}
-    refs: list[PodRef] = []
-    for consumer in (claim.get("status") or {}).get("reservedFor") or []:
-        if consumer.get("resource") == "pods" and not consumer.get("apiGroup"):
-            refs.append(
-                pods.ref(
-                    namespace=namespace,
-                    name=str(consumer.get("name", "")),
-                    uid=str(consumer.get("uid", "")),
-                )
-            )
+def _holder(claim: ClaimView, pods: _PodIndex) -> _Holder:
+    namespace, name = claim.namespace, claim.name
+    refs = [
+        pods.ref(namespace=namespace, name=consumer.name, uid=consumer.uid)
+        for consumer in claim.reserved_for
+        if consumer.is_pod
+    ]
     if not refs:
-        for owner in meta.get("ownerReferences") or []:
-            if owner.get("kind") == "Pod" and owner.get("apiVersion") == "v1":
-                refs.append(
-                    pods.ref(
-                        namespace=namespace,
-                        name=str(owner.get("name", "")),
-                        uid=str(owner.get("uid", "")),
-                    )
-                )
-    shadow_for = labels.get(names.SHADOW_CLAIM_LABEL)
+        refs = [
+            pods.ref(namespace=namespace, name=owner.name, uid=owner.uid)
+            for owner in claim.meta.owners
+            if owner.is_pod
+        ]
+    shadow_for = claim.meta.labels.get(names.SHADOW_CLAIM_LABEL)
     if not refs and shadow_for:
-        pod = pods.by_uid(str(shadow_for))
+        pod = pods.by_uid(shadow_for)
         if pod is not None:
-            pod_meta = pod.get("metadata") or {}
-            refs.append(
-                pods.ref(
-                    namespace=namespace, name=str(pod_meta.get("name", "")), uid=str(shadow_for)
-                )
-            )
+            refs.append(pods.ref(namespace=namespace, name=pod.name, uid=shadow_for))
     return _Holder(
         namespace=namespace,
         name=name,
-        uid=str(meta.get("uid", "")),
+        uid=claim.uid,
         shadow=shadow_for is not None,
         pods=tuple(refs),
     )
 
 
-def _results(claim: JsonObject, *, driver: str) -> list[JsonObject]:
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    results = (allocation.get("devices") or {}).get("results") or []
-    return [r for r in results if isinstance(r, dict) and r.get("driver") == driver]
-
-
-def _status_mig_uuid(claim: JsonObject, *, driver: str, pool: str, device: str) -> str | None:
-    for entry in (claim.get("status") or {}).get("devices") or []:
-        if (entry.get("driver"), entry.get("pool"), entry.get("device")) != (driver, pool, device):
+def status_mig_uuid(claim: ClaimView, *, driver: str, pool: str, device: str) -> str | None:
+    """The MIG UUID a driver recorded for one allocated device in the claim's
+    ``status.devices[].data`` (under any of ``MIG_UUID_DATA_KEYS``); ``None`` when not recorded."""
+    for entry in claim.devices:
+        if (entry.driver, entry.pool, entry.device) != (driver, pool, device):
             continue
-        data = entry.get("data")
-        if isinstance(data, dict):
-            for key in MIG_UUID_DATA_KEYS:
-                value = data.get(key)
-                if isinstance(value, str) and value:
-                    return value
+        for key in MIG_UUID_DATA_KEYS:
+            value = entry.data.get(key)
+            if isinstance(value, str) and value:
+                return value
     return None
 
 
