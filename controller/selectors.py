@@ -59,6 +59,9 @@ from celpy.evaluation import CELEvalError
 
 from controller.cel_library import KUBERNETES_FUNCTIONS, Quantity, Semver
 from controller.selector_analysis import DevicePath, analyze_expression
+from driver.cluster import views
+from driver.cluster.port import JsonObject
+from driver.cluster.views import SliceView
 from driver.errors import ConfigError
 
 MAX_EXPRESSION_LENGTH: Final = 10 * 1024
@@ -136,52 +139,53 @@ class DeviceView:
         return self._cel[0]
 
 
-def device_view_from_slice(
-    slice_obj: Mapping[str, Any], device_obj: Mapping[str, Any]
-) -> DeviceView:
+def device_view_from_slice(slice_obj: JsonObject, device_obj: Mapping[str, Any]) -> DeviceView:
     """A ``DeviceView`` of one device of a ResourceSlice (wire JSON, ``resource.k8s.io/v1``).
 
     The v1beta1 shape (attributes under ``basic``) is accepted too. A malformed attribute or
-    quantity raises ``ConfigError`` naming the device.
+    quantity raises ``ConfigError`` naming the device: unlike ``SliceView``'s lenient reading, a
+    selector must see every attribute exactly as kube-scheduler would, or refuse the device.
     """
-    spec = slice_obj.get("spec", {})
-    metadata = slice_obj.get("metadata", {})
-    driver = str(spec.get("driver", ""))
-    pool = spec.get("pool", {})
-    name = str(device_obj.get("name", ""))
-    body = device_obj.get("basic", device_obj)
-    where = f"device {name!r} of ResourceSlice {metadata.get('name', '?')!r}"
+    return _device_view(SliceView.of(slice_obj), device_obj)
+
+
+def device_views_from_slice(slice_obj: JsonObject) -> list[DeviceView]:
+    """Every device of a ResourceSlice (none for a counter-only slice)."""
+    view = SliceView.of(slice_obj)
+    return [_device_view(view, device.raw) for device in view.devices]
+
+
+def _device_view(slice_view: SliceView, device_obj: Mapping[str, Any]) -> DeviceView:
+    driver = slice_view.driver
+    name = views.text(views.path(device_obj, "name"))
+    basic = views.path(device_obj, "basic")
+    body = basic if isinstance(basic, Mapping) else device_obj
+    where = f"device {name!r} of ResourceSlice {slice_view.name or '?'!r}"
     attributes: dict[str, dict[str, AttributeValue]] = {}
-    for qualified, raw in (body.get("attributes") or {}).items():
+    for qualified, raw in views.mapping(views.path(body, "attributes")).items():
         domain, short = split_qualified_name(qualified, default_domain=driver)
         attributes.setdefault(domain, {})[short] = _attribute_value(
             raw, where=f"{where}: {qualified}"
         )
     capacity: dict[str, dict[str, Quantity]] = {}
-    for qualified, raw in (body.get("capacity") or {}).items():
+    for qualified, raw in views.mapping(views.path(body, "capacity")).items():
         domain, short = split_qualified_name(qualified, default_domain=driver)
-        value = raw.get("value") if isinstance(raw, Mapping) else None
+        value = views.path(raw, "value")
         try:
             capacity.setdefault(domain, {})[short] = Quantity.parse(str(value))
         except ValueError as exc:
             raise ConfigError(f"{where}: capacity {qualified}: {exc}") from exc
     return DeviceView(
         driver=driver,
-        pool=str(pool.get("name", "")),
+        pool=slice_view.pool,
         name=name,
-        node_name=spec.get("nodeName"),
+        node_name=slice_view.node_name or None,
         attributes=attributes,
         capacity=capacity,
-        pool_generation=int(pool.get("generation", 0)),
-        slice_name=str(metadata.get("name", "")),
-        slice_resource_version=str(metadata.get("resourceVersion", "")),
+        pool_generation=slice_view.pool_generation,
+        slice_name=slice_view.name,
+        slice_resource_version=slice_view.meta.resource_version,
     )
-
-
-def device_views_from_slice(slice_obj: Mapping[str, Any]) -> list[DeviceView]:
-    """Every device of a ResourceSlice (none for a counter-only slice)."""
-    devices = slice_obj.get("spec", {}).get("devices") or []
-    return [device_view_from_slice(slice_obj, device) for device in devices]
 
 
 def split_qualified_name(qualified: str, *, default_domain: str) -> tuple[str, str]:
