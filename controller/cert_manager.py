@@ -35,6 +35,7 @@ from controller.certs import (
     renewal_due,
     write_certificate_files,
 )
+from driver.cluster import views
 from driver.cluster.clock import Clock
 from driver.errors import AlreadyExistsError, ConflictError, DriverError
 
@@ -199,7 +200,7 @@ class CertificateManager:
         if base is not None:
             secret = copy.deepcopy(base)
             secret.pop("stringData", None)
-            secret["data"] = {**(secret.get("data") or {}), **encoded}
+            secret["data"] = {**views.mapping(views.path(base, "data")), **encoded}
             return secret
         return {
             "apiVersion": "v1",
@@ -223,14 +224,18 @@ class CertificateManager:
                 _log.warning("MutatingWebhookConfiguration %s not found; caBundle not set", name)
                 return
             updated = copy.deepcopy(configuration)
-            changed = False
-            for hook in updated.get("webhooks") or []:
-                client = hook.setdefault("clientConfig", {})
-                if client.get("caBundle") != wanted:
-                    client["caBundle"] = wanted
-                    changed = True
-            if not changed:
+            stale = [
+                hook
+                for hook in views.items(views.path(updated, "webhooks"))
+                if isinstance(hook, dict) and views.path(hook, "clientConfig", "caBundle") != wanted
+            ]
+            if not stale:
                 return
+            for hook in stale:
+                client = views.path(hook, "clientConfig")
+                if not isinstance(client, dict):
+                    client = hook["clientConfig"] = {}
+                client["caBundle"] = wanted
             try:
                 self._store.update_webhook_configuration(updated)
             except ConflictError:
@@ -241,7 +246,7 @@ class CertificateManager:
 
 
 def _decode(secret: dict[str, Any]) -> _Stored | None:
-    data = secret.get("data") or {}
+    data = views.mapping(views.path(secret, "data"))
     try:
         raw = {
             key: base64.b64decode(data[key], validate=True)
