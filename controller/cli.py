@@ -20,8 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from controller.statusrender import Style, render_view
-from controller.statusview import ClusterView
+from controller.status import ClusterView, Style, mig_uuids_from_checkpoints, read_view, render_view
 from driver.errors import DriverError
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
@@ -117,10 +116,6 @@ def run_status(
     out: TextIO,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
-    from controller.statussource import (  # noqa: PLC0415
-        mig_uuids_from_checkpoints,
-        read_view,
-    )
     from driver.cluster.kube import connect  # noqa: PLC0415 - imports kubernetes only when used
     from driver.cluster.throttle import ClientSettings  # noqa: PLC0415
 

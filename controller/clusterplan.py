@@ -3,7 +3,7 @@
 The engine is filled by the controller's own code — ``SliceInventory`` turns the published
 ResourceSlices into engine nodes, ``ClaimOccupancy`` marks every allocated claim's devices as taken —
 so ``simulate --from-cluster`` and ``defrag`` see exactly what the allocator would see. The pods that
-hold each claim come from the slice map (``statusview``): claims that share a pod move together, and
+hold each claim come from the slice map (``controller.status``): claims that share a pod move together, and
 a claim no existing pod holds (finished, deleted, never started) cannot be moved by evicting anyone.
 """
 
@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from api import names
 from controller.inventory import SliceInventory
 from controller.occupancy import ClaimOccupancy
-from controller.statussource import allocated_claims, read_objects
-from controller.statusview import PodRef, build_view
+from controller.status import PodRef, allocated_claims, build_view, read_objects
 from driver.cluster.port import ClusterApi, JsonObject
 from driver.placement import Engine
 from driver.planning.defrag import Unit, UnitSlice

@@ -50,8 +50,7 @@ import yaml
 
 from api import names
 from controller.certs import generate_ca, issue_serving_certificate
-from controller.statussource import mig_uuids_from_checkpoints, read_view
-from controller.statusview import ClusterView
+from controller.status import ClusterView, mig_uuids_from_checkpoints, read_view
 from driver.cluster.kube import KubeClusterApi, load_configuration
 from driver.cluster.port import EVENTS, LEASES, NODES, RESOURCE_SLICES, JsonObject
 from driver.errors import ApiNotFoundError, ConfigError

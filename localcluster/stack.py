@@ -36,8 +36,7 @@ from typing import TypeVar
 
 from api import names
 from controller.certs import generate_ca, issue_serving_certificate
-from controller.statussource import mig_uuids_from_checkpoints, read_view
-from controller.statusview import ClusterView
+from controller.status import ClusterView, mig_uuids_from_checkpoints, read_view
 from driver.checkpoint import CHECKPOINT_FILE_NAME
 from driver.cluster.port import LEASES, RESOURCE_SLICES, JsonObject
 from driver.errors import ApiNotFoundError, ConfigError

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from api import names
-from controller.statussource import allocated_claims
-from controller.statusview import ClusterView, TakenSlice
+from controller.status import ClusterView, TakenSlice, allocated_claims
 from driver.checkpoint import CheckpointStore
 from driver.cluster.port import (
     PODS,

@@ -10,7 +10,7 @@ import pytest
 from api.checkpoint import PreparedClaim, PrepareState
 from api.checkpoint import PreparedDevice as CheckpointDevice
 from api.names import DRIVER_NAME
-from controller.statusview import status_mig_uuid
+from controller.status import status_mig_uuid
 from driver.cluster.port import RESOURCE_CLAIMS, JsonObject, Resource, resource_version_of
 from driver.cluster.views import ClaimView
 from driver.errors import ClusterError, ConflictError
