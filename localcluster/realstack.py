@@ -49,7 +49,7 @@ from typing import Any, TypeVar
 import yaml
 
 from api import names
-from controller.certs import generate_ca, issue_serving_certificate
+from controller.certificates import generate_ca, issue_serving_certificate
 from controller.status import ClusterView, mig_uuids_from_checkpoints, read_view
 from driver.cluster.kube import KubeClusterApi, load_configuration
 from driver.cluster.port import EVENTS, LEASES, NODES, RESOURCE_SLICES, JsonObject

@@ -35,7 +35,7 @@ from types import TracebackType
 from typing import TypeVar
 
 from api import names
-from controller.certs import generate_ca, issue_serving_certificate
+from controller.certificates import generate_ca, issue_serving_certificate
 from controller.status import ClusterView, mig_uuids_from_checkpoints, read_view
 from driver.checkpoint import CHECKPOINT_FILE_NAME
 from driver.cluster.port import LEASES, RESOURCE_SLICES, JsonObject

@@ -9,15 +9,17 @@ from typing import Any
 import pytest
 from cryptography import x509
 
-from controller.cert_manager import CertificateManager
-from controller.cert_store import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS, ClusterCertificateStore
-from controller.certs import (
+from controller.certificates import (
     CA_FILE,
     CA_KEY,
     CERT_FILE,
     KEY_FILE,
+    MUTATING_WEBHOOK_CONFIGURATIONS,
+    SECRETS,
+    CertificateManager,
     CertificateSettings,
     CertMode,
+    ClusterCertificateStore,
     ServingCertificate,
     certificate_names,
     generate_ca,

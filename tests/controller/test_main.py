@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from api.names import SCHEDULING_GATE
-from controller.certs import CertMode
+from controller.certificates import CertMode
 from controller.settings import build_parser, parse_settings
 from driver.cluster.port import LEASES, PODS, RESOURCE_CLAIMS, Resource, gate_names
 from localcluster.apiserver import LocalApiServer
