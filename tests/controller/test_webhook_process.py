@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,10 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _gone(pid: int) -> bool:
+    return not _alive(pid)
 
 
 def _webhook_children(pid: int) -> list[int]:
@@ -158,4 +163,4 @@ def test_the_controller_runs_restarts_and_takes_down_its_webhook_process(
             process.kill()  # as a crash or an OOM kill would end it
             process.wait()
         for child in children:
-            wait_for(lambda child=child: not _alive(child), timeout=30, what="the child ended")
+            wait_for(partial(_gone, child), timeout=30, what="the child ended")
