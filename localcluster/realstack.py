@@ -202,17 +202,6 @@ class CdiValidator:
     def __init__(self, binary: Path) -> None:
         self.binary = binary
 
-    def check_spec(self, spec: Path) -> str | None:
-        """None when the spec file loads; else the library's error."""
-        done = subprocess.run(
-            [str(self.binary), "--spec", str(spec)],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-        return None if done.returncode == 0 else (done.stderr or done.stdout).strip()
-
     def inject(self, cdi_dir: Path, devices: Sequence[str]) -> JsonObject:
         """What injecting ``devices`` from the specs in ``cdi_dir`` does to an empty OCI spec
         (``{"env": [...], "devices": [...]}``); ``ConfigError`` when the library refuses."""
@@ -572,15 +561,6 @@ class RealStack:
         else:
             process.stop()
         process.start()
-
-    def restart_controller(self, *, kill: bool = True) -> None:
-        if self.controller is None:
-            raise RuntimeError("the stack is not started")
-        if kill:
-            self.controller.kill()
-        else:
-            self.controller.stop()
-        self.controller.start()
 
     # --- allocation modes: the steps of docs/deploy.md "Switching modes" -------------------------
 

@@ -19,7 +19,6 @@ Everything lives under one root directory (sockets, checkpoints, CDI specs, cert
 from __future__ import annotations
 
 import base64
-import contextlib
 import copy
 import logging
 import shutil
@@ -294,15 +293,6 @@ class InstaSliceStack:
             self.plugins[node] = process
         process.start()
 
-    def restart_controller(self, *, kill: bool = True) -> None:
-        if self.controller is None:
-            raise RuntimeError("the stack is not started")
-        if kill:
-            self.controller.kill()
-        else:
-            self.controller.stop()
-        self.controller.start()
-
     # --- webhook --------------------------------------------------------------------------------
 
     def _make_certificates(self) -> Path:
@@ -473,14 +463,3 @@ def webhook_configuration(*, url: str, ca_bundle: bytes) -> JsonObject:
     for hook in config.get("webhooks") or []:
         hook["clientConfig"] = {"url": url, "caBundle": base64.b64encode(ca_bundle).decode()}
     return config
-
-
-def sockets_under(root: Path) -> list[Path]:
-    """Unix sockets left under ``root`` (there should be none after ``stop``)."""
-    found = []
-    with contextlib.suppress(OSError):
-        for path in root.rglob("*"):
-            with contextlib.suppress(OSError):
-                if path.is_socket():
-                    found.append(path)
-    return found

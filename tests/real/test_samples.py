@@ -23,8 +23,6 @@ from tests.e2e.helpers import (
     wait_for,
 )
 
-QUOTA = {"apiVersion": "v1", "kind": "ResourceQuota"}
-
 
 def _samples() -> list[JsonObject]:
     return [o for o in read_kustomization(SAMPLES_DIR) if o.get("kind") != "Namespace"]
