@@ -20,7 +20,7 @@ pods created with ``spec.nodeName`` (mirror pods; kube-apiserver refuses gates o
 
 **Claims that do not exist yet.** Kubernetes lets a pod be created before its ResourceClaim or
 ResourceClaimTemplate. Not gating such a pod would let kube-scheduler allocate our devices itself if
-the claim turns out to be ours, and a gate cannot be added later (DESIGN fact 4); so a reference we
+the claim turns out to be ours, and a gate cannot be added later (docs/design.md F4); so a reference we
 cannot resolve is gated, with an admission warning. Rule for the allocation loop: **the controller
 must lift our gate from a gated pod once all of its claims are known and none uses one of our
 DeviceClasses and it has no classic MIG request** (only our gate; other gates are someone else's).

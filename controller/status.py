@@ -1,6 +1,6 @@
 """Who holds which MIG slice: the cluster's slice map, derived from the API objects alone.
 
-Every MIG slice is one allocated ResourceClaim of our driver (DESIGN, first principle), so the map
+Every MIG slice is one allocated ResourceClaim of our driver (docs/design.md D1), so the map
 of a cluster is a pure function of three lists: the published ResourceSlices (what *could* exist,
 per node and GPU), our allocated claims (what is taken, by whom) and the pods those claims serve.
 ``instaslice status`` feeds it from any cluster, the demo from the local one; the end-to-end tests
