@@ -4,7 +4,8 @@
 #   docker build --target kubelet-plugin -t quay.io/instaslice/instaslice-kubelet-plugin:latest .
 # (`make docker-build`; `make docker-buildx PLATFORMS=linux/amd64,linux/arm64` for multi-arch.)
 # The Python package is built once into a virtualenv in the build stage and copied into a slim
-# runtime; no compiler, pip cache or source tree ends up in the images.
+# runtime; no compiler, pip cache or source tree ends up in the images. Only the product's packages
+# are copied: the local cluster emulator (localcluster/), bench/ and tests/ never ship.
 ARG PYTHON_VERSION=3.11
 
 FROM python:${PYTHON_VERSION}-slim AS build
@@ -21,7 +22,6 @@ COPY driver/ driver/
 COPY protos/ protos/
 COPY controller/ controller/
 COPY kubeletplugin/ kubeletplugin/
-COPY localcluster/ localcluster/
 RUN /opt/instaslice/bin/pip install --no-deps . \
  && /opt/instaslice/bin/instaslice --help >/dev/null
 

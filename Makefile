@@ -2,6 +2,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PACKAGES := api driver controller kubeletplugin localcluster protos
+# mypy --strict covers the tests and benchmarks too (they are code we maintain)
+TYPECHECKED := $(PACKAGES) tests bench
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
@@ -15,20 +17,26 @@ $(PY):
 	$(PY) -m pip install -q --upgrade pip
 
 INSTALLED := $(VENV)/.installed
+# The installed package is the product alone; the checkout's own packages that never ship
+# (localcluster/, bench/, tests/) are found through this .pth file naming the checkout.
+CHECKOUT_PTH = $(PY) -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_path("purelib"), "instaslice-checkout.pth").write_text("$(CURDIR)\n")'
 
 install: $(PY) ## create .venv and install the project with its dev tools
 	$(PY) -m pip install -q -e '.[dev]'
+	@$(CHECKOUT_PTH)
 	@touch $(INSTALLED)
 
-# what `make demo` and `make test-real` need when `make install` never ran (a fresh clone)
-$(INSTALLED): | $(PY)
+# what every target below needs when `make install` never ran (a fresh clone), or ran before
+# pyproject.toml last changed
+$(INSTALLED): pyproject.toml | $(PY)
 	$(PY) -m pip install -q -e '.[dev]'
+	@$(CHECKOUT_PTH)
 	@touch $(INSTALLED)
 
-protos: ## regenerate the kubelet API stubs in protos/ from the .proto files
+protos: $(INSTALLED) ## regenerate the kubelet API stubs in protos/ from the .proto files
 	$(PY) -m protos.generate
 
-lint: ## ruff check + format check
+lint: $(INSTALLED) ## ruff check + format check
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
@@ -36,10 +44,10 @@ fmt: ## ruff format + autofix
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
 
-typecheck: ## mypy --strict over our packages (generated stubs excluded)
-	$(PY) -m mypy $(PACKAGES)
+typecheck: $(INSTALLED) ## mypy --strict over our packages, tests and benchmarks (generated stubs excluded)
+	$(PY) -m mypy $(TYPECHECKED)
 
-test: ## the whole test suite (unit, contract, integration, end-to-end on the local cluster)
+test: $(INSTALLED) ## the whole test suite (unit, contract, integration, end-to-end on the local cluster)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-real: $(INSTALLED) ## the real-stack tier (tests/real) on Kubernetes built by ../shared/realstack; skips in one line when not built
@@ -47,13 +55,13 @@ test-real: $(INSTALLED) ## the real-stack tier (tests/real) on Kubernetes built 
 	if [ -n "$$reason" ]; then echo "test-real: skipped: $$reason"; \
 	else $(PY) -m pytest tests/real --real-stack -p no:cacheprovider $(PYTEST_ARGS); fi
 
-bench: ## run the benchmarks; figures go to stdout and bench/results/*.json
+bench: $(INSTALLED) ## run the benchmarks; figures go to stdout and bench/results/*.json
 	$(PY) -m bench
 
 demo: $(INSTALLED) ## the whole system on this machine: real controller + kubelet plugins, emulated GPUs, samples/ applied and removed (DEMO_ARGS="--nodes 3 --gpus 2xH100-80GB --fast")
 	$(PY) -m controller.cli demo $(DEMO_ARGS)
 
-check-nvml: ## read-only NVML discovery on a real GPU host (never changes MIG state)
+check-nvml: $(INSTALLED) ## read-only NVML discovery on a real GPU host (never changes MIG state)
 	$(PY) -m pytest -m gpu tests/contract -p no:cacheprovider $(PYTEST_ARGS)
 
 clean:
@@ -77,7 +85,7 @@ RENDER = IMG='$(IMG)' IMG_PLUGIN='$(IMG_PLUGIN)' EMULATED_GPUS='$(EMULATED_GPUS)
 
 .PHONY: deviceclasses docker-build docker-push docker-buildx manifests deploy deploy-emulated undeploy deploy-classes undeploy-classes test-e2e-kind-emulated cleanup-test-e2e-kind-emulated
 
-deviceclasses: ## regenerate deploy/base/deviceclasses.yaml (and the extendedResourceName patches) from the MIG catalog
+deviceclasses: $(INSTALLED) ## regenerate deploy/base/deviceclasses.yaml (and the extendedResourceName patches) from the MIG catalog
 	$(PY) deploy/generate_deviceclasses.py
 
 docker-build: ## build both images: IMG (controller) and IMG_PLUGIN (kubelet plugin); CONTAINER_TOOL=podman works

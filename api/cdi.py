@@ -3,7 +3,7 @@
 Container runtimes load every file in the CDI directory with the CDI library
 (``tags.cncf.io/container-device-interface`` v1.1.0 in containerd and CRI-O). That loader is strict:
 an unknown field, a bad ``kind``, a bad device name or a ``cdiVersion`` lower than the features used
-need makes the whole file fail to load (DESIGN fact 8, ``reference/dra-kubelet-plugin-facts.md`` §5).
+need makes the whole file fail to load (docs/design.md F8 and F23).
 So the rules are validators here and a spec that does not satisfy them cannot be built at all.
 
 The model covers the subset of the CDI schema we write, plus ``additionalGids`` (0.7.0), which the

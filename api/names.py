@@ -27,7 +27,7 @@ CDI_KIND: Final = "instaslice.dev/mig"
 """CDI kind (vendor/class) of the specs the kubelet plugin writes."""
 
 DELETE_PROTECTION_FINALIZER: Final = "resource.kubernetes.io/delete-protection"
-"""Finalizer kube-scheduler puts on claims before allocating them (DESIGN fact 3)."""
+"""Finalizer kube-scheduler puts on claims before allocating them (docs/design.md F3)."""
 
 SHADOW_CLAIM_LABEL: Final = "instaslice.dev/shadow-for-pod"
 """Label on shadow claims: the UID of the classic pod the claim stands for."""

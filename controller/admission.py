@@ -20,7 +20,7 @@ pods created with ``spec.nodeName`` (mirror pods; kube-apiserver refuses gates o
 
 **Claims that do not exist yet.** Kubernetes lets a pod be created before its ResourceClaim or
 ResourceClaimTemplate. Not gating such a pod would let kube-scheduler allocate our devices itself if
-the claim turns out to be ours, and a gate cannot be added later (DESIGN fact 4); so a reference we
+the claim turns out to be ours, and a gate cannot be added later (docs/design.md F4); so a reference we
 cannot resolve is gated, with an admission warning. Rule for the allocation loop: **the controller
 must lift our gate from a gated pod once all of its claims are known and none uses one of our
 DeviceClasses and it has no classic MIG request** (only our gate; other gates are someone else's).
@@ -37,9 +37,8 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any, Final, Protocol
 
 from api.names import (
@@ -50,6 +49,8 @@ from api.names import (
     is_our_device_class_name,
 )
 from controller.cel_library import Quantity
+from driver.cluster import views
+from driver.cluster.views import ClaimSpecView, PodView
 from driver.errors import ConfigError, DriverError
 
 _log = logging.getLogger(__name__)
@@ -91,17 +92,7 @@ class AdmissionContext(Protocol):
 def device_classes_of_claim_spec(spec: Mapping[str, Any]) -> list[str]:
     """Every DeviceClass a ``ResourceClaimSpec`` names (``exactly`` and ``firstAvailable``; v1beta1
     flat ``deviceClassName`` too), for ``AdmissionContext`` implementations."""
-    names: list[str] = []
-    for request in _dicts(_get(spec, "devices", "requests")):
-        exactly = request.get("exactly")
-        if isinstance(exactly, Mapping) and isinstance(exactly.get("deviceClassName"), str):
-            names.append(exactly["deviceClassName"])
-        if isinstance(request.get("deviceClassName"), str):
-            names.append(request["deviceClassName"])
-        for sub in _dicts(request.get("firstAvailable")):
-            if isinstance(sub.get("deviceClassName"), str):
-                names.append(sub["deviceClassName"])
-    return names
+    return list(ClaimSpecView.parse(spec).device_class_names())
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,11 +105,12 @@ class AdmissionDecision:
 
 def review_pod(review: Mapping[str, Any], context: AdmissionContext) -> dict[str, Any]:
     """Answer one ``AdmissionReview`` (v1) for a pod; ``MalformedReviewError`` if it is not one."""
-    request = review.get("request") if isinstance(review, Mapping) else None
-    if not isinstance(request, Mapping) or not isinstance(request.get("uid"), str):
+    request = views.path(review, "request")
+    uid = views.path(request, "uid")
+    if not isinstance(request, Mapping) or not isinstance(uid, str):
         raise MalformedReviewError("body is not an AdmissionReview with request.uid")
     decision = decide(request, context)
-    response: dict[str, Any] = {"uid": request["uid"], "allowed": decision.allowed}
+    response: dict[str, Any] = {"uid": uid, "allowed": decision.allowed}
     if decision.patch:
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(json.dumps(decision.patch).encode()).decode()
@@ -130,30 +122,30 @@ def review_pod(review: Mapping[str, Any], context: AdmissionContext) -> dict[str
 
 
 def decide(request: Mapping[str, Any], context: AdmissionContext) -> AdmissionDecision:
-    """The decision for one ``AdmissionReview.request``."""
-    pod = request.get("object")
-    kind = request.get("kind")
-    if request.get("operation") != "CREATE" or not isinstance(pod, Mapping):
+    """The decision for one ``AdmissionReview.request`` (an envelope, read leniently; the pod
+    through ``PodView``, which never fails on an unvalidated object)."""
+    obj = views.path(request, "object")
+    kind = views.path(request, "kind")
+    if views.path(request, "operation") != "CREATE" or not isinstance(obj, Mapping):
         return AdmissionDecision(allowed=True)
-    if isinstance(kind, Mapping) and kind.get("kind") not in (None, "Pod"):
+    if isinstance(kind, Mapping) and views.path(kind, "kind") not in (None, "Pod"):
         return AdmissionDecision(allowed=True)
-    namespace = str(request.get("namespace") or _get(pod, "metadata", "namespace") or "default")
-    spec = pod.get("spec")
-    if namespace in SKIPPED_NAMESPACES or not isinstance(spec, Mapping):
+    pod = PodView.of(dict(obj))
+    namespace = views.text(views.path(request, "namespace")) or pod.namespace or "default"
+    if namespace in SKIPPED_NAMESPACES or not isinstance(views.path(obj, "spec"), Mapping):
         return AdmissionDecision(allowed=True)
-    gates = spec.get("schedulingGates")
-    gate_names = {g.get("name") for g in _dicts(gates)}
-    if SCHEDULING_GATE in gate_names or spec.get("nodeName"):
+    if pod.gated_by(SCHEDULING_GATE) or pod.node_name:
         return AdmissionDecision(allowed=True)
 
-    problems, classic = _classic_requests(spec, context)
+    problems, classic = _classic_requests(pod, context)
     if problems:
         return AdmissionDecision(allowed=False, message="; ".join(problems))
-    ours, warnings = _references_our_claims(spec, namespace, context)
+    ours, warnings = _references_our_claims(pod, namespace, context)
     if not (classic or ours):
         return AdmissionDecision(allowed=True)
+    # JSONPatch appends to an array that exists; otherwise it must create the array
     patch: list[dict[str, Any]]
-    if isinstance(gates, list):
+    if isinstance(views.path(obj, "spec", "schedulingGates"), list):
         patch = [
             {"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": SCHEDULING_GATE}}
         ]
@@ -161,21 +153,19 @@ def decide(request: Mapping[str, Any], context: AdmissionContext) -> AdmissionDe
         patch = [
             {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": SCHEDULING_GATE}]}
         ]
-    _log.debug("gating pod %s/%s", namespace, _get(pod, "metadata", "name") or "<generated>")
+    _log.debug("gating pod %s/%s", namespace, pod.name or "<generated>")
     return AdmissionDecision(allowed=True, patch=patch, warnings=tuple(warnings))
 
 
-def _classic_requests(spec: Mapping[str, Any], context: AdmissionContext) -> tuple[list[str], bool]:
+def _classic_requests(pod: PodView, context: AdmissionContext) -> tuple[list[str], bool]:
     """(problems, whether any container asks for a MIG slice)."""
     problems: list[str] = []
     wants = False
     profiles_by_resource: dict[str, str] | None = None
-    for container in _containers(spec):
-        where = f"container {container.get('name', '?')!r}"
-        resources = container.get("resources")
-        limits = _resource_map(resources, "limits")
-        requests = _resource_map(resources, "requests")
-        for resource in sorted({*limits, *requests}):
+    for container in pod.all_containers:
+        where = f"container {container.name or '?'!r}"
+        limits, requests = container.limits, container.requests
+        for resource in sorted(container.resource_names()):
             if not resource.startswith(CLASSIC_RESOURCE_PREFIX):
                 continue
             if profiles_by_resource is None:
@@ -204,7 +194,7 @@ def _classic_requests(spec: Mapping[str, Any], context: AdmissionContext) -> tup
     return problems, wants
 
 
-def _count(resource: str, limit: Any, request: Any) -> tuple[int, str]:
+def _count(resource: str, limit: str | None, request: str | None) -> tuple[int, str]:
     if limit is None:
         return (
             0,
@@ -220,40 +210,32 @@ def _count(resource: str, limit: Any, request: Any) -> tuple[int, str]:
     return parsed_limit, ""
 
 
-def _whole_number(value: Any) -> int | None:
-    if isinstance(value, bool):
+def _whole_number(value: str) -> int | None:
+    try:
+        number = Quantity.parse(value).value
+    except ValueError:
         return None
-    if isinstance(value, int):
-        number = Fraction(value)
-    else:
-        try:
-            number = Quantity.parse(str(value)).value
-        except ValueError:
-            return None
     if number.denominator != 1 or number < 0:
         return None
     return int(number)
 
 
 def _references_our_claims(
-    spec: Mapping[str, Any], namespace: str, context: AdmissionContext
+    pod: PodView, namespace: str, context: AdmissionContext
 ) -> tuple[bool, list[str]]:
     """(whether the pod uses one of our classes — or might, see the module docstring; warnings)."""
-    references = list(_dicts(spec.get("resourceClaims")))
-    if not references:
+    if not pod.claim_refs:
         return False, []
     ours = context.our_device_classes()
     warnings: list[str] = []
-    for reference in references:
-        claim_name = reference.get("resourceClaimName")
-        template_name = reference.get("resourceClaimTemplateName")
+    for reference in pod.claim_refs:
         try:
-            if isinstance(claim_name, str) and claim_name:
-                kind, name = "ResourceClaim", claim_name
-                classes = context.claim_device_classes(namespace=namespace, name=claim_name)
-            elif isinstance(template_name, str) and template_name:
-                kind, name = "ResourceClaimTemplate", template_name
-                classes = context.template_device_classes(namespace=namespace, name=template_name)
+            if reference.claim_name:
+                kind, name = "ResourceClaim", reference.claim_name
+                classes = context.claim_device_classes(namespace=namespace, name=name)
+            elif reference.template_name:
+                kind, name = "ResourceClaimTemplate", reference.template_name
+                classes = context.template_device_classes(namespace=namespace, name=name)
             else:
                 continue
         except DriverError as exc:
@@ -269,26 +251,3 @@ def _references_our_claims(
         if ours.intersection(classes) or any(is_our_device_class_name(c) for c in classes):
             return True, warnings
     return False, warnings
-
-
-def _containers(spec: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
-    yield from _dicts(spec.get("initContainers"))
-    yield from _dicts(spec.get("containers"))
-
-
-def _resource_map(resources: Any, key: str) -> Mapping[str, Any]:
-    value = resources.get(key) if isinstance(resources, Mapping) else None
-    return value if isinstance(value, Mapping) else {}
-
-
-def _dicts(value: Any) -> Iterator[Mapping[str, Any]]:
-    if isinstance(value, list):
-        yield from (item for item in value if isinstance(item, Mapping))
-
-
-def _get(obj: Any, *keys: str) -> Any:
-    for key in keys:
-        if not isinstance(obj, Mapping):
-            return None
-        obj = obj.get(key)
-    return obj

@@ -1,4 +1,4 @@
-"""Shadow ResourceClaims for classic ``nvidia.com/mig-<profile>: N`` pods (DESIGN fact 6).
+"""Shadow ResourceClaims for classic ``nvidia.com/mig-<profile>: N`` pods (docs/design.md F6).
 
 Every MIG slice is one allocated claim, also for pods that ask the classic way: for each container
 (init containers too) and profile, the controller creates a claim *owned by the pod* (controller
@@ -202,7 +202,7 @@ def release(api: ClusterApi, claim: JsonObject, *, pod_uid: str) -> bool:
     ``/status`` write, resourceVersion-checked: ``ConflictError`` means re-read and call again). A
     claim being deleted and no longer reserved then loses the delete-protection finalizer, so its
     deletion completes: kube-controller-manager would lift it too, but nothing may ever make it look
-    at the claim again (DESIGN facts 3 and 6). Only call it once the pod is known finished or gone.
+    at the claim again (docs/design.md F3 and F6). Only call it once the pod is known finished or gone.
     """
     status = claim.get("status") or {}
     reserved = status.get("reservedFor") or []

@@ -20,8 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from controller.statusrender import Style, render_view
-from controller.statusview import ClusterView
+from controller.status import ClusterView, Style, mig_uuids_from_checkpoints, read_view, render_view
 from driver.errors import DriverError
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
@@ -79,16 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--short-uuids", action="store_true", help="shorten UUIDs to fit")
     status.add_argument("--no-color", action="store_true", help="plain text (also: NO_COLOR=1)")
 
-    demo = sub.add_parser(
+    # The demo's arguments (and its --help) belong to localcluster.demo, which only a source
+    # checkout has: the installed package neither contains nor imports the test emulator.
+    sub.add_parser(
         "demo",
-        help="run the whole system on this machine with emulated GPUs",
-        description="Starts a local API server with emulated nodes, the real instaslice-controller "
-        "and one real instaslice-kubelet-plugin per node, applies samples/, shows pods and slice "
-        "maps as they change, deletes the samples and shows the slices gone.",
+        add_help=False,
+        help="run the whole system on this machine with emulated GPUs (from a source checkout; "
+        "`instaslice demo --help` for its options)",
     )
-    from localcluster.demo import add_demo_arguments  # noqa: PLC0415 - only the demo needs it
-
-    add_demo_arguments(demo)
     from controller.plancli import add_planning_parsers  # noqa: PLC0415
 
     add_planning_parsers(sub, add_connection_flags)
@@ -96,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def use_color(*, no_color: bool, stream: TextIO) -> bool:
-    if no_color or os.environ.get("NO_COLOR"):
+    if no_color or os.getenv("NO_COLOR"):
         return False
     return stream.isatty()
 
@@ -117,10 +114,6 @@ def run_status(
     out: TextIO,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
-    from controller.statussource import (  # noqa: PLC0415
-        mig_uuids_from_checkpoints,
-        read_view,
-    )
     from driver.cluster.kube import connect  # noqa: PLC0415 - imports kubernetes only when used
     from driver.cluster.throttle import ClientSettings  # noqa: PLC0415
 
@@ -152,8 +145,29 @@ def run_status(
             sleep(args.watch)
 
 
+DEMO_NEEDS_CHECKOUT = (
+    "instaslice demo: the demo runs on the local cluster emulator (localcluster/), which is part of "
+    "the source repository, not of the installed package: run `make demo` in a checkout"
+)
+
+
+def run_demo(argv: Sequence[str]) -> int:
+    """Hand ``argv`` to ``localcluster.demo``; one clear line when it is not importable."""
+    try:
+        from localcluster import demo  # noqa: PLC0415 - a checkout's test emulator, never shipped
+    except ModuleNotFoundError as exc:
+        if exc.name != "localcluster":
+            raise
+        print(DEMO_NEEDS_CHECKOUT, file=sys.stderr)
+        return 2
+    return demo.main(argv, prog="instaslice demo")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command != "demo" and rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -167,9 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command == "simulate":
                 return plancli.run_simulate(args, out=sys.stdout)
             return plancli.run_defrag(args, out=sys.stdout)
-        from localcluster.demo import run_demo  # noqa: PLC0415 - only the demo needs it
-
-        return run_demo(args, out=sys.stdout)
+        return run_demo(rest)
     except KeyboardInterrupt:
         return 130
 

@@ -3,7 +3,7 @@
 The engine is filled by the controller's own code — ``SliceInventory`` turns the published
 ResourceSlices into engine nodes, ``ClaimOccupancy`` marks every allocated claim's devices as taken —
 so ``simulate --from-cluster`` and ``defrag`` see exactly what the allocator would see. The pods that
-hold each claim come from the slice map (``statusview``): claims that share a pod move together, and
+hold each claim come from the slice map (``controller.status``): claims that share a pod move together, and
 a claim no existing pod holds (finished, deleted, never started) cannot be moved by evicting anyone.
 """
 
@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from api import names
 from controller.inventory import SliceInventory
 from controller.occupancy import ClaimOccupancy
-from controller.statussource import allocated_claims
-from controller.statusview import PodRef, build_view
-from driver.cluster.port import PODS, RESOURCE_CLAIMS, RESOURCE_SLICES, ClusterApi, JsonObject
+from controller.status import PodRef, allocated_claims, build_view, read_objects
+from driver.cluster.port import ClusterApi, JsonObject
 from driver.placement import Engine
 from driver.planning.defrag import Unit, UnitSlice
 
@@ -132,10 +131,10 @@ def read_snapshot(
     api: ClusterApi, *, policy: str, driver: str = names.DRIVER_NAME
 ) -> ClusterSnapshot:
     """The cluster now: our ResourceSlices, our allocated claims, the pods of their namespaces."""
-    slices = api.list_objects(RESOURCE_SLICES, field_selector=f"spec.driver={driver}").items
-    claims = allocated_claims(api.list_objects(RESOURCE_CLAIMS).items, driver=driver)
-    namespaces = sorted({str(c.get("metadata", {}).get("namespace", "")) for c in claims})
-    pods: list[JsonObject] = []
-    for namespace in namespaces:
-        pods += api.list_objects(PODS, namespace=namespace).items
-    return snapshot_of(resource_slices=slices, claims=claims, pods=pods, policy=policy)
+    objects = read_objects(api, driver=driver)
+    return snapshot_of(
+        resource_slices=objects.resource_slices,
+        claims=objects.claims,
+        pods=objects.pods,
+        policy=policy,
+    )

@@ -1,6 +1,6 @@
 """Handing a pod to kube-scheduler: when we let a pod go without (or withdraw) our allocation.
 
-kube-scheduler allocates our partitionable devices itself on Kubernetes >= 1.36 (DESIGN fact 14), and
+kube-scheduler allocates our partitionable devices itself on Kubernetes >= 1.36 (docs/design.md F14), and
 cluster-autoscaler's DRA support and Karpenter act only on pods kube-scheduler reports
 ``Unschedulable`` — never on pods held by a scheduling gate. So in controller mode a DRA pod is
 handed over (``PodSync``):
@@ -24,7 +24,7 @@ Classic ``nvidia.com/mig-*`` pods are never handed over in controller mode: with
 advertises the resource as a device-plugin resource, kube-scheduler would bind the pod against that
 capacity with no shadow claim, and the shim would have no slice to give it (the pod fails at
 admission). And a classic pod we placed carries our ``nodeSelector``, which cannot be removed once it
-is ungated (DESIGN fact 4). They stay gated with ``NoCapacity`` (documented in docs/deploy.md).
+is ungated (docs/design.md F4). They stay gated with ``NoCapacity`` (documented in docs/deploy.md).
 
 In **scheduler mode** (``--allocation-mode scheduler``) every gated pod is handed over at once —
 pods gated before the switch, classic ones included (kube-scheduler serves those through the

@@ -1,6 +1,6 @@
 """Which published slices are taken: every allocated claim of our driver, whoever allocated it.
 
-Occupancy is derived from the API server only (DESIGN: no second bookkeeping object): the claim
+Occupancy is derived from the API server only (docs/design.md D1: no second bookkeeping object): the claim
 informer's adds, updates and deletes feed it, claims allocated by kube-scheduler or another
 controller count like ours, and a deallocated or deleted claim frees its slices. The leader's
 occupancy therefore is the API's as soon as the claim informer has synced.

@@ -1,4 +1,4 @@
-"""Releasing the shadow claims of classic pods that finished or are gone (DESIGN facts 3 and 6).
+"""Releasing the shadow claims of classic pods that finished or are gone (docs/design.md F3 and F6).
 
 A classic pod does not name its shadow claims, so kube-controller-manager's claim controller is
 never woken by the pod. When the pod merely finishes it does not look at all (fact 6). When the pod

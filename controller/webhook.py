@@ -1,7 +1,7 @@
 """The pod webhook of one replica: its serving certificate (per ``--cert-mode``) and its server.
 
 ``self``: the certificate is kept in a Secret shared by the replicas, written to the cert
-directory and its CA put in the webhook configuration's ``caBundle`` (``cert_manager``), then
+directory and its CA put in the webhook configuration's ``caBundle`` (``certificates``), then
 re-checked every hour so it is rotated before it expires. ``cert-manager`` and ``files``: someone
 else writes the files; we wait for them and the server reloads them when they change.
 Set up on a thread of its own, so a slow API server or a missing Secret mount delays the webhook,
@@ -14,9 +14,14 @@ import logging
 import threading
 
 from controller.admission import AdmissionContext, review_pod
-from controller.cert_manager import CertificateManager
-from controller.cert_store import ClusterCertificateStore
-from controller.certs import CERT_FILE, KEY_FILE, CertificateSettings, CertMode
+from controller.certificates import (
+    CERT_FILE,
+    KEY_FILE,
+    CertificateManager,
+    CertificateSettings,
+    CertMode,
+    ClusterCertificateStore,
+)
 from controller.settings import Settings
 from controller.webhook_server import WebhookServer
 from driver.cluster.clock import Clock, SystemClock

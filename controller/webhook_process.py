@@ -1,6 +1,6 @@
 """The pod webhook in a process of its own: ``python -m controller.webhook_process``.
 
-Why a process: admission is on the path of every pod create (DESIGN fact 15). Served by the
+Why a process: admission is on the path of every pod create (docs/design.md F15). Served by the
 controller's process it shared one interpreter lock with the allocation workers: kube-apiserver
 measured it at 4 ms when idle but 60 ms on average during a 1,000-pod burst. Here it has its own
 interpreter, its own client and its own informers — claims, claim templates, DeviceClasses and

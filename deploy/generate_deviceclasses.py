@@ -4,7 +4,7 @@ Two files come out of ``driver.mig.catalog.CATALOG`` and ``api.names``:
 
 - ``deploy/base/deviceclasses.yaml``: the class for any slice of ours plus one class per profile name
   in the catalog, each a CEL selector on our driver and the ``profile`` attribute. No
-  ``extendedResourceName`` (DESIGN fact 7: while our shim and controller own classic requests, a
+  ``extendedResourceName`` (docs/design.md F7: while our shim and controller own classic requests, a
   second allocator — kube-scheduler — must not be invited to serve them too).
 - ``deploy/components/extended-resource-names/deviceclass-patches.yaml``: the opt-in patches that set
   ``extendedResourceName: nvidia.com/mig-<profile>`` on every per-profile class, for clusters that let

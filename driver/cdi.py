@@ -9,12 +9,12 @@ What a CDI device grants (real mode): the parent ``/dev/nvidia<minor>`` and the 
 compute-instance capability nodes ``/dev/nvidia-caps/nvidia-cap<N>``. ``type``/``major``/``minor``
 are given when ``/proc/devices`` names the majors, so the runtime creates the nodes without looking
 at the host; otherwise the runtime ``stat``s the host nodes, which exist on GPU nodes. In emulated
-mode no device node is written at all: the host has none and injection would fail (DESIGN fact 10);
+mode no device node is written at all: the host has none and injection would fail (docs/design.md F10);
 instead every device sets ``INSTASLICE_EMULATED=true``. What every slice's container needs besides
 (``/dev/nvidiactl``, ``/dev/nvidia-uvm*``, driver libraries, hooks) is the common spec of
 ``driver.cdi_common``, whose device id follows each slice's own id.
 
-Visibility rule (DESIGN fact 9: when several CDI devices injected into one container set the same
+Visibility rule (docs/design.md F9: when several CDI devices injected into one container set the same
 variable, the last one applied silently wins, and the order is not ours to choose):
 
 - The device nodes are the real grant; variables only make the grant visible.

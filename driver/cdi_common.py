@@ -23,7 +23,7 @@ Where the edits come from (kubelet-plugin flag ``--cdi-common-edits``):
 In real mode the host's ``/dev/nvidiactl``, ``/dev/nvidia-uvm`` and ``/dev/nvidia-uvm-tools`` are
 added (``stat``'ed: type, major and minor given) unless the source lists them already. The source's
 ``NVIDIA_VISIBLE_DEVICES`` (the toolkit sets ``void``) is dropped: our claim devices carry the
-complete list of the container's MIG UUIDs for legacy-mode runtimes (``driver.cdi``, DESIGN fact 9),
+complete list of the container's MIG UUIDs for legacy-mode runtimes (``driver.cdi``, docs/design.md F9),
 and a spec-wide ``void`` would hide them.
 
 Where the edits go — one spec file of our kind, ``instaslice.dev-mig.json`` (CDI's
@@ -37,7 +37,7 @@ the same path before adding), but hooks and env are appended, so ``update-ldcach
 and slices the container holds; the ``common`` device, listed once per slice, only sets a constant
 variable (``INSTASLICE_CDI_COMMON``), harmless when repeated. And library file names change with
 the driver: the common spec is rewritten at every plugin start, while a claim's spec lives as long as
-the claim. The spec is validated by our model (unknown fields refused, DESIGN fact 8) before it is
+the claim. The spec is validated by our model (unknown fields refused, docs/design.md F8) before it is
 written, atomically.
 """
 
@@ -356,7 +356,7 @@ def _finish(
 ) -> CommonEdits:
     nodes = list(edits.device_nodes or ())
     if emulated:
-        # DESIGN fact 10: injection stats a node given without type/major/minor; there is none.
+        # docs/design.md F10: injection stats a node given without type/major/minor; there is none.
         vague = [n.path for n in nodes if n.type is None or n.major is None or n.minor is None]
         if vague:
             raise ConfigError(

@@ -1,7 +1,7 @@
 """The ResourceSlice model: a node's MIG inventory → ``resource.k8s.io/v1`` ResourceSlice objects, and back.
 
 One device per (GPU, profile, placement start) — every slice that *could* be created — with the
-attributes and capacity of DESIGN.md's device model. Each GPU gets one counter set
+attributes and capacity of docs/design.md "Device model". Each GPU gets one counter set
 (``memory-slice-0..N-1`` = 1 each, ``media-extensions`` = 1); a device consumes the memory slices it
 covers (and the media-extensions counter if it is a ``+me`` profile), so no allocator that honours
 counters can ever hand out two overlapping slices.

@@ -167,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         events=events,
     )
     # Shim off: the kubelet's stale nvidia.com/mig-* entries would make kube-scheduler bind classic
-    # pods without a slice (DESIGN fact 13); keep them out of this Node's status once the kubelet
+    # pods without a slice (docs/design.md F13); keep them out of this Node's status once the kubelet
     # has forgotten the device plugin (until then they make kube-scheduler wait, not fail, pods).
     cleaner = (
         None

@@ -1,6 +1,6 @@
 """Prepare and unprepare claims on this node: create the allocated MIG slices, idempotently.
 
-For one claim, prepare is (DESIGN "the node agent executes, idempotently"):
+For one claim, prepare is (docs/design.md D3, the node agent executes idempotently):
 
 1. GET the claim and plan it (``claims.plan_claim``: right UID, allocated to this node, devices
    this node publishes, opaque config valid) — per-claim error otherwise;

@@ -3,7 +3,7 @@
 Kubernetes lets the driver of an allocated device describe it in the claim's status
 (``AllocatedDeviceStatus``: ``{driver, pool, device, data}``, feature DRAResourceClaimDeviceStatus,
 on by default in 1.36). After a successful ``NodePrepareResources`` we put
-``data.migUUID`` there for each of our devices, so ``instaslice status`` (``controller.statusview``)
+``data.migUUID`` there for each of our devices, so ``instaslice status`` (``controller.status``)
 shows MIG UUIDs on any cluster, not only with the node's checkpoint.
 
 The write never matters for correctness: it happens after the checkpoint says ``PrepareCompleted``
@@ -36,7 +36,7 @@ from kubeletplugin.model import ClaimPreparer, ClaimRef, PrepareResult
 logger = logging.getLogger(__name__)
 
 MIG_UUID_KEY: Final = "migUUID"
-"""The key under ``status.devices[].data`` (the first one ``controller.statusview`` reads)."""
+"""The key under ``status.devices[].data`` (the first one ``controller.status`` reads)."""
 CONFLICT_ATTEMPTS: Final = 3
 
 

@@ -2,7 +2,7 @@
 
 The kubelet keeps a device-plugin resource it once saw in ``status.capacity`` / ``allocatable``
 after the plugin is gone (value 0 while it remembers the plugin, the old count after a restart that
-lost its checkpoint; DESIGN fact 13), and writes it back on its own status updates. With the shim
+lost its checkpoint; docs/design.md F13), and writes it back on its own status updates. With the shim
 off and DeviceClasses carrying ``extendedResourceName`` (scheduler mode), kube-scheduler serves a
 classic ``nvidia.com/mig-*`` request from such a stale entry instead of through DRA: the pod is bound
 with no claim and runs with no slice, or the kubelet fails it (``no devices found allocated in local

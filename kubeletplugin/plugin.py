@@ -63,7 +63,7 @@ class PluginConfig:
     cdi_root: Path
     state_dir: Path
     emulated: bool
-    """No host device nodes in CDI specs (DESIGN fact 10)."""
+    """No host device nodes in CDI specs (docs/design.md F10)."""
     healthz_address: str = ""
     """``host:port``; empty: no health endpoint."""
     metrics_address: str = ""

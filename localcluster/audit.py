@@ -191,11 +191,6 @@ class AuditLog:
             self._records.clear()
             self._dropped = 0
 
-    def by_user_agent(self, *, product_only: bool = True) -> dict[str, list[AuditRecord]]:
-        """Records grouped by user agent; with ``product_only`` by its product token
-        (``instaslice-controller`` of ``instaslice-controller/0.1.0 (linux)``)."""
-        return group_by_user_agent(self.records(), product_only=product_only)
-
 
 def user_agent_product(user_agent: str) -> str:
     """The product token of a user agent: what precedes the first ``/`` or space."""

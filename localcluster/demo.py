@@ -24,8 +24,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, TextIO
 
-from controller.statusrender import Style, memory_bar, render_view
-from controller.statusview import ClusterView, TakenSlice
+from controller.status import ClusterView, Style, TakenSlice, memory_bar, render_view
 from localcluster import podstages
 from localcluster.podstages import StageChange
 
@@ -443,10 +442,17 @@ def _leftovers(stack: InstaSliceStack) -> str:
     return "   " + "; ".join(parts)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m localcluster.demo", description=__doc__)
+def build_parser(prog: str = "python -m localcluster.demo") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_demo_arguments(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "python -m localcluster.demo") -> int:
+    """``python -m localcluster.demo`` and ``instaslice demo`` (which hands its arguments here)."""
+    args = build_parser(prog).parse_args(argv)
     try:
         return run_demo(args, out=sys.stdout)
     except KeyboardInterrupt:

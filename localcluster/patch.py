@@ -23,7 +23,6 @@ JsonObj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
-APPLY_PATCH = "application/apply-patch+yaml"
 
 # Merge keys of the lists Kubernetes' Go types tag ``patchStrategy:"merge"``, by field name.
 _MERGE_KEYS = {

@@ -23,6 +23,9 @@ from localcluster.launch import PARENT_PID_ENV
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 10.0
+CHECKOUT = Path(__file__).resolve().parent.parent
+"""The source checkout: ``localcluster.launch`` is not in the installed package, so the children
+find it here whatever their working directory."""
 
 
 class ManagedProcess:
@@ -43,6 +46,9 @@ class ManagedProcess:
         self._env = {
             **os.environ,
             "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(CHECKOUT), os.environ.get("PYTHONPATH", "")) if p
+            ),
             PARENT_PID_ENV: str(os.getpid()),
             **(env or {}),
         }

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import copy
 import json
 import logging
 import os
@@ -39,38 +38,41 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 
 from api import names
-from controller.certs import generate_ca, issue_serving_certificate
-from controller.statussource import mig_uuids_from_checkpoints, read_view
-from controller.statusview import ClusterView
 from driver.cluster.kube import KubeClusterApi, load_configuration
-from driver.cluster.port import EVENTS, LEASES, NODES, RESOURCE_SLICES, JsonObject
+from driver.cluster.port import EVENTS, NODES, JsonObject
 from driver.errors import ApiNotFoundError, ConfigError
 from driver.gpu.backend import MigInstance
 from driver.gpu.emulated import EmulatedGpuBackend
-from driver.resourceslices import complete_pools
+from localcluster.daemonstack import (
+    DEPLOY_BASE,
+    WEBHOOK_PATH,
+    DaemonStack,
+    NodePaths,
+    controller_args,
+    free_port,
+    plugin_args,
+    webhook_configuration,
+    write_webhook_certificates,
+)
 from localcluster.manifests import (
-    MUTATING_WEBHOOK_CONFIGURATIONS,
     Outcome,
     apply_object,
     load_file,
     resource_for,
 )
 from localcluster.processes import ManagedProcess
-from localcluster.stack import DEPLOY_BASE, WEBHOOK_PATH, NodePaths, free_port
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 READY_TIMEOUT_S = 120.0
 EXIT_ANNOTATION_PREFIX = "fake-cri/exit."
@@ -202,17 +204,6 @@ class CdiValidator:
     def __init__(self, binary: Path) -> None:
         self.binary = binary
 
-    def check_spec(self, spec: Path) -> str | None:
-        """None when the spec file loads; else the library's error."""
-        done = subprocess.run(
-            [str(self.binary), "--spec", str(spec)],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-        return None if done.returncode == 0 else (done.stderr or done.stdout).strip()
-
     def inject(self, cdi_dir: Path, devices: Sequence[str]) -> JsonObject:
         """What injecting ``devices`` from the specs in ``cdi_dir`` does to an empty OCI spec
         (``{"env": [...], "devices": [...]}``); ``ConfigError`` when the library refuses."""
@@ -309,8 +300,10 @@ class RealKubelet:
         return [line for line in text.splitlines() if _KUBELET_ERROR.match(line)]
 
 
-class RealStack:
+class RealStack(DaemonStack):
     """The control plane, real kubelets and our daemons; a context manager."""
+
+    poll_interval_s = 0.1
 
     def __init__(
         self,
@@ -503,29 +496,22 @@ class RealStack:
 
     # --- our daemons ----------------------------------------------------------------------------
 
+    def daemons(self) -> list[ManagedProcess]:
+        return [*self.plugins.values(), *self.controllers]
+
     def _plugin_process(self, node: str, kubeconfig: Path) -> ManagedProcess:
-        kubelet = self.kubelet(node)
         paths = self.node_paths(node)
         paths.emulated_state_file.parent.mkdir(parents=True, exist_ok=True)
-        args = [
-            "--node-name", node,
-            "--gpu-backend", "emulated",
-            "--emulated-gpus", self.config.gpus,
-            "--emulated-state-file", str(paths.emulated_state_file),
-            "--kubeconfig", str(kubeconfig),
-            "--plugin-registry-dir", str(kubelet.registry_dir),
-            "--plugin-dir", str(kubelet.plugins_dir / names.DRIVER_NAME),
-            "--device-plugin-dir", str(kubelet.device_plugins_dir),
-            "--pod-resources-socket", str(kubelet.pod_resources_socket),
-            "--cdi-root", str(paths.cdi_root),
-            "--state-dir", str(paths.state_dir),
-            "--metrics-address", "",
-            "--healthz-address", "",
-            "--inventory-poll-seconds", str(self.config.inventory_poll_s),
-            "--log-level", self.config.log_level,
-            *self.config.plugin_args,
-            *self._plugin_mode_args,
-        ]  # fmt: skip
+        args = plugin_args(
+            node,
+            connection=["--kubeconfig", str(kubeconfig)],
+            gpus=self.config.gpus,
+            paths=paths,
+            kubelet=self.kubelet(node),
+            inventory_poll_s=self.config.inventory_poll_s,
+            log_level=self.config.log_level,
+        )
+        args += [*self.config.plugin_args, *self._plugin_mode_args]
         return ManagedProcess(
             name=f"kubelet-plugin/{node}",
             module="kubeletplugin",
@@ -534,29 +520,17 @@ class RealStack:
         )
 
     def _controller_process(self, index: int, kubeconfig: Path) -> ManagedProcess:
-        lease = self.config.lease_duration_s
         # every replica serves the webhook; kube-apiserver calls the first one's port
         port = self.webhook_port if index == 0 else free_port()
-        args = [
-            "--kubeconfig", str(kubeconfig),
-            "--webhook-port", str(port),
-            "--webhook-cert-dir", str(self._cert_dir),
-            "--cert-mode", "files",
-            "--metrics-address", "",
-            "--healthz-address", "",
-            "--log-level", self.config.log_level,
-            *self.config.controller_args,
-            *self._controller_mode_args,
-        ]  # fmt: skip
-        if self.config.leader_elect:
-            args += [
-                "--leader-elect",
-                "--lease-duration", str(lease),
-                "--renew-deadline", str(max(lease - 1, 1) * 0.75),
-                "--retry-period", "0.5",
-            ]  # fmt: skip
-        else:
-            args.append("--no-leader-elect")
+        args = controller_args(
+            connection=["--kubeconfig", str(kubeconfig)],
+            webhook_port=port,
+            cert_dir=self._cert_dir,
+            log_level=self.config.log_level,
+            leader_elect=self.config.leader_elect,
+            lease_duration_s=self.config.lease_duration_s,
+            extra=[*self.config.controller_args, *self._controller_mode_args],
+        )
         suffix = "" if index == 0 else f"-{index}"
         return ManagedProcess(
             name=f"controller{suffix}",
@@ -572,15 +546,6 @@ class RealStack:
         else:
             process.stop()
         process.start()
-
-    def restart_controller(self, *, kill: bool = True) -> None:
-        if self.controller is None:
-            raise RuntimeError("the stack is not started")
-        if kill:
-            self.controller.kill()
-        else:
-            self.controller.stop()
-        self.controller.start()
 
     # --- allocation modes: the steps of docs/deploy.md "Switching modes" -------------------------
 
@@ -657,57 +622,20 @@ class RealStack:
         return path
 
     def _make_certificates(self) -> None:
-        now = datetime.now(UTC)
-        ca_cert, ca_key = generate_ca(
-            common_name="instaslice-real-ca", now=now, validity=timedelta(days=1)
+        self._ca_bundle = write_webhook_certificates(
+            self._cert_dir, common_name="instaslice-real-ca"
         )
-        cert, key = issue_serving_certificate(
-            ca_cert_pem=ca_cert,
-            ca_key_pem=ca_key,
-            dns_names=["localhost"],
-            ip_addresses=["127.0.0.1"],
-            now=now,
-            validity=timedelta(days=1),
-        )
-        self._cert_dir.mkdir(parents=True, exist_ok=True)
-        (self._cert_dir / "tls.key").write_bytes(key)
-        (self._cert_dir / "tls.key").chmod(0o600)
-        (self._cert_dir / "tls.crt").write_bytes(cert)
-        (self._cert_dir / "ca.crt").write_bytes(ca_cert)
-        self._ca_bundle = ca_cert
 
     def webhook_configuration(self, source: Path | None = None) -> JsonObject:
         """``deploy/base/webhook.yaml``'s configuration, pointed at our webhook's URL."""
-        path = source or DEPLOY_BASE / "webhook.yaml"
-        configs = [
-            o for o in load_file(path) if o.get("kind") == MUTATING_WEBHOOK_CONFIGURATIONS.kind
-        ]
-        if len(configs) != 1:
-            raise ConfigError(f"{path} must hold one webhook configuration")
-        config = copy.deepcopy(configs[0])
-        for hook in config.get("webhooks") or []:
-            hook["clientConfig"] = {
-                "url": f"https://127.0.0.1:{self.webhook_port}{WEBHOOK_PATH}",
-                "caBundle": base64.b64encode(self._ca_bundle).decode(),
-            }
-        return config
+        return webhook_configuration(
+            url=f"https://127.0.0.1:{self.webhook_port}{WEBHOOK_PATH}",
+            ca_bundle=self._ca_bundle,
+            source=source or DEPLOY_BASE / "webhook.yaml",
+        )
 
     def _register_webhook(self) -> None:
         apply_object(self.api, self.webhook_configuration())
-
-    def webhook_serving(self) -> bool:
-        import socket  # noqa: PLC0415 - only here
-        import ssl  # noqa: PLC0415
-
-        context = ssl.create_default_context(cadata=self._ca_bundle.decode())
-        try:
-            with (
-                socket.create_connection(("127.0.0.1", self.webhook_port), timeout=1.0) as raw,
-                context.wrap_socket(raw, server_hostname="127.0.0.1"),
-            ):
-                return True
-        except (OSError, ssl.SSLError):
-            return False
 
     # --- applying objects -----------------------------------------------------------------------
 
@@ -786,38 +714,6 @@ class RealStack:
 
     # --- readiness ------------------------------------------------------------------------------
 
-    def wait_for(
-        self,
-        predicate: Callable[[], T | None],
-        *,
-        timeout: float = 30.0,
-        interval: float = 0.1,
-        message: str = "",
-    ) -> T:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            self.check_daemons()
-            if time.monotonic() >= deadline:
-                raise TimeoutError(message or f"condition not met within {timeout}s")
-            time.sleep(interval)
-
-    def check_daemons(self) -> None:
-        for process in [*self.plugins.values(), *self.controllers]:
-            if process.starts and not process.running():
-                raise RuntimeError(
-                    f"{process.name} exited with status {process.returncode()}; last lines of "
-                    f"{process.log_file}:\n{process.log_tail()}"
-                )
-
-    def published_nodes(self) -> set[str]:
-        slices = self.api.list_objects(
-            RESOURCE_SLICES, field_selector=f"spec.driver={names.DRIVER_NAME}"
-        ).items
-        return set(complete_pools(slices))
-
     def plugin_registered(self, node: str) -> bool:
         """The kubelet accepted our DRA plugin: it logs the registration of our driver."""
         try:
@@ -840,16 +736,6 @@ class RealStack:
             for name, value in allocatable.items()
             if name.startswith(names.CLASSIC_RESOURCE_PREFIX)
         }
-
-    def leader(self) -> str | None:
-        try:
-            lease = self.api.get(
-                LEASES, name=names.LEADER_LEASE_NAME, namespace=names.SYSTEM_NAMESPACE
-            )
-        except ApiNotFoundError:
-            return None
-        holder = (lease.get("spec") or {}).get("holderIdentity")
-        return str(holder) if holder else None
 
     def wait_ready(self, *, timeout: float = READY_TIMEOUT_S, classic: bool = True) -> None:
         nodes = set(self.node_names)
@@ -881,12 +767,6 @@ class RealStack:
             return backend.instances()
         finally:
             backend.close()
-
-    def view(self) -> ClusterView:
-        return read_view(self.api, mig_uuids=self.mig_uuids())
-
-    def mig_uuids(self) -> dict[tuple[str, str], str]:
-        return mig_uuids_from_checkpoints(self.node_paths(n).checkpoint for n in self.node_names)
 
     def kubelet_errors(self) -> dict[str, list[str]]:
         """Each node's kubelet error lines."""

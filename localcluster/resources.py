@@ -84,10 +84,6 @@ class ResourceType:
         return f"{self.group}/{self.version}" if self.group else self.version
 
     @property
-    def group_version(self) -> str:
-        return self.api_version
-
-    @property
     def has_status(self) -> bool:
         return "status" in self.subresources
 
@@ -185,7 +181,6 @@ BINDINGS = _r("v1", "bindings", "Binding", generation=False)
 _BY_PATH: dict[tuple[str, str, str], ResourceType] = {
     (r.group, r.version, r.plural): r for r in (*RESOURCES, BINDINGS)
 }
-_BY_KIND: dict[tuple[str, str], ResourceType] = {(r.api_version, r.kind): r for r in RESOURCES}
 
 NAMESPACES = _BY_PATH[("", "v1", "namespaces")]
 PODS = _BY_PATH[("", "v1", "pods")]
@@ -197,11 +192,6 @@ MUTATING_WEBHOOKS = _BY_PATH[
 
 def lookup(group: str, version: str, plural: str) -> ResourceType | None:
     return _BY_PATH.get((group, version, plural))
-
-
-def by_kind(api_version: str, kind: str) -> ResourceType | None:
-    """The resource an ownerReference (``apiVersion`` + ``kind``) names, if we serve it."""
-    return _BY_KIND.get((api_version, kind))
 
 
 def _groups() -> dict[str, list[str]]:

@@ -18,37 +18,34 @@ Everything lives under one root directory (sockets, checkpoints, CDI specs, cert
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import copy
 import logging
 import shutil
-import socket
-import ssl
 import tempfile
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
 
 from api import names
-from controller.certs import generate_ca, issue_serving_certificate
-from controller.statussource import mig_uuids_from_checkpoints, read_view
-from controller.statusview import ClusterView
-from driver.checkpoint import CHECKPOINT_FILE_NAME
-from driver.cluster.port import LEASES, RESOURCE_SLICES, JsonObject
-from driver.errors import ApiNotFoundError, ConfigError
+from driver.cluster.port import JsonObject
 from driver.gpu.backend import MigInstance
 from driver.gpu.emulated import EmulatedGpuBackend
-from driver.resourceslices import complete_pools
 from localcluster.cluster.client import LocalClusterClient
 from localcluster.cluster.kubelet import RUN_SECONDS_ANNOTATION, Kubelet, NodeSpec
 from localcluster.cluster.runner import LocalCluster
+from localcluster.daemonstack import (
+    DEPLOY_BASE,
+    REPO_ROOT,
+    WEBHOOK_PATH,
+    DaemonStack,
+    NodePaths,
+    controller_args,
+    free_port,
+    plugin_args,
+    webhook_configuration,
+    write_webhook_certificates,
+)
 from localcluster.manifests import (
-    MUTATING_WEBHOOK_CONFIGURATIONS,
     Outcome,
     apply_object,
     load_file,
@@ -57,12 +54,20 @@ from localcluster.processes import ManagedProcess
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
+__all__ = [
+    "DEPLOY_BASE",
+    "SAMPLES_DIR",
+    "WEBHOOK_PATH",
+    "InstaSliceStack",
+    "NodePaths",
+    "StackConfig",
+    "free_port",
+    "webhook_configuration",
+    "write_webhook_certificates",
+]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEPLOY_BASE = REPO_ROOT / "deploy" / "base"
+
 SAMPLES_DIR = REPO_ROOT / "samples"
-WEBHOOK_PATH = "/mutate-v1-pod"
 DEFAULT_GPUS = "2xA100-40GB"
 READY_TIMEOUT_S = 60.0
 
@@ -83,26 +88,9 @@ class StackConfig:
         return [f"{self.node_prefix}{i}" for i in range(self.nodes)]
 
 
-@dataclass(frozen=True, slots=True)
-class NodePaths:
-    """Where one node's plugin keeps its state, besides the kubelet's own directories."""
+class InstaSliceStack(DaemonStack):
+    poll_interval_s = 0.05
 
-    state_dir: Path
-    cdi_root: Path
-    emulated_state_file: Path
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.state_dir / CHECKPOINT_FILE_NAME
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-class InstaSliceStack:
     def __init__(self, config: StackConfig | None = None, *, root: Path | None = None) -> None:
         self.config = config or StackConfig()
         self._owns_root = root is None
@@ -223,28 +211,22 @@ class InstaSliceStack:
 
     # --- the daemons ----------------------------------------------------------------------------
 
+    def daemons(self) -> list[ManagedProcess]:
+        return [*self.plugins.values(), *([self.controller] if self.controller else [])]
+
     def _plugin_process(self, node: str, *, classic_shim: bool = True) -> ManagedProcess:
-        kubelet = self.kubelet(node)
         paths = self.node_paths(node)
         paths.emulated_state_file.parent.mkdir(parents=True, exist_ok=True)
-        args = [
-            "--node-name", node,
-            "--gpu-backend", "emulated",
-            "--emulated-gpus", self.config.gpus,
-            "--emulated-state-file", str(paths.emulated_state_file),
-            "--kube-api-url", self.url,
-            "--plugin-registry-dir", str(kubelet.registry_dir),
-            "--plugin-dir", str(kubelet.plugins_dir / names.DRIVER_NAME),
-            "--device-plugin-dir", str(kubelet.device_plugins_dir),
-            "--pod-resources-socket", str(kubelet.pod_resources_socket),
-            "--cdi-root", str(paths.cdi_root),
-            "--state-dir", str(paths.state_dir),
-            "--metrics-address", "",
-            "--healthz-address", "",
-            "--inventory-poll-seconds", str(self.config.inventory_poll_s),
-            "--log-level", self.config.log_level,
-            "--classic-shim", "on" if classic_shim else "off",
-        ]  # fmt: skip
+        args = plugin_args(
+            node,
+            connection=["--kube-api-url", self.url],
+            gpus=self.config.gpus,
+            paths=paths,
+            kubelet=self.kubelet(node),
+            inventory_poll_s=self.config.inventory_poll_s,
+            log_level=self.config.log_level,
+        )
+        args += ["--classic-shim", "on" if classic_shim else "off"]
         return ManagedProcess(
             name=f"kubelet-plugin/{node}",
             module="kubeletplugin",
@@ -253,25 +235,14 @@ class InstaSliceStack:
         )
 
     def _controller_process(self, cert_dir: Path) -> ManagedProcess:
-        lease = self.config.lease_duration_s
-        args = [
-            "--kube-api-url", self.url,
-            "--webhook-port", str(self.webhook_port),
-            "--webhook-cert-dir", str(cert_dir),
-            "--cert-mode", "files",
-            "--metrics-address", "",
-            "--healthz-address", "",
-            "--log-level", self.config.log_level,
-        ]  # fmt: skip
-        if self.config.leader_elect:
-            args += [
-                "--leader-elect",
-                "--lease-duration", str(lease),
-                "--renew-deadline", str(max(lease - 1, 1) * 0.75),
-                "--retry-period", "0.5",
-            ]  # fmt: skip
-        else:
-            args.append("--no-leader-elect")
+        args = controller_args(
+            connection=["--kube-api-url", self.url],
+            webhook_port=self.webhook_port,
+            cert_dir=cert_dir,
+            log_level=self.config.log_level,
+            leader_elect=self.config.leader_elect,
+            lease_duration_s=self.config.lease_duration_s,
+        )
         return ManagedProcess(
             name="controller",
             module="controller",
@@ -294,15 +265,6 @@ class InstaSliceStack:
             self.plugins[node] = process
         process.start()
 
-    def restart_controller(self, *, kill: bool = True) -> None:
-        if self.controller is None:
-            raise RuntimeError("the stack is not started")
-        if kill:
-            self.controller.kill()
-        else:
-            self.controller.stop()
-        self.controller.start()
-
     # --- webhook --------------------------------------------------------------------------------
 
     def _make_certificates(self) -> Path:
@@ -315,52 +277,7 @@ class InstaSliceStack:
         url = f"https://127.0.0.1:{self.webhook_port}{WEBHOOK_PATH}"
         apply_object(self.api, webhook_configuration(url=url, ca_bundle=self._ca_bundle))
 
-    def webhook_serving(self) -> bool:
-        context = ssl.create_default_context(cadata=self._ca_bundle.decode())
-        try:
-            with (
-                socket.create_connection(("127.0.0.1", self.webhook_port), timeout=1.0) as raw,
-                context.wrap_socket(raw, server_hostname="127.0.0.1"),
-            ):
-                return True
-        except (OSError, ssl.SSLError):
-            return False
-
     # --- readiness ------------------------------------------------------------------------------
-
-    def wait_for(
-        self,
-        predicate: Callable[[], T | None],
-        *,
-        timeout: float = 30.0,
-        interval: float = 0.05,
-        message: str = "",
-    ) -> T:
-        """Poll ``predicate`` until it returns something truthy; a daemon that died meanwhile
-        ends the wait at once with its log tail."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            self.check_daemons()
-            if time.monotonic() >= deadline:
-                raise TimeoutError(message or f"condition not met within {timeout}s")
-            time.sleep(interval)
-
-    def check_daemons(self) -> None:
-        for process in [*self.plugins.values(), *([self.controller] if self.controller else [])]:
-            if process.starts and not process.running():
-                raise RuntimeError(
-                    f"{process.name} exited with status {process.returncode()}; last lines of "
-                    f"{process.log_file}:\n{process.log_tail()}"
-                )
-
-    def published_nodes(self) -> set[str]:
-        slices = self.api.list_objects(
-            RESOURCE_SLICES, field_selector=f"spec.driver={names.DRIVER_NAME}"
-        ).items
-        return set(complete_pools(slices))
 
     def plugin_registered(self, node: str) -> bool:
         return self.kubelet(node).plugins.get(names.DRIVER_NAME) is not None
@@ -372,16 +289,6 @@ class InstaSliceStack:
             for name, (_, allocatable) in self.kubelet(node).device_manager.resources().items()
             if name.startswith(names.CLASSIC_RESOURCE_PREFIX)
         }
-
-    def leader(self) -> str | None:
-        try:
-            lease = self.api.get(
-                LEASES, name=names.LEADER_LEASE_NAME, namespace=names.SYSTEM_NAMESPACE
-            )
-        except ApiNotFoundError:
-            return None
-        holder = (lease.get("spec") or {}).get("holderIdentity")
-        return str(holder) if holder else None
 
     def wait_ready(self, *, timeout: float = READY_TIMEOUT_S, classic: bool = False) -> None:
         """Every plugin registered with its kubelet and its node's slices published, the webhook
@@ -425,62 +332,5 @@ class InstaSliceStack:
         finally:
             backend.close()
 
-    def view(self) -> ClusterView:
-        """The slice map, with the MIG UUIDs the plugins' checkpoints record."""
-        return read_view(self.api, mig_uuids=self.mig_uuids())
-
-    def mig_uuids(self) -> dict[tuple[str, str], str]:
-        return mig_uuids_from_checkpoints(self.node_paths(n).checkpoint for n in self.node_names)
-
     def kubeconfig_hint(self) -> str:
         return f"export KUBECONFIG={self.kubeconfig}" if self.kubeconfig else ""
-
-
-def write_webhook_certificates(cert_dir: Path) -> bytes:
-    """A CA and a serving certificate for 127.0.0.1 (``tls.crt``, ``tls.key``, ``ca.crt`` in
-    ``cert_dir``, as ``--cert-mode files`` reads them); returns the CA's PEM for the caBundle."""
-    now = datetime.now(UTC)
-    ca_cert, ca_key = generate_ca(
-        common_name="instaslice-local-ca", now=now, validity=timedelta(days=1)
-    )
-    cert, key = issue_serving_certificate(
-        ca_cert_pem=ca_cert,
-        ca_key_pem=ca_key,
-        dns_names=["localhost"],
-        ip_addresses=["127.0.0.1"],
-        now=now,
-        validity=timedelta(days=1),
-    )
-    cert_dir.mkdir(parents=True, exist_ok=True)
-    (cert_dir / "tls.key").write_bytes(key)
-    (cert_dir / "tls.key").chmod(0o600)
-    (cert_dir / "tls.crt").write_bytes(cert)
-    (cert_dir / "ca.crt").write_bytes(ca_cert)
-    return ca_cert
-
-
-def webhook_configuration(*, url: str, ca_bundle: bytes) -> JsonObject:
-    """The MutatingWebhookConfiguration of ``deploy/base/webhook.yaml`` (same rules), calling
-    ``url`` — a webhook on this machine, as kube-apiserver reaches it — instead of the Service."""
-    configs = [
-        o
-        for o in load_file(DEPLOY_BASE / "webhook.yaml")
-        if o.get("kind") == MUTATING_WEBHOOK_CONFIGURATIONS.kind
-    ]
-    if len(configs) != 1:
-        raise ConfigError(f"{DEPLOY_BASE / 'webhook.yaml'} must hold one webhook configuration")
-    config = copy.deepcopy(configs[0])
-    for hook in config.get("webhooks") or []:
-        hook["clientConfig"] = {"url": url, "caBundle": base64.b64encode(ca_bundle).decode()}
-    return config
-
-
-def sockets_under(root: Path) -> list[Path]:
-    """Unix sockets left under ``root`` (there should be none after ``stop``)."""
-    found = []
-    with contextlib.suppress(OSError):
-        for path in root.rglob("*"):
-            with contextlib.suppress(OSError):
-                if path.is_socket():
-                    found.append(path)
-    return found

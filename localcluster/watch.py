@@ -48,7 +48,6 @@ class Watcher:
         self._cond = threading.Condition(threading.Lock())
         self._queue: deque[WatchEvent] = deque()
         self._closed = False
-        self.overflowed = False
 
     def offer(self, event: StoreEvent) -> None:
         was = event.old is not None and self.selection.matches(event.old)
@@ -68,7 +67,6 @@ class Watcher:
                 return
             if len(self._queue) >= self._capacity:
                 # A consumer this far behind is cut off, as kube-apiserver does; it re-lists.
-                self.overflowed = True
                 self._closed = True
             else:
                 self._queue.append(event)

@@ -2,8 +2,8 @@
 
 Functions over the ``ClusterApi`` port, so every adapter (and every fake) gets the same rules:
 optimistic concurrency everywhere (a stale object raises ``ConflictError``: re-read and recompute,
-never force), the claim finalizer before an allocation and the allocation timestamp in it (DESIGN
-facts 2 and 3), gates only ever removed and only our own (fact 4). Objects passed in are never
+never force), the claim finalizer before an allocation and the allocation timestamp in it (docs/design.md
+F2 and F3), gates only ever removed and only our own (F4). Objects passed in are never
 mutated — they may be informer-cache dicts.
 """
 
@@ -149,7 +149,7 @@ def add_claim_finalizer(
     api: ClusterApi, *, claim: JsonObject, finalizer: str = DELETE_PROTECTION_FINALIZER
 ) -> JsonObject:
     """Add the delete-protection finalizer (a normal update, resourceVersion-checked) — required
-    before writing an allocation (DESIGN fact 3). No write if it is already there."""
+    before writing an allocation (docs/design.md F3). No write if it is already there."""
     finalizers = ClaimView.of(claim).meta.finalizers
     if finalizer in finalizers:
         return claim
@@ -167,7 +167,7 @@ def write_claim_allocation(
     allocated_at: datetime,
     reserved_for: list[JsonObject] | None = None,
 ) -> JsonObject:
-    """Write ``status.allocation`` (with ``allocationTimestamp``, DESIGN fact 2) through
+    """Write ``status.allocation`` (with ``allocationTimestamp``, docs/design.md F2) through
     ``/status`` with the claim's resourceVersion. ``reserved_for`` is set too when given (the
     controller reserves each claim for the pod it allocates it for, so kube-scheduler has no claim
     write left to do before binding)."""
@@ -190,7 +190,7 @@ def write_claim_allocation(
 
 def clear_claim_allocation(api: ClusterApi, *, claim: JsonObject) -> JsonObject:
     """Deallocate: drop ``allocation``, ``reservedFor`` and per-device status in one ``/status``
-    update (resourceVersion-checked). Used for shadow claims of finished pods (DESIGN fact 6)."""
+    update (resourceVersion-checked). Used for shadow claims of finished pods (docs/design.md F6)."""
     updated = copy.deepcopy(claim)
     status = updated.setdefault("status", {})
     for key in ("allocation", "reservedFor", "devices"):

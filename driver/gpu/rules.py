@@ -1,7 +1,7 @@
 """NVIDIA's rules for placing a new GPU instance, as pure functions.
 
 Shared by the emulated backend and the fake NVML, so that both refuse exactly what a real GPU
-refuses (``reference/peers-and-mig-facts.md`` §4.1):
+refuses (docs/design.md F18):
 
 - a GPU instance may only start at one of its profile's allowed placement starts;
 - two GPU instances may not share a memory slice;

@@ -1,4 +1,4 @@
-"""Built-in MIG tables for the emulated backend, from ``reference/peers-and-mig-facts.md`` §4.
+"""Built-in MIG tables for the emulated backend, from docs/design.md F18 and F19.
 
 Real hardware never uses this catalog: the NVML backend reads profiles and placements from the GPU.
 Placements are the hardware's, in NVML order; memory and SM figures are what ``nvidia-smi mig -lgip``

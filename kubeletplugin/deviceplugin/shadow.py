@@ -1,7 +1,7 @@
 """Shadow claims as the node sees them: read from the API server, and handed from pod to pod.
 
 The controller stands for each classic request (``nvidia.com/mig-<profile>: N`` in one container)
-with shadow ResourceClaims in the pod's namespace (DESIGN "Classic pod"): owned by the pod (a
+with shadow ResourceClaims in the pod's namespace (docs/design.md "Classic pod"): owned by the pod (a
 controller ``ownerReference``, so garbage collection removes them with it), labelled
 ``instaslice.dev/shadow-for-pod=<pod UID>``, annotated ``instaslice.dev/container=<container>``,
 allocated to devices of our driver on one node and reserved for the pod. One claim may hold one

@@ -4,7 +4,7 @@ containerd/CRI-O look each qualified name (``vendor/class=name``) up in the spec
 directories; an unknown name fails the container start (``CreateContainerError``). For each device
 the spec-wide edits (once per spec) and then the device's edits are appended; environment entries
 are appended to the process environment, so when two devices set one variable the last one wins
-(DESIGN fact 9). Only ``env`` is modelled — device nodes and mounts have nothing to act on here.
+(docs/design.md F9). Only ``env`` is modelled — device nodes and mounts have nothing to act on here.
 """
 
 from __future__ import annotations

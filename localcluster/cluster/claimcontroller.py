@@ -5,13 +5,13 @@
   ``resource.kubernetes.io/pod-claim-name``, recorded in ``pod.status.resourceClaimStatuses``.
 * ``status.reservedFor`` loses pods that are gone or done (Succeeded/Failed, or deleted before being
   scheduled); when the last consumer goes, a claim carrying ``resource.kubernetes.io/delete-protection``
-  has its allocation cleared and the finalizer removed — claims without it stay allocated (DESIGN
-  fact 3). A claim being deleted has the finalizer removed once unreserved.
+  has its allocation cleared and the finalizer removed — claims without it stay allocated (docs/design.md
+  F3). A claim being deleted has the finalizer removed once unreserved.
 * An unreserved generated claim whose owning pod is done is deleted.
 
 Like the real one it only looks at a claim when the claim changes or a pod that *names* it in
 ``spec.resourceClaims`` changes: a classic pod's shadow claim is not revisited when that pod merely
-finishes (DESIGN fact 6) — releasing those is InstaSlice's job. Claims of deleted pods go through
+finishes (docs/design.md F6) — releasing those is InstaSlice's job. Claims of deleted pods go through
 the API server's garbage collector (ownerReferences), as in kube.
 """
 

@@ -365,10 +365,6 @@ class DeviceManager:
         with self._lock:
             return list(self._allocated.get(pod_uid, {}).get(container, []))
 
-    def pod_allocations(self, pod_uid: str) -> dict[str, list[ContainerAllocation]]:
-        with self._lock:
-            return {c: list(a) for c, a in self._allocated.get(pod_uid, {}).items()}
-
     def release(self, pod_uid: str) -> None:
         with self._lock:
             self._allocated.pop(pod_uid, None)

@@ -207,8 +207,3 @@ class DraManager:
                         ClaimDevice(info.claim.namespace, info.claim.name, driver, device)
                     )
         return devices
-
-    def prepared_claims(self) -> list[DraClaim]:
-        """Claims prepared on this node (for tests and the demo)."""
-        with self._lock:
-            return [i.claim for i in self._claims.values() if i.prepared]

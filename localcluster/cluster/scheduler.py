@@ -9,7 +9,7 @@ resources such as ``nvidia.com/mig-*`` against ``status.allocatable`` minus what
 (NodeResourcesFit). Of the nodes left it takes the least allocated, then the first by name.
 
 Before binding (PreBind) the pod is added to ``status.reservedFor`` of each claim with a
-resourceVersion-checked status update. Like kube-scheduler 1.36 (DESIGN fact 2) it also fills in a
+resourceVersion-checked status update. Like kube-scheduler 1.36 (docs/design.md F2) it also fills in a
 missing ``allocation.allocationTimestamp`` in that update, which the API server refuses as a change
 of an immutable allocation: such a pod is never bound. A pod that cannot be placed gets
 ``PodScheduled=False`` (``Unschedulable``, kube's message format) and is tried again when a node, a
@@ -352,7 +352,7 @@ class Scheduler:
                 status["reservedFor"] = [*(status.get("reservedFor") or []), pod_reference(pod)]
                 alloc = status.get("allocation")
                 if isinstance(alloc, dict) and not alloc.get("allocationTimestamp"):
-                    # kube-scheduler 1.36 fills it in; the API server refuses (DESIGN fact 2).
+                    # kube-scheduler 1.36 fills it in; the API server refuses (docs/design.md F2).
                     alloc["allocationTimestamp"] = format_time(self._clock.now())
                 try:
                     self._api.update_status(RESOURCE_CLAIMS, updated)

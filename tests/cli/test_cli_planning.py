@@ -3,6 +3,7 @@ server over HTTP for ``--from-cluster`` and ``defrag``."""
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -232,27 +233,20 @@ def test_defrag_apply_evicts_after_confirmation(
     args = cli.build_parser().parse_args(
         ["defrag", "--profile", "4g.20gb", "--kube-api-url", apiserver.url, "--apply"]
     )
-    out = _Out()
+    out = io.StringIO()
     assert plancli.run_defrag(args, out=out, confirm=lambda _: "n") == 1
     assert len(api.list_objects(PODS, namespace="default").items) == 3
     asked: list[str] = []
-    assert plancli.run_defrag(args, out=out, confirm=lambda q: asked.append(q) or "y") == 0
+
+    def confirm_yes(question: str) -> str:
+        asked.append(question)
+        return "y"
+
+    assert plancli.run_defrag(args, out=out, confirm=confirm_yes) == 0
     assert asked == ["Evict 1 pod(s)? [y/N] "]
-    assert "default/a: evicted" in out.text
+    assert "default/a: evicted" in out.getvalue()
     remaining = {p["metadata"]["name"] for p in api.list_objects(PODS, namespace="default").items}
     assert remaining == {"b", "c"}
-
-
-class _Out:
-    def __init__(self) -> None:
-        self.text = ""
-
-    def write(self, text: str) -> int:
-        self.text += text
-        return len(text)
-
-    def flush(self) -> None:
-        pass
 
 
 class _BudgetedApi:
@@ -289,11 +283,11 @@ def test_a_disruption_budget_refusal_is_reported_per_pod(
     args = cli.build_parser().parse_args(
         ["defrag", "--profile", "7g.40gb", "--kube-api-url", apiserver.url, "--apply", "--yes"]
     )
-    out = _Out()
+    out = io.StringIO()
     budgeted = _BudgetedApi(api, protected="a")
     assert plancli.run_defrag(args, out=out, connect=lambda _: budgeted) == 1
-    assert "default/a: not evicted, a PodDisruptionBudget refuses now" in out.text
-    assert "default/b: evicted" in out.text
+    assert "default/a: not evicted, a PodDisruptionBudget refuses now" in out.getvalue()
+    assert "default/b: evicted" in out.getvalue()
     remaining = {p["metadata"]["name"] for p in api.list_objects(PODS, namespace="default").items}
     assert remaining == {"a", "c"}
 

@@ -6,8 +6,7 @@ import re
 
 import pytest
 
-from controller.statusrender import Style, compact_starts, render_view
-from controller.statusview import ClusterView, build_view
+from controller.status import ClusterView, Style, build_view, compact_starts, render_view
 from tests.cli.objects import claim, pod, pool
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

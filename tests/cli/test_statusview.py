@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.statusview import ClusterView, GpuView, build_view
+from controller.status import ClusterView, GpuView, build_view
 from driver.mig.model import Placement
 from tests.cli.objects import claim, pod, pool
 

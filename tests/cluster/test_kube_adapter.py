@@ -60,15 +60,6 @@ def _namespace(resource: Resource) -> str | None:
     return objects.NAMESPACE if resource.namespaced else None
 
 
-def _strip_server_fields(obj: JsonObject) -> JsonObject:
-    meta = {
-        k: v
-        for k, v in obj["metadata"].items()
-        if k not in {"uid", "resourceVersion", "creationTimestamp", "generation", "managedFields"}
-    }
-    return {**obj, "metadata": meta}
-
-
 @pytest.mark.parametrize(("resource", "build"), KINDS, ids=KIND_IDS)
 def test_crud_round_trip_and_error_mapping(
     api: KubeClusterApi, resource: Resource, build: Callable[[str], JsonObject]

@@ -1,7 +1,7 @@
 """The ``GpuBackend`` contract, run against every implementation (see ``conftest.py``).
 
 The A100-40GB cases follow NVIDIA's MIG user guide (valid combinations and placement rules,
-``reference/peers-and-mig-facts.md`` §4); max counts come from the literal reference tables in
+docs/design.md F18); max counts come from the literal reference tables in
 ``tests/unit/test_catalog.py``.
 """
 

@@ -347,6 +347,23 @@ def test_odd_pod_shapes_do_not_crash() -> None:
     assert decide(review({"spec": None})["request"], default_context()).allowed
 
 
+def test_mistyped_fields_read_as_absent() -> None:
+    """Admission sees the pod before validation: mistyped fields read as their zero value."""
+    odd = pod(limits={MIG_1G: "1"})
+    odd["spec"]["schedulingGates"] = {"name": SCHEDULING_GATE}  # not a list: not gated by us
+    odd["spec"]["initContainers"] = [
+        {"name": "a", "resources": "none"},
+        {"resources": {"limits": []}},
+    ]
+    odd["spec"]["resourceClaims"] = [{"name": "x", "resourceClaimName": {"not": "a name"}}]
+    decision = decide(review(odd)["request"], default_context())
+    assert decision.allowed
+    assert decision.patch == [
+        {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": SCHEDULING_GATE}]}
+    ]
+    assert not decision.warnings
+
+
 def test_device_classes_of_claim_spec_reads_every_shape() -> None:
     spec = {
         "devices": {

@@ -9,15 +9,17 @@ from typing import Any
 import pytest
 from cryptography import x509
 
-from controller.cert_manager import CertificateManager
-from controller.cert_store import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS, ClusterCertificateStore
-from controller.certs import (
+from controller.certificates import (
     CA_FILE,
     CA_KEY,
     CERT_FILE,
     KEY_FILE,
+    MUTATING_WEBHOOK_CONFIGURATIONS,
+    SECRETS,
+    CertificateManager,
     CertificateSettings,
     CertMode,
+    ClusterCertificateStore,
     ServingCertificate,
     certificate_names,
     generate_ca,
@@ -284,6 +286,20 @@ def test_missing_webhook_configuration_is_not_fatal(tmp_path: Path) -> None:
     store_b = InMemoryCertificateStore()
     manager(store_b, tmp_path, StepClock(), webhook_configuration=None).reconcile()
     assert "update_webhook_configuration" not in store_b.writes
+
+
+def test_odd_webhook_entries_do_not_stop_the_ca_bundle_update(tmp_path: Path) -> None:
+    """The configuration is someone else's object: an entry that is not an object is left as it is,
+    a null ``clientConfig`` gets one, and the other entries still get the bundle."""
+    store = InMemoryCertificateStore()
+    hooks = store.configurations[WEBHOOK_CONFIGURATION]["webhooks"]
+    hooks[1]["clientConfig"] = None
+    hooks.append("not-a-webhook")
+    serving = manager(store, tmp_path, StepClock()).reconcile()
+    wanted = base64.b64encode(serving.ca_bundle_pem).decode()
+    updated = store.configurations[WEBHOOK_CONFIGURATION]["webhooks"]
+    assert [h["clientConfig"]["caBundle"] for h in updated[:2]] == [wanted, wanted]
+    assert updated[2] == "not-a-webhook"
 
 
 def test_write_certificate_files_reports_changes(tmp_path: Path) -> None:

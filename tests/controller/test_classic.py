@@ -1,5 +1,5 @@
 """Classic ``nvidia.com/mig-<profile>: N`` pods: shadow claims owned by the pod, allocated with
-``reservedFor`` the pod (DESIGN fact 6), the pod pinned by ``nodeSelector`` while gated, then
+``reservedFor`` the pod (docs/design.md F6), the pod pinned by ``nodeSelector`` while gated, then
 ungated; and shadow claims of finished pods released by us."""
 
 from __future__ import annotations

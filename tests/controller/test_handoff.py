@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from contextlib import ExitStack
 from datetime import UTC, datetime
+from functools import partial
 
 import pytest
 
@@ -66,6 +67,10 @@ def _full_gpu_claim(name: str) -> JsonObject:
 def _allocated(api: KubeClusterApi, claim: str) -> bool:
     obj = api.get(RESOURCE_CLAIMS, name=claim, namespace=NS)
     return bool((obj.get("status") or {}).get("allocation"))
+
+
+def _handed_off(api: KubeClusterApi, pod: str) -> bool:
+    return condition_reason(api, pod) == "HandedOff"
 
 
 def _handoffs(controller: Controller, reason: str) -> float:
@@ -222,8 +227,8 @@ def test_scheduler_mode_hands_every_gated_pod_over_and_drops_shadow_claims(
 
     controller = start_controller(apiserver, stack, sync=SyncConfig(scheduler_mode=True))
     for name in ("dra", "classic"):
-        wait_for(lambda name=name: ungated(api, name), what=f"{name} handed over")
-        wait_for(lambda name=name: condition_reason(api, name) == "HandedOff", what="condition")
+        wait_for(partial(ungated, api, name), what=f"{name} handed over")
+        wait_for(partial(_handed_off, api, name), what="condition")
     assert allocated_claims(api) == []
 
     # The shadow claim holds nothing any more (kube-scheduler makes its own claim for the pod).

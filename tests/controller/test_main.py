@@ -5,21 +5,25 @@ allocator places it, /readyz and /metrics answer, SIGTERM stops it cleanly."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from api.names import SCHEDULING_GATE
-from controller.certs import CertMode
+from controller.certificates import CertMode
 from controller.settings import build_parser, parse_settings
-from driver.cluster.port import LEASES, PODS, RESOURCE_CLAIMS, Resource, gate_names
+from driver.cluster.port import LEASES, PODS, RESOURCE_CLAIMS, gate_names
 from localcluster.apiserver import LocalApiServer
+from localcluster.stack import free_port
+from tests.controller.daemon import (
+    ROOT,
+    WEBHOOK_CONFIGURATIONS,
+    controller_command,
+    http_get,
+    webhook_configuration,
+)
 from tests.controller.harness import (
     NS,
     claim_object,
@@ -30,21 +34,6 @@ from tests.controller.harness import (
     ungated,
     wait_for,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
-WEBHOOK_CONFIGURATIONS = Resource(
-    group="admissionregistration.k8s.io",
-    version="v1",
-    plural="mutatingwebhookconfigurations",
-    kind="MutatingWebhookConfiguration",
-    namespaced=False,
-)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_help_lists_every_flag() -> None:
@@ -114,77 +103,24 @@ def test_bad_settings_exit_with_status_2(argv: list[str], env: dict[str, str]) -
     assert raised.value.code == 2
 
 
-@pytest.fixture
-def webhook_port() -> int:
-    return _free_port()
-
-
-@pytest.fixture
-def gated_server(webhook_port: int) -> Iterator[LocalApiServer]:
-    """An API server that calls our webhook for its Service, like kube-apiserver would."""
-    with LocalApiServer(
-        service_resolver=lambda ns, name, port: f"https://127.0.0.1:{webhook_port}"
-    ) as server:
-        yield server
-
-
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as reply:
-            return reply.status, reply.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, ""
-    except OSError:
-        return 0, ""
-
-
 def test_the_daemon_gates_places_serves_probes_and_stops_on_sigterm(
     gated_server: LocalApiServer, webhook_port: int, tmp_path: Path
 ) -> None:
     with client(gated_server) as api:
         create_device_classes(api)
         publish_node(api, "node-a", gpus=1)
-        api.create(
-            WEBHOOK_CONFIGURATIONS,
-            {
-                "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "MutatingWebhookConfiguration",
-                "metadata": {"name": "instaslice-pod-gate"},
-                "webhooks": [
-                    {
-                        "name": "pod-gate.instaslice.dev",
-                        "admissionReviewVersions": ["v1"],
-                        "clientConfig": {
-                            "service": {
-                                "name": "instaslice-webhook",
-                                "namespace": NS,
-                                "path": "/mutate-v1-pod",
-                                "port": 443,
-                            }
-                        },
-                        "rules": [
-                            {
-                                "operations": ["CREATE"],
-                                "apiGroups": [""],
-                                "apiVersions": ["v1"],
-                                "resources": ["pods"],
-                            }
-                        ],
-                        "failurePolicy": "Ignore",
-                        "sideEffects": "None",
-                        "timeoutSeconds": 5,
-                    }
-                ],
-            },
-        )
-        metrics, health = _free_port(), _free_port()
+        api.create(WEBHOOK_CONFIGURATIONS, webhook_configuration(failure_policy="Ignore"))
+        metrics, health = free_port(), free_port()
         process = subprocess.Popen(
-            [sys.executable, "-m", "controller", "--kube-api-url", gated_server.url,
-             "--namespace", NS, "--identity", "daemon-under-test", "--lease-duration", "3",
-             "--renew-deadline", "2", "--retry-period", "0.5", "--webhook-port", str(webhook_port),
-             "--webhook-cert-dir", str(tmp_path / "certs"), "--cert-mode", "self",
-             "--metrics-address", f"127.0.0.1:{metrics}",
-             "--healthz-address", f"127.0.0.1:{health}", "--log-format", "json"],
+            controller_command(
+                gated_server.url,
+                webhook_port=webhook_port,
+                cert_dir=tmp_path / "certs",
+                healthz_port=health,
+                extra=["--identity", "daemon-under-test", "--lease-duration", "3",
+                       "--renew-deadline", "2", "--retry-period", "0.5",
+                       "--metrics-address", f"127.0.0.1:{metrics}", "--log-format", "json"],
+            ),
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -192,11 +128,11 @@ def test_the_daemon_gates_places_serves_probes_and_stops_on_sigterm(
         )  # fmt: skip
         try:
             wait_for(
-                lambda: _get(f"http://127.0.0.1:{health}/readyz")[0] == 200,
+                lambda: http_get(f"http://127.0.0.1:{health}/readyz")[0] == 200,
                 timeout=30,
                 what="/readyz",
             )
-            assert _get(f"http://127.0.0.1:{health}/healthz")[0] == 200
+            assert http_get(f"http://127.0.0.1:{health}/healthz")[0] == 200
             configuration = api.get(WEBHOOK_CONFIGURATIONS, name="instaslice-pod-gate")
             assert configuration["webhooks"][0]["clientConfig"]["caBundle"]
 
@@ -208,7 +144,7 @@ def test_the_daemon_gates_places_serves_probes_and_stops_on_sigterm(
             assert claim["status"]["allocation"]["devices"]["results"][0]["pool"] == "node-a"
 
             def scraped() -> str:
-                text = _get(f"http://127.0.0.1:{metrics}/metrics")[1]
+                text = http_get(f"http://127.0.0.1:{metrics}/metrics")[1]
                 return text if "instaslice_controller_pods_ungated_total 1.0" in text else ""
 
             body = wait_for(scraped, what="the ungate counted once")

@@ -277,7 +277,7 @@ def test_release_keeps_the_allocation_while_another_consumer_reserves_the_claim(
 
 def _release_as_kube_controller_manager(api: KubeClusterApi, uid: str) -> None:
     """What kube-controller-manager's claim controller does when it syncs the shadow claim of a
-    finished pod (DESIGN fact 6): drop the pod from reservedFor and the allocation, lift the
+    finished pod (docs/design.md F6): drop the pod from reservedFor and the allocation, lift the
     finalizer, delete the claim (its controller owner is done). It may run before or after ours."""
     for _ in range(5):
         claims = _shadow_claims(api, uid)

@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -17,6 +17,14 @@ from controller.settings import parse_settings
 from controller.webhook_process import main as webhook_main
 from driver.cluster.port import PODS, RESOURCE_CLAIMS, gate_names
 from localcluster.apiserver import LocalApiServer
+from localcluster.stack import free_port
+from tests.controller.daemon import (
+    ROOT,
+    WEBHOOK_CONFIGURATIONS,
+    controller_command,
+    http_get,
+    webhook_configuration,
+)
 from tests.controller.harness import (
     NS,
     claim_object,
@@ -26,9 +34,6 @@ from tests.controller.harness import (
     publish_node,
     wait_for,
 )
-from tests.controller.test_main import WEBHOOK_CONFIGURATIONS, _free_port, _get
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _children(pid: int) -> list[tuple[int, str]]:
@@ -57,6 +62,10 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def _gone(pid: int) -> bool:
+    return not _alive(pid)
+
+
 def _webhook_children(pid: int) -> list[int]:
     return [child for child, command in _children(pid) if "controller.webhook_process" in command]
 
@@ -72,19 +81,6 @@ def test_the_webhook_process_refuses_port_zero() -> None:
     assert webhook_main(["--webhook-port", "0", "--kube-api-url", "http://127.0.0.1:1"]) == 2
 
 
-@pytest.fixture
-def webhook_port() -> int:
-    return _free_port()
-
-
-@pytest.fixture
-def gated_server(webhook_port: int) -> Iterator[LocalApiServer]:
-    with LocalApiServer(
-        service_resolver=lambda ns, name, port: f"https://127.0.0.1:{webhook_port}"
-    ) as server:
-        yield server
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_the_controller_runs_restarts_and_takes_down_its_webhook_process(
     gated_server: LocalApiServer, webhook_port: int, tmp_path: Path
@@ -92,38 +88,18 @@ def test_the_controller_runs_restarts_and_takes_down_its_webhook_process(
     with client(gated_server) as api:
         create_device_classes(api)
         publish_node(api, "node-a", gpus=1)
-        api.create(
-            WEBHOOK_CONFIGURATIONS,
-            {
-                "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "MutatingWebhookConfiguration",
-                "metadata": {"name": "instaslice-pod-gate"},
-                "webhooks": [
-                    {
-                        "name": "pod-gate.instaslice.dev",
-                        "admissionReviewVersions": ["v1"],
-                        "clientConfig": {
-                            "service": {"name": "instaslice-webhook", "namespace": NS,
-                                        "path": "/mutate-v1-pod", "port": 443}
-                        },
-                        "rules": [{"operations": ["CREATE"], "apiGroups": [""],
-                                   "apiVersions": ["v1"], "resources": ["pods"]}],
-                        # Fail: a pod created while no webhook answers is refused, never let
-                        # through ungated, so each create below proves an answer.
-                        "failurePolicy": "Fail",
-                        "sideEffects": "None",
-                        "timeoutSeconds": 5,
-                    }
-                ],
-            },
-        )  # fmt: skip
-        health = _free_port()
+        # Fail: a pod created while no webhook answers is refused, never let through ungated, so
+        # each create below proves an answer.
+        api.create(WEBHOOK_CONFIGURATIONS, webhook_configuration(failure_policy="Fail"))
+        health = free_port()
         process = subprocess.Popen(
-            [sys.executable, "-m", "controller", "--kube-api-url", gated_server.url,
-             "--namespace", NS, "--no-leader-elect", "--webhook-port", str(webhook_port),
-             "--webhook-cert-dir", str(tmp_path / "certs"), "--cert-mode", "self",
-             "--metrics-address", "", "--healthz-address", f"127.0.0.1:{health}",
-             "--log-level", "WARNING"],
+            controller_command(
+                gated_server.url,
+                webhook_port=webhook_port,
+                cert_dir=tmp_path / "certs",
+                healthz_port=health,
+                extra=["--no-leader-elect", "--metrics-address", "", "--log-level", "WARNING"],
+            ),
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -131,7 +107,7 @@ def test_the_controller_runs_restarts_and_takes_down_its_webhook_process(
         children: list[int] = []
         try:
             ready = f"http://127.0.0.1:{health}/readyz"
-            wait_for(lambda: _get(ready)[0] == 200, timeout=30, what="/readyz")
+            wait_for(lambda: http_get(ready)[0] == 200, timeout=30, what="/readyz")
             children = wait_for(
                 lambda: _webhook_children(process.pid), timeout=30, what="webhook child"
             )
@@ -150,7 +126,9 @@ def test_the_controller_runs_restarts_and_takes_down_its_webhook_process(
                 what="the webhook process started again",
             )
             children = restarted
-            wait_for(lambda: _get(ready)[0] == 200, timeout=30, what="/readyz after the restart")
+            wait_for(
+                lambda: http_get(ready)[0] == 200, timeout=30, what="/readyz after the restart"
+            )
             api.create(RESOURCE_CLAIMS, claim_object("c2"), namespace=NS)
             created = api.create(PODS, pod_object("p2", claims=["c2"], gates=()), namespace=NS)
             assert gate_names(created) == [SCHEDULING_GATE]  # answered by the new process
@@ -158,4 +136,4 @@ def test_the_controller_runs_restarts_and_takes_down_its_webhook_process(
             process.kill()  # as a crash or an OOM kill would end it
             process.wait()
         for child in children:
-            wait_for(lambda child=child: not _alive(child), timeout=30, what="the child ended")
+            wait_for(partial(_gone, child), timeout=30, what="the child ended")

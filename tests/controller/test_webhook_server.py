@@ -1,4 +1,4 @@
-"""The webhook over real HTTPS: certificates from ``certs``, verification against their CA."""
+"""The webhook over real HTTPS: certificates from ``controller.certificates``, verification against their CA."""
 
 import base64
 import http.client
@@ -16,8 +16,13 @@ from cryptography.hazmat.primitives import serialization
 
 from api.names import SCHEDULING_GATE
 from controller.admission import review_pod
-from controller.cert_manager import CertificateManager
-from controller.certs import CA_FILE, CERT_FILE, KEY_FILE, CertificateSettings
+from controller.certificates import (
+    CA_FILE,
+    CERT_FILE,
+    KEY_FILE,
+    CertificateManager,
+    CertificateSettings,
+)
 from controller.webhook_server import WebhookServer
 from driver.errors import ConfigError
 from tests.controller.certfakes import InMemoryCertificateStore, StepClock

@@ -86,7 +86,7 @@ def test_one_class_for_any_slice_and_one_per_catalog_profile() -> None:
 
 
 def test_no_class_sets_an_extended_resource_name_by_default() -> None:
-    # DESIGN fact 7: the shim and the controller own classic requests; kube-scheduler must not race.
+    # docs/design.md F7: the shim and the controller own classic requests; kube-scheduler must not race.
     for device_class in _classes().values():
         assert "extendedResourceName" not in device_class["spec"]
 

@@ -25,8 +25,12 @@ import pytest
 
 from api import names
 from api.names import PLACEMENT_CONDITION
-from controller.cert_store import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
-from controller.certs import CA_FILE, CertificateSettings
+from controller.certificates import (
+    CA_FILE,
+    MUTATING_WEBHOOK_CONFIGURATIONS,
+    SECRETS,
+    CertificateSettings,
+)
 from driver.cluster.port import (
     NODES,
     PODS,

@@ -37,13 +37,6 @@ RENDER_SCRIPT_CASES = {
 }
 
 
-def _all_cases() -> dict[str, list[m.Manifest]]:
-    rendered = {name: m.render(path) for name, path in KUSTOMIZATIONS.items()}
-    for name, (overlay, env) in RENDER_SCRIPT_CASES.items():
-        rendered[f"render.sh {name}"] = m.render_script(overlay, env)
-    return rendered
-
-
 def test_every_kustomization_in_the_repository_is_covered() -> None:
     found = {
         str(path.parent.relative_to(m.REPO_ROOT))

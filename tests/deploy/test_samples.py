@@ -263,7 +263,7 @@ def test_quota_uses_the_dra_and_classic_keys_of_existing_classes() -> None:
 
 def test_quota_sample_counts_the_same_in_controller_and_scheduler_mode() -> None:
     """In scheduler mode a claim of a class with extendedResourceName also counts under
-    requests.nvidia.com/mig-* (DESIGN fact 17): the quota sample's DRA claims use classes that carry
+    requests.nvidia.com/mig-* (docs/design.md F17): the quota sample's DRA claims use classes that carry
     none there, so its classic key counts the classic replicas only, in either mode."""
     objects = m.render(m.SAMPLES)
     (quota,) = m.find(objects, "ResourceQuota")

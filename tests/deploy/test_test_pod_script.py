@@ -42,10 +42,10 @@ def _run(tmp_path: Path, env: dict[str, str], listing: str | None) -> tuple[int,
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     vector_add.chmod(0o755)
-    tools = [shutil.which(name) for name in ("cat", "grep", "printf")]
-    for tool in tools:
-        assert tool is not None
-        (bin_dir / Path(tool).name).symlink_to(tool)
+    for name in ("cat", "grep", "printf"):
+        found = shutil.which(name)
+        assert found is not None
+        (bin_dir / Path(found).name).symlink_to(found)
     script = _script().replace("/cuda-samples/vectorAdd", str(vector_add))
     done = subprocess.run(
         [shutil.which("bash") or "/bin/bash", "-c", script],

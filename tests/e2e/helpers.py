@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from api import names
-from controller.statussource import allocated_claims
-from controller.statusview import ClusterView, TakenSlice
+from controller.status import ClusterView, TakenSlice, allocated_claims
 from driver.checkpoint import CheckpointStore
 from driver.cluster.port import (
     PODS,
@@ -308,7 +307,7 @@ def _delete(
 
 
 def invariant_violations(stack: Stack, namespaces: Iterable[str] = ()) -> list[str]:
-    """What must hold whenever the cluster has settled (DESIGN: every MIG slice is one allocated
+    """What must hold whenever the cluster has settled (docs/design.md D1: every MIG slice is one allocated
     claim, and a pod uses exactly the slices allocated to it). Empty when all is well."""
     problems: list[str] = []
     view = stack.view()
@@ -369,7 +368,7 @@ def _sources(container: JsonObject) -> int:
 
 def _pod_sees_its_own_slices(stack: Stack, view: ClusterView, pod: JsonObject) -> list[str]:
     """Every container's ``NVIDIA_VISIBLE_DEVICES`` names only slices of its pod, and together
-    they name all of them. One exception, a known limit of CDI (DESIGN fact 9: the last device
+    they name all of them. One exception, a known limit of CDI (docs/design.md F9: the last device
     setting a variable wins): a container fed by several claims (or a claim and a classic request)
     has each source's list in turn, so there the variable must name a non-empty subset — its
     device nodes are the real grant (checked on GPU nodes by the test pod and ``check``)."""

@@ -218,7 +218,7 @@ def test_one_pod_with_a_claim_and_a_classic_request_sees_both_slices(
     claim_uids = {item.claim_uid for _, _, item in held}
     for uid in claim_uids:
         assert any(uid in cdi_id for cdi_id in cdi_ids), f"no CDI device of claim {uid}"
-    # DESIGN fact 9: one source's NVIDIA_VISIBLE_DEVICES wins (a known limit, see helpers)
+    # docs/design.md F9: one source's NVIDIA_VISIBLE_DEVICES wins (a known limit, see helpers)
     visible = visible_devices(classic, running_pod)
     assert visible
     assert visible <= own

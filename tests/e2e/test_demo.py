@@ -11,8 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from controller.cli import build_parser
-from localcluster.demo import run_demo
+from localcluster.demo import build_parser, run_demo
 
 STAGES = ("Pending -> gated", "gated -> placed", "placed -> bound", "bound -> Running")
 
@@ -34,7 +33,7 @@ def _root_and_pids(text: str) -> tuple[Path, list[int]]:
 
 def test_the_demo_applies_the_samples_shows_them_placed_and_removes_everything() -> None:
     out = io.StringIO()
-    args = build_parser().parse_args(["demo", "--fast", "--no-color"])
+    args = build_parser().parse_args(["--fast", "--no-color"])
     assert run_demo(args, out=out) == 0, out.getvalue()
     text = out.getvalue()
     assert "\x1b[" not in text

@@ -96,7 +96,7 @@ def test_one_pod_gets_three_slices_on_one_gpu_and_sees_all_three(
     uuids = {item.mig_uuid for _, _, item in held}
     assert None not in uuids
     assert len(uuids) == 3
-    # Every slice a container receives is visible to it (DESIGN fact 9: last env var wins).
+    # Every slice a container receives is visible to it (docs/design.md F9: last env var wins).
     assert visible_devices(cluster, pod) == uuids
 
 

@@ -415,6 +415,6 @@ class HealthWatch:
                 self._cond.wait(remaining)
 
     def cancel(self) -> None:
-        self._call.cancel()
+        self._call.cancel()  # type: ignore[no-untyped-call]  # grpc-stubs leaves RpcContext.cancel untyped
         self.ended.wait(10)
         self._channel.close()

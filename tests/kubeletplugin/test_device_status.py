@@ -10,8 +10,9 @@ import pytest
 from api.checkpoint import PreparedClaim, PrepareState
 from api.checkpoint import PreparedDevice as CheckpointDevice
 from api.names import DRIVER_NAME
-from controller.statusview import _status_mig_uuid
+from controller.status import status_mig_uuid
 from driver.cluster.port import RESOURCE_CLAIMS, JsonObject, Resource, resource_version_of
+from driver.cluster.views import ClaimView
 from driver.errors import ClusterError, ConflictError
 from driver.ids import ClaimUid
 from kubeletplugin.devicestatus import (
@@ -50,7 +51,9 @@ def test_prepare_records_each_devices_mig_uuid(node: NodeHarness) -> None:
         for d in sorted(uuids)
     ]
     for device, uuid in uuids.items():
-        found = _status_mig_uuid(stored, driver=DRIVER_NAME, pool=node.node, device=device)
+        found = status_mig_uuid(
+            ClaimView.of(stored), driver=DRIVER_NAME, pool=node.node, device=device
+        )
         assert found == uuid
 
 

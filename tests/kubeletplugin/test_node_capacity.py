@@ -1,5 +1,5 @@
 """With the classic shim off, the plugin keeps ``nvidia.com/mig-*`` out of its Node's status
-(DESIGN fact 13): once at start, and again each time the kubelet writes the stale entries back."""
+(docs/design.md F13): once at start, and again each time the kubelet writes the stale entries back."""
 
 from __future__ import annotations
 

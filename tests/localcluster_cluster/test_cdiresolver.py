@@ -1,5 +1,5 @@
 """What a container runtime makes of CDI names: unknown names fail, env is appended per device and
-the last setting of a variable wins (DESIGN fact 9)."""
+the last setting of a variable wins (docs/design.md F9)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The resourceclaim controller against the local API server: claims from templates, reservations
-released when pods finish or go, allocation cleared only for protected claims (DESIGN facts 1, 3,
-6)."""
+released when pods finish or go, allocation cleared only for protected claims (docs/design.md F1, F3,
+F6)."""
 
 from __future__ import annotations
 
@@ -148,7 +148,7 @@ def _shadow_of_finished_pod(cluster: LocalCluster) -> dict[str, Any]:
 
 
 def _released_or_untouched(got: dict[str, Any] | None, pod_uid: str) -> bool:
-    """DESIGN fact 6: the two states kube-controller-manager may leave such a claim in."""
+    """docs/design.md F6: the two states kube-controller-manager may leave such a claim in."""
     if got is None or got["metadata"].get("deletionTimestamp"):
         return True  # synced after the pod finished: unreserved, deallocated, deleted
     status = got.get("status") or {}
@@ -160,7 +160,7 @@ def _released_or_untouched(got: dict[str, Any] | None, pod_uid: str) -> bool:
 def test_shadow_claim_of_a_finished_classic_pod_is_released_or_left_never_half_done(
     make_cluster: Callable[..., LocalCluster],
 ) -> None:
-    """DESIGN fact 6: the pod does not name the claim, so the pod's own events do not revisit it;
+    """docs/design.md F6: the pod does not name the claim, so the pod's own events do not revisit it;
     whether the claim's last sync ran before or after the pod finished decides whether it is still
     reserved. Both orders happen, so both are allowed — a claim dropped from reservedFor but still
     allocated, or deallocated but not deleted while its owner is done, is not."""

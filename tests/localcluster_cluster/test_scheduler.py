@@ -1,6 +1,6 @@
 """The binding-only scheduler: waits for allocation, follows the allocation's node, respects
 selectors, taints and resources, reserves claims, and refuses like kube-scheduler 1.36 does when an
-allocation lacks its timestamp (DESIGN fact 2)."""
+allocation lacks its timestamp (docs/design.md F2)."""
 
 from __future__ import annotations
 
@@ -191,7 +191,7 @@ def test_gated_pod_waits_for_its_gates(make_cluster: Callable[..., LocalCluster]
 def test_allocation_without_timestamp_is_never_bound(
     make_cluster: Callable[..., LocalCluster],
 ) -> None:
-    """DESIGN fact 2: the scheduler's own timestamp write is refused as an allocation change."""
+    """docs/design.md F2: the scheduler's own timestamp write is refused as an allocation change."""
     cluster = make_cluster()
     api = cluster.api
     assert api is not None

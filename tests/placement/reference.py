@@ -1,6 +1,6 @@
 """An independent, deliberately naive model of the MIG rules, for checking the engine.
 
-Written straight from the rules (reference/peers-and-mig-facts.md §4), sharing nothing with the
+Written straight from the rules (docs/design.md F18), sharing nothing with the
 engine but the catalog's geometry: brute-force enumeration of every assignment on a node, and a
 validator for any returned placement.
 """

@@ -27,7 +27,6 @@ from driver.placement import (
 from tests.placement import reference
 
 A100 = gpu_model("A100-40GB")
-H100 = gpu_model("H100-80GB")
 
 
 def node(name: str, *models: str, published: frozenset[tuple[str, int]] | None = None) -> NodeSpec:

@@ -1,4 +1,5 @@
-"""Table-driven MIG cases from reference/peers-and-mig-facts.md §4 and instaslice-study.md §2D.
+"""Table-driven MIG cases: the MIG rules (docs/design.md F18) and the public InstaSlice's
+weaknesses (docs/design.md "What the public InstaSlice got wrong").
 
 Each case places pods one after another on one node and states where each slice lands — GPU index
 and placement start — or that it cannot land anywhere.

@@ -47,7 +47,7 @@ def test_utilization_is_time_weighted_between_first_and_last_arrival() -> None:
     assert result.mean_utilization == pytest.approx(0.5)
     assert result.peak_utilization == 1.0
     assert result.timeline is not None
-    assert result.timeline.t == (0, 20)
+    assert result.timeline.t == (0.0, 20.0)
     assert result.timeline.used_slices == (8, 1)
     assert result.timeline.rejected == (0, 0)
 

@@ -1,7 +1,7 @@
 """The generated descriptors carry exactly the kubelet's packages, gRPC method paths and fields.
 
 Expected values are literals copied from the kubelet's api.proto files (see
-shared/reference/dra-kubelet-plugin-facts.md §1 and its pod-resources addendum): a renamed
+docs/design.md F20): a renamed
 service or a renumbered field would break the wire contract without any other test noticing.
 """
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from driver.cluster.port import PODS, RESOURCE_CLAIMS, PatchType
+from driver.cluster.port import PODS, RESOURCE_CLAIMS, JsonObject, PatchType
 from driver.errors import ClusterError
 from localcluster.manifests import DEPLOYMENTS, read_kustomization
 from localcluster.realstack import RealStack
@@ -23,10 +23,8 @@ from tests.e2e.helpers import (
     wait_for,
 )
 
-QUOTA = {"apiVersion": "v1", "kind": "ResourceQuota"}
 
-
-def _samples() -> list[dict[str, object]]:
+def _samples() -> list[JsonObject]:
     return [o for o in read_kustomization(SAMPLES_DIR) if o.get("kind") != "Namespace"]
 
 
@@ -45,7 +43,7 @@ def test_every_sample_runs_with_its_own_slices_and_is_removed_clean(classic: Rea
         apply(classic, objects)
         wait_for(classic, lambda: _all_running(classic), timeout=60, message="samples not running")
         expected = sum(
-            int((o.get("spec") or {}).get("replicas", 1))  # type: ignore[union-attr]
+            int((o.get("spec") or {}).get("replicas", 1))
             for o in objects
             if o.get("kind") in ("Pod", "Deployment", "StatefulSet", "Job")
         )
@@ -67,7 +65,7 @@ def test_the_large_profile_samples_run_alone(cluster: RealStack) -> None:
     )
 
 
-def _refused(stack: RealStack, obj: dict[str, object]) -> str:
+def _refused(stack: RealStack, obj: JsonObject) -> str:
     with pytest.raises(ClusterError) as refused:
         stack.api.create(PODS if obj["kind"] == "Pod" else RESOURCE_CLAIMS, obj, namespace=QUOTA_NS)
     return str(refused.value)

@@ -101,7 +101,7 @@ def test_three_slices_in_one_container_and_another_profile_in_a_second(
     sidecar = admitted.answers[("sidecar", R_3G)]
     assert len(train.cdi_devices) == 3
     assert len(sidecar.cdi_devices) == 1
-    # Every slice of the container is visible to it, in one variable (DESIGN fact 9).
+    # Every slice of the container is visible to it, in one variable (docs/design.md F9).
     checkpoint = node.checkpoint()
     uuids = {
         d.device: d.mig_uuid or "" for entry in checkpoint.claims.values() for d in entry.devices

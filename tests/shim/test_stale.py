@@ -61,7 +61,7 @@ def deleted(node: ShimNode, reserved: Reserved) -> None:
 
 
 def finished(node: ShimNode, reserved: Reserved) -> None:
-    """The pod finished; the controller deallocates its shadow claim (DESIGN fact 6)."""
+    """The pod finished; the controller deallocates its shadow claim (docs/design.md F6)."""
     clear_claim_allocation(node.api, claim=node.claim(reserved, reserved.claims[0]))
 
 

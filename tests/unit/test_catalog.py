@@ -1,7 +1,7 @@
 """The built-in MIG catalog against the reference tables, written out here literally.
 
-Source: ``reference/peers-and-mig-facts.md`` §4.1 (placement rules, GI profile ids, max counts) and
-§4.2 (per-GPU tables: memory and SM fractions, GiB, SMs, placements). Nothing here is computed from
+Source: docs/design.md F18 (placement rules, GI profile ids, max counts) and
+F19 (per-GPU tables: memory and SM fractions, GiB, SMs, placements). Nothing here is computed from
 the catalog's own constants: a typo in the catalog fails a test instead of agreeing with itself.
 ``tests/contract/test_gpu_backend.py`` reuses ``REFERENCE`` to check what the backends enforce.
 """

@@ -351,7 +351,7 @@ def test_emulated_mode_refuses_host_device_nodes_it_cannot_have(tmp_path: Path) 
     common = resolve_common_edits(
         CommonEditsChoice(mode="file", path=numbered), emulated=True, dev_root=_dev_root(tmp_path)
     )
-    # No host node is added in emulated mode (DESIGN fact 10): only the file's numbered one.
+    # No host node is added in emulated mode (docs/design.md F10): only the file's numbered one.
     assert [n.path for n in common.edits.device_nodes or ()] == ["/dev/nvidiactl"]  # type: ignore[union-attr]
 
 
