@@ -293,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "modes" if args.workload == "burst" else "modes-churn",
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
         "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.machine()}",
+        "load_average_at_start": [round(x, 1) for x in os.getloadavg()],
         "kubernetes": "v1.36.2 (../shared/realstack)",
         "nodes": nodes,
         "gpus_per_node": GPUS_PER_NODE,
