@@ -261,7 +261,12 @@ def run_one(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.modes", description=__doc__)
     parser.add_argument("--nodes", type=int, default=None, help="20 (burst), 4 (churn)")
-    parser.add_argument("--pods", type=int, default=1000)
+    parser.add_argument(
+        "--pods",
+        type=int,
+        default=None,
+        help="1000 (burst); with --kubelets 80 %% of the 1g.5gb capacity",
+    )
     parser.add_argument("--rounds", type=int, default=1, help="controller+scheduler pairs")
     parser.add_argument("--workload", choices=("burst", "churn"), default="burst")
     parser.add_argument(
@@ -285,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return running(kubelets=args.kubelets, rounds=args.rounds, pods=args.pods, out=args.out)
     nodes = args.nodes or (4 if args.workload == "churn" else 20)
-    if nodes < 1 or args.pods < 1 or args.rounds < 1:
+    pods = args.pods or 1000
+    if nodes < 1 or pods < 1 or args.rounds < 1:
         parser.error("--nodes, --pods and --rounds must be positive")
     if not (_k8s() / "start.sh").is_file():
         parser.error(f"the real control plane is not built at {_k8s()} (../shared/realstack)")
@@ -319,11 +325,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(json.dumps(report["offline"]), flush=True)
     else:
-        report.update(profile=PROFILE, pods=args.pods)
+        report.update(profile=PROFILE, pods=pods)
     runs = []
     for _ in range(args.rounds):
         for mode in MODES:
-            result = run_one(mode, nodes=nodes, pods=args.pods, churn=workload)
+            result = run_one(mode, nodes=nodes, pods=pods, churn=workload)
             print(json.dumps(result), flush=True)
             runs.append(result)
     report["runs"] = runs

@@ -47,7 +47,7 @@ PROFILE = "1g.5gb"
 PER_GPU = 7
 MODES = ("controller", "scheduler")
 TEMPLATE = "mig-1g"
-RUNNING_TIMEOUT_S = 900.0
+RUNNING_TIMEOUT_S = 600.0
 
 
 def _template() -> JsonObject:
