@@ -1,6 +1,7 @@
 """Controller mode vs scheduler mode on the real control plane (``../shared/realstack``), alternating.
 
-``python -m bench.modes [--nodes 20] [--pods 1000] [--rounds 1]``
+``python -m bench.modes [--nodes 20] [--pods 1000] [--rounds 1] [--workload burst|churn]``
+``python -m bench.modes --kubelets N`` (real kubelets, create → Running: ``bench/modes_running.py``)
 
 Each run starts the real kube-apiserver, kube-scheduler and kube-controller-manager clean
 (``start.sh --clean``), registers ``--nodes`` Nodes kept Ready without kubelets (``fake-node.sh``),
@@ -17,6 +18,10 @@ Without kubelets pods are never Running: the figure is creation → bound (``spe
 pod informer), which covers allocation and binding — all both modes differ in. Per run: pods/s
 (bound / (last bound - first create call)), p50/p99/max creation → bound, allocated devices and
 overlapping allocations (must be 0). Results go to ``bench/results/modes.json``.
+
+``--workload churn`` plays a mixed-profile request trace with lifetimes instead of the burst (same
+seed in both modes; ``bench/modes_churn.py``): placed, rejected, stranded, utilization, overlaps per
+mode, beside the trace's offline fluid floor. Results go to ``bench/results/modes-churn.json``.
 """
 
 from __future__ import annotations
@@ -37,12 +42,16 @@ from typing import Any
 
 from api.names import SCHEDULING_GATE, profile_device_class
 from bench.controller import GPUS_PER_NODE, MODEL, PROFILE, _overlaps, _percentile
+from bench.modes_churn import ChurnSettings, make_trace, offline, play
 from driver.cluster.informer import Informer, ListWatch
 from driver.cluster.kube import KubeClusterApi, load_configuration
 from driver.cluster.port import NODES, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES, JsonObject, name_of
 from driver.cluster.throttle import ClientSettings
 from driver.mig.catalog import CATALOG
+from driver.planning.fleet import parse_fleet
+from driver.planning.trace import TraceRequest
 from driver.resourceslices import GpuInventory, build_pool
+from localcluster.cluster.client import LocalClusterClient
 
 ROOT = Path(__file__).resolve().parent.parent
 NS = "default"
@@ -213,10 +222,17 @@ def _burst(api: KubeClusterApi, pods: int, *, gated: bool) -> dict[str, Any]:
     }
 
 
-def run_one(mode: str, *, nodes: int, pods: int) -> dict[str, Any]:
+def run_one(
+    mode: str,
+    *,
+    nodes: int,
+    pods: int,
+    churn: tuple[tuple[TraceRequest, ...], ChurnSettings] | None = None,
+) -> dict[str, Any]:
+    """One run of ``mode`` on a freshly started control plane: the burst, or ``churn``'s trace."""
     k8s = _k8s()
     _run([str(k8s / "start.sh"), "--clean"], timeout=300)
-    api = KubeClusterApi(
+    api = LocalClusterClient(
         configuration=load_configuration(kubeconfig=str(k8s / "kubeconfig")),
         settings=ClientSettings(qps=0, connection_pool_maxsize=32, user_agent="bench-modes"),
     )
@@ -226,7 +242,12 @@ def run_one(mode: str, *, nodes: int, pods: int) -> dict[str, Any]:
         if mode == "controller":
             controller = _start_controller()
             time.sleep(5)  # caches synced and leading (no election)
-        figures = _burst(api, pods, gated=mode == "controller")
+        gated = mode == "controller"
+        if churn is not None:
+            trace, settings = churn
+            fleet = parse_fleet(f"{nodes}x{GPUS_PER_NODE}x{MODEL}")
+            return {"mode": mode, **play(api, trace, fleet, settings, gated=gated)}
+        figures = _burst(api, pods, gated=gated)
         allocated, overlaps = _overlaps(api)
     finally:
         if controller is not None:
@@ -239,36 +260,83 @@ def run_one(mode: str, *, nodes: int, pods: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.modes", description=__doc__)
-    parser.add_argument("--nodes", type=int, default=20)
-    parser.add_argument("--pods", type=int, default=1000)
+    parser.add_argument("--nodes", type=int, default=None, help="20 (burst), 4 (churn)")
+    parser.add_argument(
+        "--pods",
+        type=int,
+        default=None,
+        help="1000 (burst); with --kubelets 80 %% of the 1g.5gb capacity",
+    )
     parser.add_argument("--rounds", type=int, default=1, help="controller+scheduler pairs")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "modes.json")
-    args = parser.parse_args(argv)
-    if args.nodes < 1 or args.pods < 1 or args.rounds < 1:
+    parser.add_argument("--workload", choices=("burst", "churn"), default="burst")
+    parser.add_argument(
+        "--kubelets",
+        type=int,
+        default=0,
+        help="real kubelets instead of fake nodes: create -> Running (burst)",
+    )
+    defaults = ChurnSettings()
+    churn = parser.add_argument_group("churn")
+    churn.add_argument("--load", type=float, default=defaults.load)
+    churn.add_argument("--events", type=int, default=defaults.events)
+    churn.add_argument("--mean-duration", type=float, default=defaults.mean_duration_s)
+    churn.add_argument("--patience", type=float, default=defaults.patience_s)
+    churn.add_argument("--seed", type=int, default=defaults.seed)
+    churn.add_argument("--mix", default=defaults.mix)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)  # fmt: skip
+    if args.kubelets:
+        from bench.modes_running import main as running  # noqa: PLC0415 - needs localcluster's stack
+
+        return running(kubelets=args.kubelets, rounds=args.rounds, pods=args.pods, out=args.out)
+    nodes = args.nodes or (4 if args.workload == "churn" else 20)
+    pods = args.pods or 1000
+    if nodes < 1 or pods < 1 or args.rounds < 1:
         parser.error("--nodes, --pods and --rounds must be positive")
     if not (_k8s() / "start.sh").is_file():
         parser.error(f"the real control plane is not built at {_k8s()} (../shared/realstack)")
+    report: dict[str, Any] = {
+        "benchmark": "modes" if args.workload == "burst" else "modes-churn",
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.machine()}",
+        "load_average_at_start": [round(x, 1) for x in os.getloadavg()],
+        "kubernetes": "v1.36.2 (../shared/realstack)",
+        "nodes": nodes,
+        "gpus_per_node": GPUS_PER_NODE,
+        "model": MODEL,
+    }
+    workload = None
+    if args.workload == "churn":
+        settings = ChurnSettings(
+            load=args.load,
+            events=args.events,
+            mean_duration_s=args.mean_duration,
+            patience_s=args.patience,
+            seed=args.seed,
+            mix=args.mix,
+        )
+        fleet = parse_fleet(f"{nodes}x{GPUS_PER_NODE}x{MODEL}")
+        trace = make_trace(fleet, settings)
+        workload = (trace, settings)
+        report.update(
+            settings={k: getattr(settings, k) for k in settings.__dataclass_fields__},
+            trace_span_s=trace[-1].t,
+            offline=offline(trace, fleet),
+        )
+        print(json.dumps(report["offline"]), flush=True)
+    else:
+        report.update(profile=PROFILE, pods=pods)
     runs = []
     for _ in range(args.rounds):
         for mode in MODES:
-            result = run_one(mode, nodes=args.nodes, pods=args.pods)
+            result = run_one(mode, nodes=nodes, pods=pods, churn=workload)
             print(json.dumps(result), flush=True)
             runs.append(result)
-    report = {
-        "benchmark": "modes",
-        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
-        "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.machine()}",
-        "kubernetes": "v1.36.2 (../shared/realstack)",
-        "nodes": args.nodes,
-        "gpus_per_node": GPUS_PER_NODE,
-        "model": MODEL,
-        "profile": PROFILE,
-        "pods": args.pods,
-        "runs": runs,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"-> {args.out}")
+    report["runs"] = runs
+    out = args.out or ROOT / "bench" / "results" / f"{report['benchmark']}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"-> {out}")
     return 0
 
 
