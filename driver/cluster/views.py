@@ -421,6 +421,8 @@ class Consumer:
     resource: str
     name: str
     uid: str
+    raw: Mapping[str, Any]
+    """The entry as written (to write the others back when one consumer leaves)."""
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> Consumer:
@@ -429,6 +431,7 @@ class Consumer:
             resource=text(raw.get("resource")),
             name=text(raw.get("name")),
             uid=text(raw.get("uid")),
+            raw=raw,
         )
 
     @property
@@ -447,6 +450,10 @@ class DeviceSubRequest:
     allocation_mode: str
     count: int
     admin_access: bool
+    tolerations: Any
+    """``tolerations`` as written: validated by its reader (``driver.taints.parse_tolerations``)."""
+    capacity_requests: Mapping[str, str]
+    """``capacity.requests`` (consumable capacity)."""
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any], *, name: str = "") -> DeviceSubRequest:
@@ -459,6 +466,8 @@ class DeviceSubRequest:
             allocation_mode=text(raw.get("allocationMode")) or "ExactCount",
             count=integer(raw.get("count"), 1),
             admin_access=raw.get("adminAccess") is True,
+            tolerations=raw.get("tolerations"),
+            capacity_requests=string_map(path(raw, "capacity", "requests")),
         )
 
 
@@ -540,6 +549,10 @@ class ClaimSpecView:
     def device_class_names(self) -> tuple[str, ...]:
         """Every DeviceClass the spec names (``exactly`` and ``firstAvailable``), in order."""
         return tuple(n for r in self.requests for n in r.device_class_names())
+
+    def device_constraints(self) -> tuple[DeviceConstraint, ...]:
+        """``constraints`` parsed (``matchAttribute`` / ``distinctAttribute`` over requests)."""
+        return tuple(DeviceConstraint.parse(c) for c in self.constraints)
 
 
 @dataclass(frozen=True, slots=True)
@@ -766,6 +779,10 @@ class PodView(_View):
     conditions: tuple[Condition, ...]
     claim_statuses: Mapping[str, str | None]
     """``status.resourceClaimStatuses``: pod claim name → generated claim name (None: not needed)."""
+    reason: str
+    """``status.reason`` (e.g. the kubelet's ``UnexpectedAdmissionError``)."""
+    message: str
+    """``status.message``."""
 
     @classmethod
     def parse(cls, obj: JsonObject) -> PodView:
@@ -801,6 +818,8 @@ class PodView(_View):
                 text(s.get("name")): optional_text(s.get("resourceClaimName"))
                 for s in items(status.get("resourceClaimStatuses"))
             },
+            reason=text(status.get("reason")),
+            message=text(status.get("message")),
         )
 
     @property
@@ -1075,3 +1094,63 @@ class NodeView(_View):
     def ready(self) -> bool:
         ready = self.condition("Ready")
         return ready is not None and ready.true
+
+
+# ---------------------------------------------------------------------------------------------
+# Lease
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseView(_View):
+    """A ``coordination.k8s.io/v1`` Lease (leader election, the device-plugin shim's lease)."""
+
+    KIND: ClassVar[str] = "Lease"
+
+    raw: JsonObject = field(repr=False)
+    meta: Meta
+    holder_identity: str
+    acquire_time: str
+    renew_time: str
+    lease_duration_seconds: int
+
+    @classmethod
+    def parse(cls, obj: JsonObject) -> LeaseView:
+        spec = mapping(obj.get("spec"))
+        return cls(
+            raw=obj,
+            meta=Meta.parse(obj.get("metadata")),
+            holder_identity=text(spec.get("holderIdentity")),
+            acquire_time=text(spec.get("acquireTime")),
+            renew_time=text(spec.get("renewTime")),
+            lease_duration_seconds=integer(spec.get("leaseDurationSeconds")),
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# claim constraints
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceConstraint:
+    """One ``spec.devices.constraints`` entry of a ResourceClaim."""
+
+    requests: tuple[str, ...]
+    """Request (or ``request/subrequest``) names it covers; empty: every request."""
+    match_attribute: str
+    distinct_attribute: str
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> DeviceConstraint:
+        return cls(
+            requests=strings(raw.get("requests")),
+            match_attribute=text(raw.get("matchAttribute")),
+            distinct_attribute=text(raw.get("distinctAttribute")),
+        )
+
+    @property
+    def attribute(self) -> str:
+        return self.match_attribute or self.distinct_attribute
+
+    @property
+    def distinct(self) -> bool:
+        return bool(self.distinct_attribute)
