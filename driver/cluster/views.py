@@ -39,6 +39,8 @@ _EMPTY: Mapping[str, Any] = {}
 
 def mapping(value: Any) -> Mapping[str, Any]:
     """``value`` if it is a JSON object, else an empty one."""
+    if type(value) is dict:  # the common case, without the ABC check (views are parsed per event)
+        return value
     return value if isinstance(value, Mapping) else _EMPTY
 
 
@@ -46,12 +48,14 @@ def items(value: Any) -> Iterator[Mapping[str, Any]]:
     """The JSON objects of a JSON array (other entries and non-arrays read as nothing)."""
     if isinstance(value, list | tuple):
         for item in value:
-            if isinstance(item, Mapping):
+            if type(item) is dict or isinstance(item, Mapping):
                 yield item
 
 
 def text(value: Any) -> str:
     """A string field: ``""`` when absent, null or not a scalar."""
+    if type(value) is str:
+        return value
     if value is None or isinstance(value, Mapping | list):
         return ""
     return value if isinstance(value, str) else str(value)
@@ -71,7 +75,7 @@ def strings(value: Any) -> tuple[str, ...]:
 
 def string_map(value: Any) -> Mapping[str, str]:
     """A ``map[string]string`` (labels, annotations, node selectors, resource quantities)."""
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):
         return _EMPTY
     return {str(k): text(v) for k, v in value.items() if v is not None}
 
