@@ -38,22 +38,14 @@ from controller.informers import BY_UID, ClusterInformers
 from controller.metrics import ControllerMetrics
 from controller.nodefilter import node_info
 from controller.podclaims import is_our_class
-from controller.shadowrelease import ShadowReleaser, gone_key, is_terminal, pod_uid_of_key
+from controller.shadowrelease import ShadowReleaser, gone_key, pod_uid_of_key
 from controller.state import AllocationState
 from controller.sync import Outcome, PodSync, SyncConfig
 from driver.cluster.clock import Clock, SystemClock
 from driver.cluster.events import EventRecorder
 from driver.cluster.indexes import BY_CLAIM
-from driver.cluster.port import (
-    ClusterApi,
-    JsonObject,
-    gate_names,
-    key_for,
-    name_of,
-    namespace_of,
-    object_key,
-    uid_of,
-)
+from driver.cluster.port import ClusterApi, JsonObject
+from driver.cluster.views import ClaimView, DeviceClassView, PodView
 from driver.cluster.workqueue import RateLimit, WorkQueue
 from driver.errors import ClusterError
 
@@ -70,14 +62,8 @@ class AllocatorConfig:
     cache_sync_timeout: float = 60.0
 
 
-def _has_classic(pod: JsonObject) -> bool:
-    spec = pod.get("spec") or {}
-    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
-        resources = container.get("resources") or {}
-        for amounts in (resources.get("limits") or {}, resources.get("requests") or {}):
-            if any(str(r).startswith(CLASSIC_RESOURCE_PREFIX) for r in amounts):
-                return True
-    return False
+def _is_classic_resource(name: str) -> bool:
+    return name.startswith(CLASSIC_RESOURCE_PREFIX)
 
 
 class Allocator:
@@ -135,16 +121,18 @@ class Allocator:
 
     def pending(self) -> int:
         """Pods carrying our gate (metric)."""
-        return sum(1 for pod in self._informers.pods.list() if SCHEDULING_GATE in gate_names(pod))
+        return sum(
+            1 for pod in self._informers.pods.list() if PodView.of(pod).gated_by(SCHEDULING_GATE)
+        )
 
     def waiting(self) -> tuple[int, int]:
         """(pods waiting for capacity, pods waiting for the inventory or their claims to change)."""
         with self._lock:
             return len(self._waiting_capacity), len(self._waiting_change)
 
-    def _latency(self, pod: JsonObject) -> float | None:
+    def _latency(self, pod: PodView) -> float | None:
         with self._lock:
-            seen = self._first_seen.pop(object_key(pod), None)
+            seen = self._first_seen.pop(pod.key, None)
         return None if seen is None else time.monotonic() - seen
 
     # -- handlers ------------------------------------------------------------------------------
@@ -183,25 +171,27 @@ class Allocator:
         )
 
     def _pod_added(self, pod: JsonObject) -> None:
-        if SCHEDULING_GATE in gate_names(pod):
+        view = PodView.of(pod)
+        if view.gated_by(SCHEDULING_GATE):
             with self._lock:
-                self._first_seen.setdefault(object_key(pod), time.monotonic())
+                self._first_seen.setdefault(view.key, time.monotonic())
         self._pod_updated(pod)
 
     def _pod_updated(self, pod: JsonObject) -> None:
         if self.state.nodes.pod_changed(pod):
             self._wake(everyone=False)  # it finished: its CPU, memory, ... are free again
         pause = self.state.nodes.classic_admission(pod)
+        view = PodView.of(pod)
         if pause is not None:
-            self._classic_rejected(pod, pause)
-        if self._wanted(pod):
-            self.queue.add(object_key(pod))
+            self._classic_rejected(view, pause)
+        if self._wanted(view):
+            self.queue.add(view.key)
 
-    def _wanted(self, pod: JsonObject) -> bool:
+    def _wanted(self, pod: PodView) -> bool:
         """Gated, a finished classic pod, or (hand-off on) one kube-scheduler could not bind."""
         return (
-            SCHEDULING_GATE in gate_names(pod)
-            or (is_terminal(pod) and _has_classic(pod))
+            pod.gated_by(SCHEDULING_GATE)
+            or (pod.terminal and pod.requests_resource(_is_classic_resource))
             or (self._handoff_unbound and unbound_since(pod) is not None)
         )
 
@@ -213,14 +203,15 @@ class Allocator:
     def _pod_deleted(self, pod: JsonObject) -> None:
         if self.state.nodes.pod_deleted(pod):
             self._wake(everyone=False)
-        key = object_key(pod)
+        view = PodView.of(pod)
+        key = view.key
         with self._lock:
             self._first_seen.pop(key, None)
             self._waiting_capacity.discard(key)
             self._waiting_change.discard(key)
-        self._reporter.forget(uid_of(pod))
-        if self._shadows.has_claims(uid_of(pod)):
-            self.queue.add(gone_key(uid_of(pod)))
+        self._reporter.forget(view.uid)
+        if self._shadows.has_claims(view.uid):
+            self.queue.add(gone_key(view.uid))
 
     def _claim_changed(self, claim: JsonObject) -> None:
         freed = self.state.claim_changed(claim)
@@ -239,14 +230,15 @@ class Allocator:
 
     def _enqueue_users(self, claim: JsonObject) -> None:
         pods = self._informers.pods
-        key = key_for(name=name_of(claim), namespace=namespace_of(claim))
-        users = list(pods.by_index(BY_CLAIM, key))
-        for owner in (claim.get("metadata") or {}).get("ownerReferences") or []:
-            if owner.get("kind") == "Pod":
-                users.extend(pods.by_index(BY_UID, str(owner.get("uid", ""))))
+        view = ClaimView.of(claim)
+        users = list(pods.by_index(BY_CLAIM, view.key))
+        for owner in view.meta.owners:
+            if owner.kind == "Pod":
+                users.extend(pods.by_index(BY_UID, owner.uid))
         for pod in users:
-            if SCHEDULING_GATE in gate_names(pod):
-                self.queue.add(object_key(pod))
+            user = PodView.of(pod)
+            if user.gated_by(SCHEDULING_GATE):
+                self.queue.add(user.key)
 
     def _slice_changed(self, slice_obj: JsonObject) -> None:
         self.state.slice_changed(slice_obj)
@@ -276,16 +268,15 @@ class Allocator:
         if self.state.nodes.shim_lease_deleted(lease):
             self._wake(everyone=True)
 
-    def _classic_rejected(self, pod: JsonObject, pause: float) -> None:
+    def _classic_rejected(self, pod: PodView, pause: float) -> None:
         """The kubelet refused a classic pod (our shim did not answer): waiting classic pods
         avoid that node for ``pause`` seconds, then are tried again."""
-        node = str((pod.get("spec") or {}).get("nodeName"))
         logger.warning(
             "the kubelet on node %s rejected classic pod %s at admission (%s); no classic pods "
             "go there for %.0fs",
-            node,
-            object_key(pod),
-            (pod.get("status") or {}).get("message", ""),
+            pod.node_name,
+            pod.key,
+            pod.message,
             pause,
         )
         timer = threading.Timer(pause, self._wake, kwargs={"everyone": True})
@@ -333,23 +324,24 @@ class Allocator:
         if pod_uid is not None:
             self._release_if_gone(key, pod_uid)
             return
-        pod = self._informers.pods.get_by_key(key)
+        obj = self._informers.pods.get_by_key(key)
         with self._lock:
             self._waiting_capacity.discard(key)
             self._waiting_change.discard(key)
-        if pod is None:
+        if obj is None:
             self.queue.forget(key)
             return
-        if is_terminal(pod):
+        pod = PodView.of(obj)
+        if pod.terminal:
             self._release_shadow_claims(pod)
             return
-        gates = gate_names(pod)
+        gates = pod.scheduling_gates
         if self._handoff_unbound and unbound_since(pod) is not None:
             result = self.sync.unbound(pod)
-        elif SCHEDULING_GATE not in gates or (pod.get("metadata") or {}).get("deletionTimestamp"):
+        elif SCHEDULING_GATE not in gates or pod.meta.deleting:
             self.queue.forget(key)
             return
-        elif gates != [SCHEDULING_GATE]:
+        elif gates != (SCHEDULING_GATE,):
             return  # someone else's gate first (Kueue): we are woken when it is lifted
         else:
             result = self.sync.sync(pod)
@@ -372,8 +364,8 @@ class Allocator:
         else:
             self.queue.add_rate_limited(key)
 
-    def _release_shadow_claims(self, pod: JsonObject) -> None:
-        key = object_key(pod)
+    def _release_shadow_claims(self, pod: PodView) -> None:
+        key = pod.key
         try:
             self._shadows.release_finished(pod)
         except ClusterError as exc:
@@ -409,12 +401,15 @@ class Allocator:
             return
         informers = self._informers
         self.state.rebuild(slices=informers.slices.list, claims=informers.claims.list)
-        self.state.warm(c for c in informers.classes.list() if is_our_class(name_of(c), c))
+        self.state.warm(
+            c for c in informers.classes.list() if is_our_class(DeviceClassView.of(c).name, c)
+        )
         self._active.set()
         logger.info("allocating as leader")
-        for pod in informers.pods.list():
+        for obj in informers.pods.list():
+            pod = PodView.of(obj)
             if self._wanted(pod):
-                self.queue.add(object_key(pod))
+                self.queue.add(pod.key)
         for pod_uid in sorted(self._shadows.suspects()):
             self.queue.add(gone_key(pod_uid))
 

@@ -22,7 +22,8 @@ from controller.conditions import PlacementProblem, Reason
 from controller.inventory import SliceInventory
 from controller.occupancy import DeviceKey
 from controller.selectors import CompiledSelector, SelectorError, compile_selector, matches_all
-from driver.cluster.port import JsonObject, name_of, resource_version_of, uid_of
+from driver.cluster.port import JsonObject
+from driver.cluster.views import DeviceClassView, path, text
 from driver.taints import DeviceTaint, DeviceToleration, untolerated
 
 
@@ -62,17 +63,18 @@ class CandidateCache:
                 profile = _profile_of(view.attributes)
                 self._profile_totals[profile] = self._profile_totals.get(profile, 0) + 1
             self._version = inventory.version
+        class_view = DeviceClassView.of(device_class)
         key = (
-            name_of(device_class),
-            uid_of(device_class),
-            resource_version_of(device_class),
+            class_view.name,
+            class_view.meta.uid,
+            class_view.meta.resource_version,
             tuple(selectors),
             tuple(tolerations),
         )
         found = self._cache.get(key)
         if found is None:
             try:
-                found = self._evaluate(device_class, selectors, tolerations)
+                found = self._evaluate(class_view, selectors, tolerations)
             except PlacementProblem as problem:
                 found = problem
             self._cache[key] = found
@@ -82,20 +84,17 @@ class CandidateCache:
 
     def _evaluate(
         self,
-        device_class: JsonObject,
+        device_class: DeviceClassView,
         selectors: Sequence[str],
         tolerations: Sequence[DeviceToleration],
     ) -> Candidates:
-        class_exprs = [
-            s.get("cel", {}).get("expression", "")
-            for s in (device_class.get("spec") or {}).get("selectors") or []
-        ]
+        class_exprs = list(device_class.selectors)
         try:
             compiled: list[CompiledSelector] = [
                 compile_selector(e) for e in [*class_exprs, *selectors]
             ]
         except SelectorError as exc:
-            where = "DeviceClass " + name_of(device_class) if exc.expression in class_exprs else ""
+            where = "DeviceClass " + device_class.name if exc.expression in class_exprs else ""
             raise PlacementProblem(
                 Reason.INVALID_SELECTOR, f"{where + ': ' if where else ''}{exc}"
             ) from exc
@@ -131,4 +130,5 @@ class CandidateCache:
 
 
 def _profile_of(attributes: Mapping[str, Mapping[str, Any]]) -> str:
-    return str(attributes.get(DRIVER_NAME, {}).get("profile", ""))
+    """A CEL device view's ``profile`` attribute of our driver."""
+    return text(path(attributes, DRIVER_NAME, "profile"))

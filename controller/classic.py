@@ -37,15 +37,8 @@ from api.names import (
 from controller.cel_library import Quantity
 from controller.conditions import PlacementProblem, Reason
 from driver.cluster import ops
-from driver.cluster.port import (
-    PODS,
-    RESOURCE_CLAIMS,
-    ClusterApi,
-    JsonObject,
-    name_of,
-    namespace_of,
-    uid_of,
-)
+from driver.cluster.port import PODS, RESOURCE_CLAIMS, ClusterApi, JsonObject
+from driver.cluster.views import ClaimView, PodView
 from driver.errors import AlreadyExistsError, ApiNotFoundError
 from driver.mig.naming import profile_label
 
@@ -63,23 +56,27 @@ class ClassicRequest:
     count: int
 
 
-def classic_requests(pod: JsonObject, *, profiles: Mapping[str, str]) -> list[ClassicRequest]:
+def _pod(pod: JsonObject | PodView) -> PodView:
+    return pod if isinstance(pod, PodView) else PodView.of(pod)
+
+
+def classic_requests(
+    pod: JsonObject | PodView, *, profiles: Mapping[str, str]
+) -> list[ClassicRequest]:
     """The pod's classic MIG requests; ``profiles`` maps resource names to profile names.
 
     ``PlacementProblem`` (``UnknownProfile`` / ``InvalidRequest``) for a resource no profile has or
     a count that is not a whole number.
     """
     found: list[ClassicRequest] = []
-    spec = pod.get("spec") or {}
-    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
-        resources = container.get("resources") or {}
-        amounts = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+    for container in _pod(pod).all_containers:
+        amounts = container.amounts()  # a limit wins over a request (they must match)
         for resource in sorted(amounts):
             if not resource.startswith(CLASSIC_RESOURCE_PREFIX):
                 continue
-            where = f"container {container.get('name')!r}: {resource}"
+            where = f"container {container.name!r}: {resource}"
             try:
-                value = Quantity.parse(str(amounts[resource])).value
+                value = Quantity.parse(amounts[resource]).value
             except ValueError:
                 value = Fraction(-1)
             if value.denominator != 1 or value < 0:
@@ -95,16 +92,15 @@ def classic_requests(pod: JsonObject, *, profiles: Mapping[str, str]) -> list[Cl
                     Reason.UNKNOWN_PROFILE, f"{where} is an unknown MIG profile (known: {known})"
                 )
             found.append(
-                ClassicRequest(
-                    container=str(container.get("name", "")), profile=profile, count=int(value)
-                )
+                ClassicRequest(container=container.name, profile=profile, count=int(value))
             )
     return found
 
 
-def shadow_claim_name(pod: JsonObject, request: ClassicRequest) -> str:
+def shadow_claim_name(pod: JsonObject | PodView, request: ClassicRequest) -> str:
+    view = _pod(pod)
     name = (
-        f"{name_of(pod)}-{uid_of(pod)[:8]}-{request.container}-{profile_label(request.profile)}"
+        f"{view.name}-{view.uid[:8]}-{request.container}-{profile_label(request.profile)}"
     ).lower()
     if len(name) > _MAX_NAME:
         digest = hashlib.sha256(name.encode()).hexdigest()[:10]
@@ -112,23 +108,24 @@ def shadow_claim_name(pod: JsonObject, request: ClassicRequest) -> str:
     return name
 
 
-def shadow_claim(pod: JsonObject, request: ClassicRequest) -> JsonObject:
+def shadow_claim(pod: JsonObject | PodView, request: ClassicRequest) -> JsonObject:
     """The claim to create for one classic request of ``pod``."""
+    view = _pod(pod)
     return {
         "apiVersion": RESOURCE_CLAIMS.api_version,
         "kind": RESOURCE_CLAIMS.kind,
         "metadata": {
-            "name": shadow_claim_name(pod, request),
-            "namespace": namespace_of(pod),
+            "name": shadow_claim_name(view, request),
+            "namespace": view.meta.namespace,
             "labels": {
-                SHADOW_CLAIM_LABEL: uid_of(pod),
+                SHADOW_CLAIM_LABEL: view.uid,
                 SHADOW_CLAIM_PROFILE_LABEL: request.profile.replace("+", "_"),
             },
             "annotations": {
                 SHADOW_CLAIM_CONTAINER_ANNOTATION: request.container,
                 SHADOW_CLAIM_PROFILE_LABEL: request.profile,
             },
-            "ownerReferences": [ops.owner_reference(PODS, pod)],
+            "ownerReferences": [ops.owner_reference(PODS, view.raw)],
         },
         "spec": {
             "devices": {
@@ -147,32 +144,33 @@ def shadow_claim(pod: JsonObject, request: ClassicRequest) -> JsonObject:
     }
 
 
-def is_shadow_of(claim: JsonObject, pod: JsonObject) -> bool:
-    labels = (claim.get("metadata") or {}).get("labels") or {}
-    return bool(labels.get(SHADOW_CLAIM_LABEL) == uid_of(pod))
+def is_shadow_of(claim: JsonObject | ClaimView, pod: PodView) -> bool:
+    return _claim(claim).meta.labels.get(SHADOW_CLAIM_LABEL) == pod.uid
 
 
 def ensure_shadow_claims(
     api: ClusterApi,
-    pod: JsonObject,
+    pod: JsonObject | PodView,
     requests: list[ClassicRequest],
     *,
     cached: Callable[[str, str], JsonObject | None],
 ) -> list[JsonObject]:
     """The shadow claims of ``pod``, created where missing (idempotent: deterministic names)."""
+    view = _pod(pod)
     claims = []
-    namespace = namespace_of(pod) or "default"
+    namespace = view.namespace or "default"
     for request in requests:
-        wanted = shadow_claim(pod, request)
-        name = name_of(wanted)
+        name = shadow_claim_name(view, request)
         claim = cached(namespace, name)
         if claim is None:
             try:
-                claim = api.create(RESOURCE_CLAIMS, wanted, namespace=namespace)
-                logger.info("created shadow claim %s/%s for pod %s", namespace, name, name_of(pod))
+                claim = api.create(
+                    RESOURCE_CLAIMS, shadow_claim(view, request), namespace=namespace
+                )
+                logger.info("created shadow claim %s/%s for pod %s", namespace, name, view.name)
             except AlreadyExistsError:
                 claim = api.get(RESOURCE_CLAIMS, name=name, namespace=namespace)
-        if not is_shadow_of(claim, pod):
+        if not is_shadow_of(claim, view):
             raise PlacementProblem(
                 Reason.INVALID_REQUEST,
                 f"ResourceClaim {namespace}/{name} exists and is not this pod's shadow claim",
@@ -181,21 +179,22 @@ def ensure_shadow_claims(
     return claims
 
 
-def holds_something(claim: JsonObject) -> bool:
+def _claim(claim: JsonObject | ClaimView) -> ClaimView:
+    return claim if isinstance(claim, ClaimView) else ClaimView.of(claim)
+
+
+def holds_something(claim: JsonObject | ClaimView) -> bool:
     """Whether releasing the claim would change it: an allocation, a reservation, or (being
     deleted) the delete-protection finalizer that keeps it."""
-    status = claim.get("status") or {}
-    return bool(status.get("allocation") or status.get("reservedFor")) or _kept_from_deletion(claim)
+    view = _claim(claim)
+    return view.allocated or bool(view.reserved_for) or _kept_from_deletion(view)
 
 
-def _kept_from_deletion(claim: JsonObject) -> bool:
-    meta = claim.get("metadata") or {}
-    return bool(meta.get("deletionTimestamp")) and DELETE_PROTECTION_FINALIZER in (
-        meta.get("finalizers") or []
-    )
+def _kept_from_deletion(claim: ClaimView) -> bool:
+    return claim.meta.deleting and DELETE_PROTECTION_FINALIZER in claim.meta.finalizers
 
 
-def release(api: ClusterApi, claim: JsonObject, *, pod_uid: str) -> bool:
+def release(api: ClusterApi, claim: JsonObject | ClaimView, *, pod_uid: str) -> bool:
     """Release the shadow claim of a pod that finished or is gone; True if an allocation was cleared.
 
     The pod leaves ``status.reservedFor``; with no consumer left the allocation goes too (one
@@ -204,37 +203,35 @@ def release(api: ClusterApi, claim: JsonObject, *, pod_uid: str) -> bool:
     deletion completes: kube-controller-manager would lift it too, but nothing may ever make it look
     at the claim again (docs/design.md F3 and F6). Only call it once the pod is known finished or gone.
     """
-    status = claim.get("status") or {}
-    reserved = status.get("reservedFor") or []
-    others = [ref for ref in reserved if str(ref.get("uid") or "") != pod_uid]
+    view = _claim(claim)
+    reserved = view.reserved_for
+    others = [ref for ref in reserved if ref.uid != pod_uid]
     cleared = False
-    if not others and (status.get("allocation") or reserved):
-        cleared = bool(status.get("allocation"))
-        claim = ops.clear_claim_allocation(api, claim=claim)
-        logger.info("released shadow claim %s/%s", namespace_of(claim), name_of(claim))
+    if not others and (view.allocated or reserved):
+        cleared = view.allocated
+        view = ClaimView.of(ops.clear_claim_allocation(api, claim=view.raw))
+        logger.info("released shadow claim %s/%s", view.namespace, view.name)
     elif len(others) < len(reserved):
-        updated = copy.deepcopy(claim)
-        updated["status"]["reservedFor"] = others
-        claim = api.update_status(RESOURCE_CLAIMS, updated)
+        updated = copy.deepcopy(view.raw)
+        updated["status"]["reservedFor"] = [dict(ref.raw) for ref in others]
+        view = ClaimView.of(api.update_status(RESOURCE_CLAIMS, updated))
         logger.info(
             "shadow claim %s/%s: pod %s no longer reserves it (%d consumer(s) left)",
-            namespace_of(claim),
-            name_of(claim),
+            view.namespace,
+            view.name,
             pod_uid,
             len(others),
         )
-    status = claim.get("status") or {}
-    if _kept_from_deletion(claim) and not (status.get("reservedFor") or status.get("allocation")):
-        _drop_delete_protection(api, claim)
+    if _kept_from_deletion(view) and not (view.reserved_for or view.allocated):
+        _drop_delete_protection(api, view)
     return cleared
 
 
-def _drop_delete_protection(api: ClusterApi, claim: JsonObject) -> None:
+def _drop_delete_protection(api: ClusterApi, claim: ClaimView) -> None:
     """Lift the finalizer of an unreserved, unallocated claim being deleted (a normal update)."""
-    updated = copy.deepcopy(claim)
-    meta = updated["metadata"]
-    meta["finalizers"] = [
-        f for f in meta.get("finalizers") or [] if f != DELETE_PROTECTION_FINALIZER
+    updated = copy.deepcopy(claim.raw)
+    updated["metadata"]["finalizers"] = [
+        f for f in claim.meta.finalizers if f != DELETE_PROTECTION_FINALIZER
     ]
     try:
         api.update(RESOURCE_CLAIMS, updated)
@@ -242,7 +239,7 @@ def _drop_delete_protection(api: ClusterApi, claim: JsonObject) -> None:
         return  # deleted meanwhile: what we wanted
     logger.info(
         "shadow claim %s/%s: %s removed, deletion completes",
-        namespace_of(claim),
-        name_of(claim),
+        claim.namespace,
+        claim.name,
         DELETE_PROTECTION_FINALIZER,
     )

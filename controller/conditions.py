@@ -32,7 +32,8 @@ from api.names import PLACEMENT_CONDITION
 from driver.cluster import ops
 from driver.cluster.clock import Clock
 from driver.cluster.events import NORMAL, WARNING, EventRecorder
-from driver.cluster.port import ClusterApi, JsonObject, name_of, namespace_of, uid_of
+from driver.cluster.port import ClusterApi
+from driver.cluster.views import PodView
 from driver.errors import ApiNotFoundError, ClusterError, DriverError
 
 logger = logging.getLogger(__name__)
@@ -83,18 +84,18 @@ class ConditionReporter:
         self._lock = threading.Lock()
         self._last: dict[str, tuple[str, str]] = {}
 
-    def problem(self, pod: JsonObject, problem: PlacementProblem) -> None:
+    def problem(self, pod: PodView, problem: PlacementProblem) -> None:
         """The pod stays gated: ``Placement=False`` with the problem's reason, and a warning event."""
         self._report(pod, status="False", reason=problem.reason, message=problem.message)
 
-    def handed_off(self, pod: JsonObject, *, message: str) -> None:
+    def handed_off(self, pod: PodView, *, message: str) -> None:
         """The pod goes to kube-scheduler without an allocation of ours: say so, with a warning."""
         self._report(pod, status="False", reason=Reason.HANDED_OFF, message=message)
 
-    def placed(self, pod: JsonObject, *, node: str) -> None:
+    def placed(self, pod: PodView, *, node: str) -> None:
         """Clear an earlier ``False`` condition once the pod is placed (no write otherwise)."""
         with self._lock:
-            had_problem = uid_of(pod) in self._last
+            had_problem = pod.uid in self._last
         if not had_problem and not _has_false_condition(pod):
             return
         self._report(
@@ -108,15 +109,15 @@ class ConditionReporter:
         with self._lock:
             self._last.pop(pod_uid, None)
 
-    def _report(self, pod: JsonObject, *, status: str, reason: Reason, message: str) -> None:
-        uid = uid_of(pod)
+    def _report(self, pod: PodView, *, status: str, reason: Reason, message: str) -> None:
+        uid = pod.uid
         with self._lock:
             if self._last.get(uid) == (reason, message) and status == "False":
                 return
         try:
             ops.set_pod_condition(
                 self._api,
-                pod=pod,
+                pod=pod.raw,
                 condition_type=PLACEMENT_CONDITION,
                 status=status,
                 reason=str(reason),
@@ -129,13 +130,13 @@ class ConditionReporter:
             logger.info(
                 "cannot set %s on pod %s/%s: %s",
                 PLACEMENT_CONDITION,
-                namespace_of(pod),
-                name_of(pod),
+                pod.namespace,
+                pod.name,
                 exc,
             )
             return
         event_type = WARNING if status == "False" else NORMAL
-        self._events.record(pod, event_type=event_type, reason=str(reason), message=message)
+        self._events.record(pod.raw, event_type=event_type, reason=str(reason), message=message)
         with self._lock:
             if status == "False":
                 self._last[uid] = (reason, message)
@@ -143,8 +144,5 @@ class ConditionReporter:
                 self._last.pop(uid, None)
 
 
-def _has_false_condition(pod: JsonObject) -> bool:
-    for condition in (pod.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == PLACEMENT_CONDITION and condition.get("status") == "False":
-            return True
-    return False
+def _has_false_condition(pod: PodView) -> bool:
+    return any(c.type == PLACEMENT_CONDITION and c.status == "False" for c in pod.conditions)

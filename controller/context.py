@@ -11,11 +11,10 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from api.names import DEVICE_CLASS_ANY, profile_device_class
-from controller.admission import device_classes_of_claim_spec
 from controller.podclaims import is_our_class
 from controller.state import AllocationState
 from driver.cluster.informer import Informer
-from driver.cluster.port import name_of
+from driver.cluster.views import ClaimTemplateView, ClaimView, DeviceClassView
 from driver.mig.catalog import CATALOG
 
 _CATALOG_PROFILES = frozenset(p for model in CATALOG.values() for p in model.profile_names)
@@ -45,20 +44,21 @@ class CacheAdmissionContext:
         claim = self._informers.claims.get(name, namespace=namespace)
         if claim is None:
             return None
-        return device_classes_of_claim_spec(claim.get("spec") or {})
+        return list(ClaimView.of(claim).spec.device_class_names())
 
     def template_device_classes(self, *, namespace: str, name: str) -> Sequence[str] | None:
         template = self._informers.templates.get(name, namespace=namespace)
         if template is None:
             return None
-        return device_classes_of_claim_spec((template.get("spec") or {}).get("spec") or {})
+        return list(ClaimTemplateView.of(template).spec.device_class_names())
 
     def our_device_classes(self) -> frozenset[str]:
         names = {DEVICE_CLASS_ANY}
         names.update(profile_device_class(p) for p in self.known_profiles())
         for device_class in self._informers.classes.list():
-            if is_our_class(name_of(device_class), device_class):
-                names.add(name_of(device_class))
+            name = DeviceClassView.of(device_class).name
+            if is_our_class(name, device_class):
+                names.add(name)
         return frozenset(names)
 
     def known_profiles(self) -> frozenset[str]:

@@ -39,15 +39,8 @@ from datetime import datetime
 
 from api.names import PLACEMENT_CONDITION, SCHEDULING_GATE
 from controller import classic
-from driver.cluster.port import (
-    ClusterApi,
-    JsonObject,
-    gate_names,
-    name_of,
-    namespace_of,
-    parse_time,
-    uid_of,
-)
+from driver.cluster.port import ClusterApi, JsonObject, parse_time
+from driver.cluster.views import ClaimView, PodView
 
 logger = logging.getLogger(__name__)
 
@@ -57,63 +50,57 @@ UNSCHEDULABLE = "Unschedulable"
 ``lastTransitionTime`` of its creation: the status stays ``False``) until kube-scheduler looked."""
 
 
-def unplaced_since(pod: JsonObject) -> datetime | None:
+def unplaced_since(pod: PodView) -> datetime | None:
     """Since when the pod's ``Placement`` condition has been ``False``; None if it is not."""
-    return _false_since(pod, PLACEMENT_CONDITION)
-
-
-def _false_since(pod: JsonObject, condition_type: str) -> datetime | None:
-    for condition in (pod.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == condition_type and condition.get("status") == "False":
-            since = condition.get("lastTransitionTime")
-            return parse_time(str(since)) if since else None
+    for condition in pod.conditions:
+        if condition.type == PLACEMENT_CONDITION and condition.status == "False":
+            since = condition.last_transition_time
+            return parse_time(since) if since else None
     return None
 
 
-def unbound_since(pod: JsonObject) -> datetime | None:
+def unbound_since(pod: JsonObject | PodView) -> datetime | None:
     """When kube-scheduler last found an ungated, unbound, live pod with ResourceClaims
     unschedulable; else None (only such pods can hold an allocation of ours to withdraw)."""
-    spec = pod.get("spec") or {}
-    meta = pod.get("metadata") or {}
-    phase = (pod.get("status") or {}).get("phase")
+    view = pod if isinstance(pod, PodView) else PodView.of(pod)
     if (
-        not spec.get("resourceClaims")
-        or SCHEDULING_GATE in gate_names(pod)
-        or spec.get("nodeName")
-        or meta.get("deletionTimestamp")
-        or phase in ("Succeeded", "Failed")
+        not view.claim_refs
+        or view.gated_by(SCHEDULING_GATE)
+        or view.bound
+        or view.meta.deleting
+        or view.terminal
     ):
         return None
-    for condition in (pod.get("status") or {}).get("conditions") or []:
+    for condition in view.conditions:
         if (
-            condition.get("type") == POD_SCHEDULED
-            and condition.get("status") == "False"
-            and condition.get("reason") == UNSCHEDULABLE
+            condition.type == POD_SCHEDULED
+            and condition.status == "False"
+            and condition.reason == UNSCHEDULABLE
         ):
-            since = condition.get("lastTransitionTime")
-            return parse_time(str(since)) if since else None
+            since = condition.last_transition_time
+            return parse_time(since) if since else None
     return None
 
 
-def unreserved(claim: JsonObject, pod: JsonObject) -> bool:
+def unreserved(claim: ClaimView, pod: PodView) -> bool:
     """Nobody but ``pod`` (not bound: no container uses the claim) reserves the claim. The
     controller reserves a claim for its pod in the allocation write itself, so "reserved by this
-    pod alone" is the normal state of a claim we placed and kube-scheduler did not bind."""
-    reserved = (claim.get("status") or {}).get("reservedFor") or []
-    return all(r.get("uid") == uid_of(pod) for r in reserved)
+    pod alone" is the normal state of a claim we placed and kube-scheduler did not bind (or, for a
+    gated pod, withdrawing the allocation hurts no one)."""
+    return all(consumer.uid == pod.uid for consumer in claim.reserved_for)
 
 
-def release_shadow_claims(api: ClusterApi, pod: JsonObject, claims: list[JsonObject]) -> None:
+def release_shadow_claims(api: ClusterApi, pod: PodView, claims: list[ClaimView]) -> None:
     """Release the shadow claims of a gated classic pod handed to kube-scheduler (which creates its
     own claim for the request): allocation and reservation cleared, so no slice stays taken. The
     claims themselves stay until the pod goes (they are owned by it; the controller is not granted
     claim deletion). Idempotent."""
     for claim in claims:
         if classic.holds_something(claim):
-            classic.release(api, claim, pod_uid=uid_of(pod))
+            classic.release(api, claim, pod_uid=pod.uid)
             logger.info(
                 "pod %s/%s handed to kube-scheduler: shadow claim %s released",
-                namespace_of(pod),
-                name_of(pod),
-                name_of(claim),
+                pod.namespace,
+                pod.name,
+                claim.name,
             )

@@ -24,8 +24,8 @@ from driver.cluster.port import (
     ClusterApi,
     JsonObject,
     Resource,
-    uid_of,
 )
+from driver.cluster.views import ClaimView, PodView
 
 BY_UID = "uid"
 """Pods by their UID (owner references and shadow-claim labels name pods by UID)."""
@@ -35,14 +35,14 @@ BY_SHADOW_POD = "shadow-pod"
 WATCH_TIMEOUT_S = 300
 
 
-def _uid(obj: JsonObject) -> Iterable[str]:
-    uid = uid_of(obj)
+def _uid(pod: JsonObject) -> Iterable[str]:
+    uid = PodView.of(pod).uid
     return (uid,) if uid else ()
 
 
 def _shadow_pod(claim: JsonObject) -> Iterable[str]:
-    value = ((claim.get("metadata") or {}).get("labels") or {}).get(SHADOW_CLAIM_LABEL)
-    return (str(value),) if value else ()
+    value = ClaimView.of(claim).meta.labels.get(SHADOW_CLAIM_LABEL)
+    return (value,) if value else ()
 
 
 def _informer(

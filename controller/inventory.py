@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 from api import names
 from controller.selectors import DeviceView, device_view_from_slice
-from driver.cluster.port import JsonObject, name_of
+from driver.cluster.port import JsonObject
+from driver.cluster.views import SliceView, integer, path
 from driver.errors import ConfigError
 from driver.mig.model import GpuModel, MigProfile, Placement
 from driver.placement import Engine, GpuSpec, NodeSpec
@@ -78,14 +79,14 @@ def gpu_model_of(devices: list[PublishedDevice]) -> GpuModel:
     for name, group in by_profile.items():
         sample = group[0]
         placements = tuple(d.placement for d in group)
-        compute = sample.attributes.get(names.ATTRIBUTE_COMPUTE_SLICES) or {}
+        compute = integer(path(sample.attributes, names.ATTRIBUTE_COMPUTE_SLICES, "int"))
         profiles.append(
             MigProfile(
                 name=name,
                 gi_profile_id=-1,
                 ci_profile_id=-1,
                 memory_slices=sample.placement.size,
-                compute_slices=int(compute.get("int", 0)) if isinstance(compute, dict) else 0,
+                compute_slices=compute,
                 memory_bytes=sample.memory_bytes,
                 multiprocessors=sample.multiprocessors,
                 media_extensions=sample.media_extensions,
@@ -109,19 +110,15 @@ def _build_pool(node: str, pool_slices: list[JsonObject]) -> Pool:
     devices = {d.name: d for d in parse_devices(pool_slices)}
     views: list[DeviceView] = []
     for slice_obj in pool_slices:
-        spec = slice_obj.get("spec")
-        for device_obj in (spec.get("devices") if isinstance(spec, dict) else None) or []:
-            if device_obj.get("name") not in devices:
+        for published in SliceView.of(slice_obj).devices:
+            if published.name not in devices:
                 continue
             try:
-                views.append(device_view_from_slice(slice_obj, device_obj))
+                views.append(device_view_from_slice(slice_obj, published.raw))
             except ConfigError as exc:
                 logger.warning("skipping a device of node %s: %s", node, exc)
-                devices.pop(str(device_obj.get("name")), None)
-    generation = 0
-    if pool_slices:
-        pool = pool_slices[0].get("spec", {})
-        generation = int((pool.get("pool") or {}).get("generation", 0))
+                devices.pop(published.name, None)
+    generation = SliceView.of(pool_slices[0]).pool_generation if pool_slices else 0
     by_gpu: dict[int, list[PublishedDevice]] = {}
     for device in devices.values():
         by_gpu.setdefault(device.gpu_index, []).append(device)
@@ -176,14 +173,14 @@ class SliceInventory:
     # -- informer side -------------------------------------------------------------------------
 
     def slice_changed(self, slice_obj: JsonObject) -> None:
-        spec = slice_obj.get("spec")
-        if not isinstance(spec, dict) or spec.get("driver") != names.DRIVER_NAME:
+        view = SliceView.of(slice_obj)
+        if view.driver != names.DRIVER_NAME:
             return
-        name = name_of(slice_obj)
-        pool = str((spec.get("pool") or {}).get("name", ""))
+        name = view.name
+        pool = view.pool
         old = self._slices.get(name)
         if old is not None:
-            old_pool = str(old["spec"]["pool"]["name"])
+            old_pool = SliceView.of(old).pool
             if old_pool != pool:
                 self._slices_by_pool.get(old_pool, set()).discard(name)
                 self._dirty.add(old_pool)
@@ -192,11 +189,11 @@ class SliceInventory:
         self._dirty.add(pool)
 
     def slice_deleted(self, slice_obj: JsonObject) -> None:
-        name = name_of(slice_obj)
+        name = SliceView.of(slice_obj).name
         old = self._slices.pop(name, None)
         if old is None:
             return
-        pool = str(old["spec"]["pool"]["name"])
+        pool = SliceView.of(old).pool
         self._slices_by_pool.get(pool, set()).discard(name)
         self._dirty.add(pool)
 
@@ -219,7 +216,7 @@ class SliceInventory:
                     self._engine.remove_node(old.node)
                     changed.add(old.node)
                 continue
-            node = str(complete[0]["spec"].get("nodeName") or pool_name)
+            node = SliceView.of(complete[0]).node_name or pool_name
             pool = _build_pool(node, complete)
             if old is not None and old.devices == pool.devices:
                 self._pools[pool_name] = pool  # same devices; keep the newer views

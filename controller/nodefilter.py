@@ -39,11 +39,20 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from api.names import CLASSIC_RESOURCE_PREFIX, SHIM_LEASE_NODE_ANNOTATION
 from controller.cel_library import Quantity
-from driver.cluster.port import JsonObject, name_of, uid_of
+from driver.cluster.port import JsonObject
+from driver.cluster.views import (
+    ContainerView,
+    LeaseView,
+    NodeView,
+    PodView,
+    Requirement,
+    SelectorTerm,
+    Taint,
+    Toleration,
+)
 
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -62,24 +71,24 @@ Usage = Mapping[str, int]
 class NodeInfo:
     name: str
     labels: Mapping[str, str]
-    taints: tuple[Mapping[str, Any], ...]
+    taints: tuple[Taint, ...]
     allocatable: Usage
     """Resources the node lists; a resource it does not list has none (but a node listing no
     ``cpu``/``memory``/``pods`` at all is not limited in those)."""
 
 
-def _amount(resource: str, value: Any) -> int:
+def _amount(resource: str, value: str) -> int:
     try:
-        number = Quantity.parse(str(value)).value
+        number = Quantity.parse(value).value
     except ValueError:
         return 0
     return math.ceil(number * 1000 if resource == "cpu" else number)
 
 
-def _container_usage(container: Mapping[str, Any]) -> dict[str, int]:
-    resources = container.get("resources") or {}
-    # a limit without a request is also the request (the API server defaults it so)
-    amounts = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+def _container_usage(container: ContainerView) -> dict[str, int]:
+    # a limit without a request is also the request (the API server defaults it so); where both
+    # are given the request counts, as kube-scheduler counts it (not ``amounts()``: a limit wins)
+    amounts = {**container.limits, **container.requests}
     return {name: _amount(name, value) for name, value in amounts.items()}
 
 
@@ -88,63 +97,55 @@ def _add(total: dict[str, int], more: Mapping[str, int]) -> None:
         total[name] = total.get(name, 0) + value
 
 
-def pod_usage(pod: JsonObject) -> dict[str, int]:
+def _pod(pod: JsonObject | PodView) -> PodView:
+    return pod if isinstance(pod, PodView) else PodView.of(pod)
+
+
+def pod_usage(pod: JsonObject | PodView) -> dict[str, int]:
     """What the pod requests of a node: containers (and sidecars) summed, other init containers
     at their maximum, plus the pod overhead and the pod itself (``pods: 1``)."""
-    spec = pod.get("spec") or {}
+    view = _pod(pod)
     running: dict[str, int] = {}
-    for container in spec.get("containers") or []:
-        _add(running, _container_usage(container))
     init: dict[str, int] = {}
-    for container in spec.get("initContainers") or []:
+    for container in view.all_containers:
         usage = _container_usage(container)
-        if container.get("restartPolicy") == "Always":  # a sidecar runs with the containers
+        if not container.init or container.sidecar:  # a sidecar runs with the containers
             _add(running, usage)
         else:
             for name, value in usage.items():
                 init[name] = max(init.get(name, 0), value)
     total = {name: max(running.get(name, 0), init.get(name, 0)) for name in {*running, *init}}
-    _add(total, {n: _amount(n, v) for n, v in (spec.get("overhead") or {}).items()})
+    _add(total, {n: _amount(n, v) for n, v in view.overhead.items()})
     total["pods"] = 1
     return {name: value for name, value in total.items() if value > 0}
 
 
 def node_info(node: JsonObject) -> NodeInfo:
-    allocatable = (node.get("status") or {}).get("allocatable") or {}
-    spec = node.get("spec") or {}
-    taints = list(spec.get("taints") or [])
-    if spec.get("unschedulable"):
-        taints.append({"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule"})
+    view = NodeView.of(node)
+    taints = view.taints
+    if view.unschedulable:
+        taints = (
+            *taints,
+            Taint(key=UNSCHEDULABLE_TAINT, value="", effect="NoSchedule", time_added=""),
+        )
     return NodeInfo(
-        name=name_of(node),
-        labels=dict((node.get("metadata") or {}).get("labels") or {}),
-        taints=tuple(taints),
-        allocatable={name: _amount(name, value) for name, value in allocatable.items()},
+        name=view.name,
+        labels=view.labels,
+        taints=taints,
+        allocatable={name: _amount(name, value) for name, value in view.allocatable.items()},
     )
 
 
 _UNLIMITED_IF_UNLISTED = frozenset({"cpu", "memory", "pods", "ephemeral-storage"})
 
 
-def _tolerates(tolerations: list[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
-    for toleration in tolerations:
-        effect = toleration.get("effect")
-        if effect and effect != taint.get("effect"):
-            continue
-        key = toleration.get("key")
-        operator = toleration.get("operator") or "Equal"
-        if not key and operator == "Exists":
-            return True
-        if key != taint.get("key"):
-            continue
-        if operator == "Exists" or toleration.get("value", "") == taint.get("value", ""):
-            return True
-    return False
+def _tolerates(tolerations: tuple[Toleration, ...], taint: Taint) -> bool:
+    return any(toleration.tolerates(taint) for toleration in tolerations)
 
 
-def _requirement(requirement: Mapping[str, Any], value: str | None) -> bool:
-    operator = requirement.get("operator")
-    values = [str(v) for v in requirement.get("values") or []]
+def _requirement(requirement: Requirement, value: str | None) -> bool:
+    operator = requirement.operator
+    values = requirement.values
     if operator == "In":
         return value is not None and value in values
     if operator == "NotIn":
@@ -162,39 +163,31 @@ def _requirement(requirement: Mapping[str, Any], value: str | None) -> bool:
     return False
 
 
-def _term_matches(term: Mapping[str, Any], node: NodeInfo) -> bool:
-    expressions = term.get("matchExpressions") or []
-    fields = term.get("matchFields") or []
-    if not expressions and not fields:
+def _term_matches(term: SelectorTerm, node: NodeInfo) -> bool:
+    if not term.match_expressions and not term.match_fields:
         return False  # an empty term matches nothing
-    for requirement in expressions:
-        if not _requirement(requirement, node.labels.get(str(requirement.get("key")))):
+    for requirement in term.match_expressions:
+        if not _requirement(requirement, node.labels.get(requirement.key)):
             return False
-    for requirement in fields:
-        value = node.name if requirement.get("key") == "metadata.name" else None
+    for requirement in term.match_fields:
+        value = node.name if requirement.key == "metadata.name" else None
         if not _requirement(requirement, value):
             return False
     return True
 
 
-def static_fit(pod: JsonObject, node: NodeInfo) -> str | None:
+def static_fit(pod: JsonObject | PodView, node: NodeInfo) -> str | None:
     """Why ``node`` is not acceptable for ``pod`` apart from resources; ``None`` if it is."""
-    spec = pod.get("spec") or {}
-    for key, value in (spec.get("nodeSelector") or {}).items():
+    view = _pod(pod)
+    for key, value in view.node_selector.items():
         if node.labels.get(key) != value:
             return f"node {node.name} does not match nodeSelector {key}={value}"
-    required = (
-        ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-            "requiredDuringSchedulingIgnoredDuringExecution"
-        )
-        or {}
-    ).get("nodeSelectorTerms")
+    required = view.required_affinity.terms if view.required_affinity is not None else ()
     if required and not any(_term_matches(term, node) for term in required):
         return f"node {node.name} does not match the pod's required node affinity"
-    tolerations = list(spec.get("tolerations") or [])
     for taint in node.taints:
-        if taint.get("effect") in _BLOCKING_EFFECTS and not _tolerates(tolerations, taint):
-            return f"node {node.name} has taint {taint.get('key')} the pod does not tolerate"
+        if taint.effect in _BLOCKING_EFFECTS and not _tolerates(view.tolerations, taint):
+            return f"node {node.name} has taint {taint.key} the pod does not tolerate"
     return None
 
 
@@ -243,78 +236,77 @@ class NodeFilter:
 
     def node_deleted(self, node: JsonObject) -> None:
         with self._lock:
-            self._nodes.pop(name_of(node), None)
+            self._nodes.pop(NodeView.of(node).name, None)
 
     def pod_changed(self, pod: JsonObject) -> bool:
         """Follow a pod; True if resources it held on a node were freed (it finished)."""
-        node = (pod.get("spec") or {}).get("nodeName")
-        phase = (pod.get("status") or {}).get("phase")
-        uid = uid_of(pod)
+        view = PodView.of(pod)
+        node = view.node_name
+        uid = view.uid
         with self._lock:
-            if phase in ("Succeeded", "Failed"):
+            if view.terminal:
                 return self._uncount(uid)
             if node:
                 counted = self._counted.get(uid)
                 if counted is None or counted[0] != node or not counted[2]:
                     self._uncount(uid)
-                    self._count(uid, str(node), pod_usage(pod), bound=True)
+                    self._count(uid, node, pod_usage(view), bound=True)
             return False
 
     def classic_admission(self, pod: JsonObject) -> float | None:
         """Learn from a classic pod's fate on its node: rejected at admission starts (or
         lengthens) the node's pause and returns its length in seconds; running ends it."""
-        node = (pod.get("spec") or {}).get("nodeName")
-        status = pod.get("status") or {}
-        if not node or not is_classic(pod_usage(pod), prefix=self._classic_prefix):
+        view = PodView.of(pod)
+        node = view.node_name
+        if not node or not is_classic(pod_usage(view), prefix=self._classic_prefix):
             return None
         with self._lock:
-            if status.get("phase") == "Running":
-                self._rejections.pop(str(node), None)
+            if view.phase == "Running":
+                self._rejections.pop(node, None)
                 return None
-            if status.get("phase") != "Failed" or status.get("reason") != ADMISSION_REJECTED:
+            if view.phase != "Failed" or view.reason != ADMISSION_REJECTED:
                 return None
-            previous = self._rejections.get(str(node))
+            previous = self._rejections.get(node)
             count = 1 if previous is None else previous.count + 1
             pause = float(min(self._backoff_s * 2 ** (count - 1), self._backoff_max_s))
-            self._rejections[str(node)] = _Rejection(until=self._clock() + pause, count=count)
+            self._rejections[node] = _Rejection(until=self._clock() + pause, count=count)
             return pause
 
     def shim_lease_changed(self, lease: JsonObject) -> bool:
         """Follow a node's shim lease; True if classic pods may now go where they could not, or
         the other way round."""
-        node = ((lease.get("metadata") or {}).get("annotations") or {}).get(
-            SHIM_LEASE_NODE_ANNOTATION
-        )
+        view = LeaseView.of(lease)
+        node = view.meta.annotations.get(SHIM_LEASE_NODE_ANNOTATION)
         if not node:
             return False
-        spec = lease.get("spec") or {}
-        state = (bool(spec.get("holderIdentity")), str(spec.get("acquireTime") or ""))
+        state = (bool(view.holder_identity), view.acquire_time)
         with self._lock:
-            previous = self._shims.get(str(node))
-            self._shims[str(node)] = state
+            previous = self._shims.get(node)
+            self._shims[node] = state
             if previous == state:
                 return False
             if state[0] and (previous is None or previous[1] != state[1]):
-                self._rejections.pop(str(node), None)  # the shim (re)started since
+                self._rejections.pop(node, None)  # the shim (re)started since
             return True
 
     def shim_lease_deleted(self, lease: JsonObject) -> bool:
-        node = ((lease.get("metadata") or {}).get("annotations") or {}).get(
-            SHIM_LEASE_NODE_ANNOTATION
-        )
+        node = LeaseView.of(lease).meta.annotations.get(SHIM_LEASE_NODE_ANNOTATION)
+        if not node:
+            return False
         with self._lock:
-            return self._shims.pop(str(node), None) is not None
+            return self._shims.pop(node, None) is not None
 
     def pod_deleted(self, pod: JsonObject) -> bool:
         """Forget a pod; True if it held resources on a node (bound, or sent there by us)."""
         with self._lock:
-            return self._uncount(uid_of(pod))
+            return self._uncount(PodView.of(pod).uid)
 
     # -- allocator side ------------------------------------------------------------------------
 
-    def assume(self, pod: JsonObject, node: str) -> None:
+    def assume(self, pod: JsonObject | PodView, node: str) -> None:
         """We pinned the pod to ``node``: count it there until the scheduler binds it."""
-        uid = uid_of(pod)
+        pod = _pod(pod)
+        uid = pod.uid
         with self._lock:
             counted = self._counted.get(uid)
             if counted is not None and counted[2]:
@@ -322,9 +314,9 @@ class NodeFilter:
             self._uncount(uid)
             self._count(uid, node, pod_usage(pod), bound=False)
 
-    def forget(self, pod: JsonObject) -> None:
+    def forget(self, pod: JsonObject | PodView) -> None:
         """Undo ``assume`` (the pod was not sent there after all)."""
-        uid = uid_of(pod)
+        uid = _pod(pod).uid
         with self._lock:
             counted = self._counted.get(uid)
             if counted is not None and not counted[2]:
@@ -336,8 +328,9 @@ class NodeFilter:
             info = self._nodes.get(node)
         return info.labels.get(HOSTNAME_LABEL, node) if info is not None else node
 
-    def for_pod(self, pod: JsonObject) -> Callable[[str], bool]:
+    def for_pod(self, pod: JsonObject | PodView) -> Callable[[str], bool]:
         """A verdict per node name for ``pod`` (memoized per node for one decision)."""
+        pod = _pod(pod)
         usage = pod_usage(pod)
         verdicts: dict[str, bool] = {}
 
@@ -350,15 +343,18 @@ class NodeFilter:
 
         return fits
 
-    def why_not(self, pod: JsonObject, node: str, *, usage: Usage | None = None) -> str | None:
+    def why_not(
+        self, pod: JsonObject | PodView, node: str, *, usage: Usage | None = None
+    ) -> str | None:
         """Why the pod cannot go to ``node``; ``None`` if it can."""
+        pod = _pod(pod)
         usage = usage if usage is not None else pod_usage(pod)
         with self._lock:
             info = self._nodes.get(node)
             if info is None:
                 return f"node {node} has no Node object"
             used = dict(self._used.get(node, {}))
-            counted = self._counted.get(uid_of(pod))
+            counted = self._counted.get(pod.uid)
             if counted is not None and counted[0] == node:  # the pod itself is counted there
                 for name, value in counted[1].items():
                     used[name] = used.get(name, 0) - value

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 
 from api.names import DRIVER_NAME
 from controller.inventory import SliceInventory
-from driver.cluster.port import JsonObject, object_key, resource_version_of, uid_of
+from driver.cluster.port import JsonObject
+from driver.cluster.views import ClaimView
 from driver.placement import Engine
 
 logger = logging.getLogger(__name__)
@@ -76,23 +77,12 @@ class ClaimRecord:
     """Our own write of it passed the post-write overlap check."""
 
 
-def parse_rv(obj: JsonObject) -> int:
+def parse_rv(claim: ClaimView) -> int:
     """resourceVersion as an integer (etcd revisions); 0 when it is not one."""
     try:
-        return int(resource_version_of(obj))
+        return int(claim.meta.resource_version)
     except ValueError:
         return 0
-
-
-def allocated_devices(claim: JsonObject) -> tuple[DeviceKey, ...]:
-    """Devices of our driver in the claim's allocation (empty when not allocated)."""
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    results = (allocation.get("devices") or {}).get("results") or []
-    return tuple(
-        (str(r.get("pool", "")), str(r.get("device", "")))
-        for r in results
-        if r.get("driver") == DRIVER_NAME
-    )
 
 
 class ClaimOccupancy:
@@ -108,10 +98,11 @@ class ClaimOccupancy:
 
     def observe(self, claim: JsonObject) -> bool:
         """A claim was added or changed; True if slices were freed."""
-        uid = uid_of(claim)
-        devices = allocated_devices(claim)
+        view = ClaimView.of(claim)
+        uid = view.uid
+        devices = view.devices_of(DRIVER_NAME)
         record = self._records.get(uid)
-        rv = parse_rv(claim)
+        rv = parse_rv(view)
         if devices:
             if record is not None and record.devices == devices:
                 if record.assumed:
@@ -120,7 +111,7 @@ class ClaimOccupancy:
                         record.observed_rv = rv
                 return False
             freed = self._drop(uid)
-            self._add(ClaimRecord(uid=uid, key=object_key(claim), devices=devices, observed_rv=rv))
+            self._add(ClaimRecord(uid=uid, key=view.key, devices=devices, observed_rv=rv))
             return freed
         if record is None:
             return False
@@ -130,7 +121,7 @@ class ClaimOccupancy:
 
     def forget(self, claim: JsonObject) -> bool:
         """A claim was deleted; True if slices were freed."""
-        return self._drop(uid_of(claim))
+        return self._drop(ClaimView.of(claim).uid)
 
     def node_refreshed(self, node: str) -> None:
         """The node's published devices changed: resolve records that waited for them."""

@@ -14,10 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from api.names import DRIVER_NAME, is_our_device_class_name
-from controller.admission import device_classes_of_claim_spec
 from controller.conditions import PlacementProblem, Reason
-from driver.cluster.indexes import claim_node_names
-from driver.cluster.port import JsonObject, name_of, namespace_of, uid_of
+from driver.cluster.port import JsonObject
+from driver.cluster.views import ClaimView, DeviceClassView, PodView
 
 ClaimLookup = Callable[[str, str], JsonObject | None]
 """(namespace, name) → the cached claim, or None."""
@@ -37,58 +36,49 @@ def is_our_class(name: str, device_class: JsonObject | None) -> bool:
         return True
     if device_class is None:
         return False
-    for selector in (device_class.get("spec") or {}).get("selectors") or []:
-        if DRIVER_NAME in str((selector.get("cel") or {}).get("expression", "")):
-            return True
-    return False
+    return any(
+        DRIVER_NAME in expression for expression in DeviceClassView.of(device_class).selectors
+    )
 
 
-def claim_is_ours(claim: JsonObject, classes: ClassLookup) -> bool:
+def claim_is_ours(claim: ClaimView, classes: ClassLookup) -> bool:
     """Whether the claim uses our classes; ``InvalidRequest`` if it mixes them with others'."""
-    names = device_classes_of_claim_spec(claim.get("spec") or {})
+    names = claim.spec.device_class_names()
     ours = [is_our_class(n, classes(n)) for n in names]
     if any(ours) and not all(ours):
         foreign = sorted(n for n, mine in zip(names, ours, strict=True) if not mine)
         raise PlacementProblem(
             Reason.INVALID_REQUEST,
-            f"claim {name_of(claim)} mixes MIG slices with DeviceClasses of other drivers "
+            f"claim {claim.name} mixes MIG slices with DeviceClasses of other drivers "
             f"({', '.join(foreign)}); put them in separate claims",
         )
     return any(ours)
 
 
-def is_allocated(claim: JsonObject) -> bool:
-    return bool((claim.get("status") or {}).get("allocation"))
-
-
-def dra_claims(pod: JsonObject, *, claims: ClaimLookup) -> list[JsonObject]:
+def dra_claims(pod: PodView, *, claims: ClaimLookup) -> list[ClaimView]:
     """Every ResourceClaim the pod references, in ``spec.resourceClaims`` order."""
-    namespace = namespace_of(pod) or "default"
-    statuses = {
-        str(s.get("name")): s for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
-    }
-    found: list[JsonObject] = []
-    for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
-        if ref.get("resourceClaimName"):
-            name = str(ref["resourceClaimName"])
-        elif ref.get("resourceClaimTemplateName"):
-            status = statuses.get(str(ref.get("name")))
-            if status is None:
-                raise NotReady(f"the claim of {ref.get('name')!r} is not created yet")
-            if not status.get("resourceClaimName"):
+    namespace = pod.namespace or "default"
+    found: list[ClaimView] = []
+    for ref in pod.claim_refs:
+        if ref.claim_name:
+            name = ref.claim_name
+        elif ref.template_name:
+            if ref.name not in pod.claim_statuses:
+                raise NotReady(f"the claim of {ref.name!r} is not created yet")
+            generated = pod.claim_statuses[ref.name]
+            if not generated:
                 continue  # kube decided no claim is needed
-            name = str(status["resourceClaimName"])
+            name = generated
         else:
             continue
-        claim = claims(namespace, name)
-        if claim is None:
+        obj = claims(namespace, name)
+        if obj is None:
             raise NotReady(f"ResourceClaim {namespace}/{name} does not exist yet")
-        if (claim.get("metadata") or {}).get("deletionTimestamp"):
+        claim = ClaimView.of(obj)
+        if claim.meta.deleting:
             raise NotReady(f"ResourceClaim {namespace}/{name} is being deleted")
-        if ref.get("resourceClaimTemplateName"):
-            owners = (claim.get("metadata") or {}).get("ownerReferences") or []
-            if not any(o.get("uid") == uid_of(pod) for o in owners):
-                raise NotReady(f"ResourceClaim {namespace}/{name} is not owned by the pod")
+        if ref.template_name and not claim.meta.owned_by(pod.uid):
+            raise NotReady(f"ResourceClaim {namespace}/{name} is not owned by the pod")
         found.append(claim)
     return found
 
@@ -97,7 +87,7 @@ def dra_claims(pod: JsonObject, *, claims: ClaimLookup) -> list[JsonObject]:
 class PodClaims:
     """The claims one pod needs, sorted out for the allocator."""
 
-    ours: list[JsonObject] = field(default_factory=list)
+    ours: list[ClaimView] = field(default_factory=list)
     """Claims of our driver (DRA claims and shadow claims), each once."""
     shadow: set[str] = field(default_factory=set)
     """UIDs of the shadow claims among ``ours``."""
@@ -106,12 +96,12 @@ class PodClaims:
     foreign: int = 0
 
     @property
-    def to_allocate(self) -> list[JsonObject]:
-        return [c for c in self.ours if not is_allocated(c)]
+    def to_allocate(self) -> list[ClaimView]:
+        return [c for c in self.ours if not c.allocated]
 
     @property
-    def allocated(self) -> list[JsonObject]:
-        return [c for c in self.ours if is_allocated(c)]
+    def allocated(self) -> list[ClaimView]:
+        return [c for c in self.ours if c.allocated]
 
     def allows(self, node: str) -> bool:
         """Whether every allocated claim of the pod allows ``node``."""
@@ -119,13 +109,13 @@ class PodClaims:
 
 
 def sort_claims(
-    dra: Sequence[JsonObject], shadow: Sequence[JsonObject], *, classes: ClassLookup
+    dra: Sequence[ClaimView], shadow: Sequence[ClaimView], *, classes: ClassLookup
 ) -> PodClaims:
     result = PodClaims()
     seen: set[str] = set()
-    shadow_uids = {uid_of(c) for c in shadow}
+    shadow_uids = {c.uid for c in shadow}
     for claim in [*dra, *shadow]:
-        uid = uid_of(claim)
+        uid = claim.uid
         if uid in seen:
             continue
         seen.add(uid)
@@ -136,8 +126,8 @@ def sort_claims(
                 result.shadow.add(uid)
         else:
             result.foreign += 1
-        if is_allocated(claim):
-            nodes = frozenset(claim_node_names(claim))
+        if claim.allocated:
+            nodes = frozenset(claim.node_names())
             if nodes:
                 result.pinned.append(nodes)
     return result

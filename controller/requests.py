@@ -21,7 +21,9 @@ from controller.candidates import CandidateCache, Candidates
 from controller.conditions import PlacementProblem, Reason
 from controller.inventory import SliceInventory
 from controller.selectors import split_qualified_name
-from driver.cluster.port import JsonObject, name_of
+from driver.cluster.port import JsonObject
+from driver.cluster.views import ClaimView, DeviceSubRequest, path
+from driver.cluster.views import DeviceRequest as ClaimRequest
 from driver.placement import (
     Constraint,
     DeviceRef,
@@ -86,9 +88,9 @@ class _Choice:
     tolerations: tuple[DeviceToleration, ...] = ()
 
 
-def _tolerations(body: JsonObject, where: str) -> tuple[DeviceToleration, ...]:
+def _tolerations(body: DeviceSubRequest, where: str) -> tuple[DeviceToleration, ...]:
     try:
-        tolerations = parse_tolerations(body.get("tolerations"))
+        tolerations = parse_tolerations(body.tolerations)
     except ValueError as exc:
         raise PlacementProblem(Reason.INVALID_REQUEST, f"{where}: {exc}") from exc
     if len(tolerations) > MAX_TOLERATIONS_PER_REQUEST:
@@ -99,33 +101,28 @@ def _tolerations(body: JsonObject, where: str) -> tuple[DeviceToleration, ...]:
     return tolerations
 
 
-def _choices(claim: JsonObject, request: JsonObject, where: str) -> list[_Choice]:
-    name = str(request.get("name", ""))
-    exactly = request.get("exactly")
-    subs = request.get("firstAvailable")
-    if isinstance(exactly, dict):
-        raw = [(name, exactly)]
-    elif isinstance(subs, list) and subs:
-        raw = [(f"{name}/{sub.get('name', '')}", sub) for sub in subs]
-    elif request.get("deviceClassName"):  # v1beta1-style flat request
-        raw = [(name, request)]
+def _choices(request: ClaimRequest, where: str) -> list[_Choice]:
+    if request.exactly is not None:  # ``exactly``, or a v1beta1-style flat request
+        bodies = [(request.name, request.exactly)]
+    elif request.first_available:
+        bodies = [(f"{request.name}/{sub.name}", sub) for sub in request.first_available]
     else:
         raise PlacementProblem(
             Reason.INVALID_REQUEST, f"{where}: neither exactly nor firstAvailable"
         )
     choices = []
-    for result_request, body in raw:
-        if body.get("adminAccess"):
+    for result_request, body in bodies:
+        if body.admin_access:
             raise PlacementProblem(
                 Reason.INVALID_REQUEST, f"{where}: adminAccess is not supported by InstaSlice"
             )
-        if (body.get("capacity") or {}).get("requests"):
+        if body.capacity_requests:
             raise PlacementProblem(
                 Reason.INVALID_REQUEST,
                 f"{where}: consumable capacity requests are not supported by InstaSlice",
             )
-        mode = body.get("allocationMode") or "ExactCount"
-        count = int(body.get("count") or 1)
+        mode = body.allocation_mode
+        count = body.count or 1  # a count of 0 is the default, 1
         if mode not in ("ExactCount", "All") or (mode == "ExactCount" and count < 1):
             raise PlacementProblem(
                 Reason.INVALID_REQUEST, f"{where}: allocationMode {mode} with count {count}"
@@ -133,11 +130,8 @@ def _choices(claim: JsonObject, request: JsonObject, where: str) -> list[_Choice
         choices.append(
             _Choice(
                 result_request=result_request,
-                class_name=str(body.get("deviceClassName", "")),
-                selectors=tuple(
-                    str((s.get("cel") or {}).get("expression", ""))
-                    for s in body.get("selectors") or []
-                ),
+                class_name=body.device_class_name,
+                selectors=body.selectors,
                 count=None if mode == "All" else count,
                 tolerations=_tolerations(body, where),
             )
@@ -146,18 +140,17 @@ def _choices(claim: JsonObject, request: JsonObject, where: str) -> list[_Choice
 
 
 def build_alternatives(
-    claims: Sequence[JsonObject], *, classes: ClassLookup, cache: CandidateCache
+    claims: Sequence[ClaimView], *, classes: ClassLookup, cache: CandidateCache
 ) -> list[Alternative]:
     """Every combination of request alternatives worth trying, in ``firstAvailable`` order."""
     per_request: list[list[RequestSlot]] = []
     for index, claim in enumerate(claims):
-        devices = (claim.get("spec") or {}).get("devices") or {}
         validate_configs(claim)
-        for request in devices.get("requests") or []:
-            where = f"claim {name_of(claim)} request {request.get('name')!r}"
+        for request in claim.spec.requests:
+            where = f"claim {claim.name} request {request.name!r}"
             slots: list[RequestSlot] = []
             first_problem: PlacementProblem | None = None
-            for choice in _choices(claim, request, where):
+            for choice in _choices(request, where):
                 device_class = classes(choice.class_name)
                 if device_class is None:
                     raise PlacementProblem(
@@ -182,7 +175,7 @@ def build_alternatives(
                     RequestSlot(
                         engine_name=f"{index}:{choice.result_request}",
                         claim_index=index,
-                        request=str(request.get("name", "")),
+                        request=request.name,
                         result_request=choice.result_request,
                         class_name=choice.class_name,
                         candidates=found,
@@ -202,43 +195,41 @@ def build_alternatives(
 
 
 def _constraints(
-    claims: Sequence[JsonObject], slots: Sequence[RequestSlot]
+    claims: Sequence[ClaimView], slots: Sequence[RequestSlot]
 ) -> tuple[ConstraintSpec, ...]:
     specs = []
     for index, claim in enumerate(claims):
         mine = [s for s in slots if s.claim_index == index]
-        for constraint in ((claim.get("spec") or {}).get("devices") or {}).get("constraints") or []:
-            named = constraint.get("requests") or []
+        for constraint in claim.spec.device_constraints():
+            named = constraint.requests
             covered = tuple(
                 s.engine_name
                 for s in mine
                 if not named or s.request in named or s.result_request in named
             )
-            attribute = constraint.get("matchAttribute") or constraint.get("distinctAttribute")
-            if not attribute or len(covered) == 0:
+            if not constraint.attribute or len(covered) == 0:
                 continue
             specs.append(
                 ConstraintSpec(
                     claim_index=index,
                     requests=covered,
-                    attribute=str(attribute),
-                    distinct="distinctAttribute" in constraint,
+                    attribute=constraint.attribute,
+                    distinct=constraint.distinct,
                 )
             )
     return tuple(specs)
 
 
-def validate_configs(claim: JsonObject) -> None:
+def validate_configs(claim: ClaimView) -> None:
     """Our opaque configs in the claim must parse (the kubelet plugin applies them)."""
-    for entry in ((claim.get("spec") or {}).get("devices") or {}).get("config") or []:
-        opaque = entry.get("opaque") or {}
-        if opaque.get("driver") != DRIVER_NAME:
+    for entry in claim.spec.config:
+        if entry.driver != DRIVER_NAME:
             continue
         try:
-            parse_opaque_config(opaque.get("parameters") or {})
+            parse_opaque_config(entry.parameters or {})
         except ValidationFailed as exc:
             raise PlacementProblem(
-                Reason.INVALID_REQUEST, f"claim {name_of(claim)}: bad opaque config: {exc}"
+                Reason.INVALID_REQUEST, f"claim {claim.name}: bad opaque config: {exc}"
             ) from exc
 
 
@@ -251,7 +242,7 @@ def _attribute_key(inventory: SliceInventory, attribute: str) -> _AttributeValue
     def key(ref: DeviceRef) -> tuple[str, Hashable]:
         device = inventory.device_name(ref.node, ref.gpu_index, ref.profile.name, ref.start)
         view = inventory.view(ref.node, device or "")
-        value = view.attributes.get(domain, {}).get(name) if view is not None else None
+        value = path(view.attributes, domain, name) if view is not None else None
         return ("value", value) if value is not None else ("missing", ref)
 
     return key

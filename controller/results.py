@@ -14,6 +14,7 @@ from controller.conditions import PlacementProblem, Reason
 from controller.inventory import SliceInventory
 from controller.requests import Alternative, ClassLookup
 from driver.cluster.port import JsonObject
+from driver.cluster.views import ClaimView, DeviceClassView, DeviceConfigEntry
 from driver.placement import Placed
 
 
@@ -29,7 +30,7 @@ def node_selector(node: str) -> JsonObject:
 def allocations(
     placed: Placed,
     alternative: Alternative,
-    claims: Sequence[JsonObject],
+    claims: Sequence[ClaimView],
     *,
     inventory: SliceInventory,
     classes: ClassLookup,
@@ -61,25 +62,24 @@ def allocations(
         mine = [s for s in alternative.slots if s.claim_index == index]
         config: list[JsonObject] = []
         for slot in mine:
-            device_class = classes(slot.class_name) or {}
-            for entry in (device_class.get("spec") or {}).get("config") or []:
-                if entry.get("opaque"):
+            device_class = classes(slot.class_name)
+            class_config = DeviceClassView.of(device_class).config if device_class else ()
+            for entry in class_config:
+                opaque = _opaque(entry)
+                if opaque:
                     config.append(
-                        {
-                            "source": "FromClass",
-                            "requests": [slot.result_request],
-                            "opaque": entry["opaque"],
-                        }
+                        {"source": "FromClass", "requests": [slot.result_request], "opaque": opaque}
                     )
         selected = {s.request for s in mine} | {s.result_request for s in mine}
-        for entry in ((claim.get("spec") or {}).get("devices") or {}).get("config") or []:
-            named = entry.get("requests") or []
-            if entry.get("opaque") and (not named or selected.intersection(named)):
+        for entry in claim.spec.config:
+            named = entry.requests
+            opaque = _opaque(entry)
+            if opaque and (not named or selected.intersection(named)):
                 config.append(
                     {
                         "source": "FromClaim",
                         **({"requests": list(named)} if named else {}),
-                        "opaque": entry["opaque"],
+                        "opaque": opaque,
                     }
                 )
         allocation: JsonObject = {
@@ -88,3 +88,12 @@ def allocations(
         }
         out.append(allocation)
     return out
+
+
+def _opaque(entry: DeviceConfigEntry) -> JsonObject | None:
+    """The entry's ``opaque`` object as written (copied into the allocation); None if absent or
+    empty."""
+    if not entry.opaque:
+        return None
+    opaque: JsonObject = entry.raw["opaque"]
+    return opaque or None

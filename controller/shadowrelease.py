@@ -33,15 +33,8 @@ from api.names import SHADOW_CLAIM_LABEL
 from controller import classic
 from controller.informers import BY_SHADOW_POD, BY_UID, ClusterInformers
 from controller.metrics import ControllerMetrics
-from driver.cluster.port import (
-    PODS,
-    RESOURCE_CLAIMS,
-    ClusterApi,
-    JsonObject,
-    name_of,
-    namespace_of,
-    uid_of,
-)
+from driver.cluster.port import PODS, RESOURCE_CLAIMS, ClusterApi, JsonObject
+from driver.cluster.views import ClaimView, PodView
 from driver.errors import ApiNotFoundError, ConflictError
 
 logger = logging.getLogger(__name__)
@@ -49,7 +42,6 @@ logger = logging.getLogger(__name__)
 GONE_KEY_PREFIX = "shadow-pod:"
 """Work-queue keys ``shadow-pod:<pod uid>``; pod keys (``namespace/name``) never hold a colon."""
 _ATTEMPTS = 3
-_TERMINAL = frozenset({"Succeeded", "Failed"})
 
 
 class PodFate(enum.Enum):
@@ -71,25 +63,18 @@ def pod_uid_of_key(key: str) -> str | None:
     return key[len(GONE_KEY_PREFIX) :] if key.startswith(GONE_KEY_PREFIX) else None
 
 
-def is_terminal(pod: JsonObject) -> bool:
-    return (pod.get("status") or {}).get("phase") in _TERMINAL
-
-
-def shadow_pod_uid(claim: JsonObject) -> str:
+def shadow_pod_uid(claim: ClaimView) -> str:
     """The UID of the pod a shadow claim stands for; empty for any other claim."""
-    labels = (claim.get("metadata") or {}).get("labels") or {}
-    return str(labels.get(SHADOW_CLAIM_LABEL) or "")
+    return claim.meta.labels.get(SHADOW_CLAIM_LABEL, "")
 
 
-def shadow_pod_name(claim: JsonObject, pod_uid: str) -> str | None:
+def shadow_pod_name(claim: ClaimView, pod_uid: str) -> str | None:
     """The name of the pod with ``pod_uid``, from the claim's owner or its reservation."""
-    refs = [
-        *((claim.get("metadata") or {}).get("ownerReferences") or []),
-        *((claim.get("status") or {}).get("reservedFor") or []),
-    ]
-    for ref in refs:
-        if str(ref.get("uid") or "") == pod_uid and ref.get("name"):
-            return str(ref["name"])
+    names = [*((o.uid, o.name) for o in claim.meta.owners)]
+    names.extend((c.uid, c.name) for c in claim.reserved_for)
+    for uid, name in names:
+        if uid == pod_uid and name:
+            return name
     return None
 
 
@@ -99,9 +84,10 @@ def pod_fate(api: ClusterApi, *, namespace: str, name: str, uid: str) -> PodFate
         pod = api.get(PODS, name=name, namespace=namespace)
     except ApiNotFoundError:
         return PodFate.GONE
-    if uid_of(pod) != uid:
+    view = PodView.of(pod)
+    if view.uid != uid:
         return PodFate.GONE
-    return PodFate.FINISHED if is_terminal(pod) else PodFate.ALIVE
+    return PodFate.FINISHED if view.terminal else PodFate.ALIVE
 
 
 class ShadowReleaser:
@@ -120,9 +106,9 @@ class ShadowReleaser:
         self._metrics = metrics
         self._is_leader = is_leader
 
-    def _claims_of(self, pod_uid: str) -> list[JsonObject]:
+    def _claims_of(self, pod_uid: str) -> list[ClaimView]:
         """The pod's shadow claims that releasing would still change."""
-        claims = self._informers.claims.by_index(BY_SHADOW_POD, pod_uid)
+        claims = (ClaimView.of(c) for c in self._informers.claims.by_index(BY_SHADOW_POD, pod_uid))
         return [c for c in claims if classic.holds_something(c)]
 
     # -- what to look at -----------------------------------------------------------------------
@@ -134,8 +120,9 @@ class ShadowReleaser:
     def suspect(self, claim: JsonObject) -> str | None:
         """The pod UID to check for a shadow claim that still holds something and whose pod the
         pod cache does not know (deleted before we saw the claim, or while we were not leading)."""
-        uid = shadow_pod_uid(claim)
-        if not uid or not classic.holds_something(claim):
+        view = ClaimView.of(claim)
+        uid = shadow_pod_uid(view)
+        if not uid or not classic.holds_something(view):
             return None
         if self._informers.pods.by_index(BY_UID, uid):
             return None  # known: its delete or its end reaches us as a pod event
@@ -148,10 +135,10 @@ class ShadowReleaser:
 
     # -- releasing -----------------------------------------------------------------------------
 
-    def release_finished(self, pod: JsonObject) -> None:
+    def release_finished(self, pod: PodView) -> None:
         """Release the shadow claims of ``pod``, known (from the cache) to have finished."""
-        for claim in self._claims_of(uid_of(pod)):
-            self._release(claim, pod_uid=uid_of(pod))
+        for claim in self._claims_of(pod.uid):
+            self._release(claim, pod_uid=pod.uid)
 
     def release_if_gone(self, pod_uid: str) -> None:
         """Release the shadow claims of pod ``pod_uid`` if the API shows it gone or finished.
@@ -160,19 +147,18 @@ class ShadowReleaser:
         """
         fates: dict[tuple[str, str], PodFate] = {}
         for claim in self._claims_of(pod_uid):
-            status = claim.get("status") or {}
-            if not (status.get("allocation") or status.get("reservedFor")):
+            if not (claim.allocated or claim.reserved_for):
                 self._release(
                     claim, pod_uid=pod_uid
                 )  # only its deletion is held up: no pod uses it
                 continue
-            namespace = namespace_of(claim) or "default"
+            namespace = claim.namespace or "default"
             name = shadow_pod_name(claim, pod_uid)
             if name is None:
                 logger.warning(
                     "shadow claim %s/%s names no pod with UID %s; leaving it",
                     namespace,
-                    name_of(claim),
+                    claim.name,
                     pod_uid,
                 )
                 continue
@@ -185,14 +171,14 @@ class ShadowReleaser:
                 logger.debug(
                     "shadow claim %s/%s: pod %s/%s still exists; keeping it",
                     namespace,
-                    name_of(claim),
+                    claim.name,
                     namespace,
                     name,
                 )
                 continue
             self._release(claim, pod_uid=pod_uid)
 
-    def _release(self, claim: JsonObject, *, pod_uid: str) -> None:
+    def _release(self, claim: ClaimView, *, pod_uid: str) -> None:
         for attempt in range(_ATTEMPTS):
             if not self._is_leader():
                 return
@@ -206,8 +192,8 @@ class ShadowReleaser:
                 if attempt == _ATTEMPTS - 1:
                     raise
             try:
-                claim = self._api.get(
-                    RESOURCE_CLAIMS, name=name_of(claim), namespace=namespace_of(claim)
+                claim = ClaimView.of(
+                    self._api.get(RESOURCE_CLAIMS, name=claim.name, namespace=claim.meta.namespace)
                 )
             except ApiNotFoundError:
                 return

@@ -23,6 +23,7 @@ from controller.inventory import SliceInventory
 from controller.nodefilter import NodeFilter
 from controller.occupancy import ClaimOccupancy, parse_rv
 from driver.cluster.port import JsonObject
+from driver.cluster.views import ClaimView
 from driver.placement import Engine
 
 logger = logging.getLogger(__name__)
@@ -55,13 +56,13 @@ class AllocationState:
         """True if slices were freed."""
         with self.lock:
             freed = self.occupancy.observe(claim)
-        self._advance(parse_rv(claim))
+        self._advance(parse_rv(ClaimView.of(claim)))
         return freed
 
     def claim_deleted(self, claim: JsonObject) -> bool:
         with self.lock:
             freed = self.occupancy.forget(claim)
-        self._advance(parse_rv(claim))
+        self._advance(parse_rv(ClaimView.of(claim)))
         return freed
 
     def _advance(self, rv: int) -> None:
@@ -111,7 +112,7 @@ class AllocationState:
             highest = 0
             for claim in claims():
                 occupancy.observe(claim)
-                highest = max(highest, parse_rv(claim))
+                highest = max(highest, parse_rv(ClaimView.of(claim)))
             self.engine, self.inventory, self.occupancy = engine, inventory, occupancy
             self.candidates = CandidateCache(inventory)
             self.generation += 1

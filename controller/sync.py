@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from api.names import classic_resource_name
+from api.names import DRIVER_NAME, classic_resource_name
 from controller import classic, handoff
 from controller.conditions import ConditionReporter, PlacementProblem, Reason
 from controller.informers import ClusterInformers
@@ -45,8 +45,8 @@ from controller.state import AllocationState
 from controller.writes import AllocationWriter, Written
 from driver.cluster import ops
 from driver.cluster.clock import Clock
-from driver.cluster.indexes import claim_node_names
-from driver.cluster.port import ClusterApi, JsonObject, name_of, namespace_of, uid_of
+from driver.cluster.port import ClusterApi, JsonObject
+from driver.cluster.views import Allocation, ClaimView, PodView
 from driver.errors import ApiNotFoundError, ClusterError, ConflictError
 from driver.mig.catalog import CATALOG
 from driver.placement import NoFit, Placed
@@ -76,7 +76,7 @@ class PodSync:
         metrics: ControllerMetrics,
         clock: Clock,
         is_leader: Callable[[], bool],
-        latency: Callable[[JsonObject], float | None],
+        latency: Callable[[PodView], float | None],
         config: SyncConfig | None = None,
         rng: random.Random | None = None,
     ) -> None:
@@ -130,9 +130,9 @@ class PodSync:
 
     # -- the pass ------------------------------------------------------------------------------
 
-    def sync(self, pod: JsonObject) -> Result:
+    def sync(self, pod: PodView) -> Result:
         with self._ungated_lock:
-            stale = uid_of(pod) in self._ungated
+            stale = pod.uid in self._ungated
         if stale:
             return Result(Outcome.DONE)  # a stale copy from before our own ungate
         requests: list[classic.ClassicRequest] = []
@@ -143,15 +143,18 @@ class PodSync:
             requests = classic.classic_requests(pod, profiles=self._classic_profiles())
             self._check_leader()
             shadow = (
-                classic.ensure_shadow_claims(self._api, pod, requests, cached=self._claim)
+                [
+                    ClaimView.of(c)
+                    for c in classic.ensure_shadow_claims(
+                        self._api, pod, requests, cached=self._claim
+                    )
+                ]
                 if requests
                 else []
             )
             claims = sort_claims(dra, shadow, classes=self._class)
             if not claims.ours:
-                logger.info(
-                    "pod %s/%s needs no MIG slice; ungating", namespace_of(pod), name_of(pod)
-                )
+                logger.info("pod %s/%s needs no MIG slice; ungating", pod.namespace, pod.name)
                 self._ungate(pod, node=None, classic=False)
                 return Result(Outcome.DONE)
             written = Written()
@@ -169,7 +172,7 @@ class PodSync:
             self._ungate(pod, node=node, classic=bool(claims.shadow))
             return Result(Outcome.DONE)
         except NotReady as exc:
-            logger.debug("pod %s/%s waits: %s", namespace_of(pod), name_of(pod), exc)
+            logger.debug("pod %s/%s waits: %s", pod.namespace, pod.name, exc)
             return Result(Outcome.WAIT)
         except PlacementProblem as problem:
             self._metrics.problem(str(problem.reason))
@@ -180,14 +183,14 @@ class PodSync:
         except NotLeaderError:
             return Result(Outcome.WAIT)
         except ApiNotFoundError as exc:
-            logger.info("pod %s/%s: %s; retrying", namespace_of(pod), name_of(pod), exc)
+            logger.info("pod %s/%s: %s; retrying", pod.namespace, pod.name, exc)
             return Result(Outcome.RETRY)
         except ConflictError as exc:
             self._metrics.conflict("write")
-            logger.debug("pod %s/%s lost a write race: %s", namespace_of(pod), name_of(pod), exc)
+            logger.debug("pod %s/%s lost a write race: %s", pod.namespace, pod.name, exc)
             return Result(Outcome.RETRY)
         except ClusterError as exc:
-            logger.warning("pod %s/%s: API error: %s", namespace_of(pod), name_of(pod), exc)
+            logger.warning("pod %s/%s: API error: %s", pod.namespace, pod.name, exc)
             return Result(Outcome.RETRY)
 
     # -- hand-offs to kube-scheduler (``handoff``) ----------------------------------------------
@@ -197,9 +200,7 @@ class PodSync:
             return 0.0
         return max(0.0, (self._clock.now() - since).total_seconds())
 
-    def _no_capacity(
-        self, pod: JsonObject, problem: PlacementProblem, *, classic_pod: bool
-    ) -> Result:
+    def _no_capacity(self, pod: PodView, problem: PlacementProblem, *, classic_pod: bool) -> Result:
         """Wait for capacity; past ``handoff_after`` a DRA pod goes to kube-scheduler instead."""
         limit = self.config.handoff_after
         if limit is None or classic_pod:
@@ -211,13 +212,13 @@ class PodSync:
             return Result(Outcome.WAIT_CAPACITY, limit - waited)
         try:
             self._check_leader()
-            ops.remove_scheduling_gate(self._api, pod=pod)
+            ops.remove_scheduling_gate(self._api, pod=pod.raw)
         except NotLeaderError:
             return Result(Outcome.WAIT)
         except ApiNotFoundError:
             return Result(Outcome.DONE)
         except ClusterError as exc:
-            logger.info("pod %s/%s: hand-off failed: %s", namespace_of(pod), name_of(pod), exc)
+            logger.info("pod %s/%s: hand-off failed: %s", pod.namespace, pod.name, exc)
             return Result(Outcome.RETRY)
         self._remember_ungated(pod)
         self._metrics.handed_off("no-capacity")
@@ -229,25 +230,25 @@ class PodSync:
         )
         logger.info(
             "pod %s/%s: no capacity for %.0fs; handed to kube-scheduler",
-            namespace_of(pod),
-            name_of(pod),
+            pod.namespace,
+            pod.name,
             waited,
         )
         return Result(Outcome.DONE)
 
-    def _hand_over_in_scheduler_mode(self, pod: JsonObject) -> Result:
+    def _hand_over_in_scheduler_mode(self, pod: PodView) -> Result:
         """Scheduler mode: release a classic pod's unused shadow claims, then lift the gate."""
         requests = classic.classic_requests(pod, profiles=self._classic_profiles())
-        namespace = namespace_of(pod) or "default"
+        namespace = pod.namespace or "default"
         shadows = []
         for request in requests:
             claim = self._claim(namespace, classic.shadow_claim_name(pod, request))
             if claim is not None and classic.is_shadow_of(claim, pod):
-                shadows.append(claim)
+                shadows.append(ClaimView.of(claim))
         self._check_leader()
         handoff.release_shadow_claims(self._api, pod, shadows)
         self._check_leader()
-        ops.remove_scheduling_gate(self._api, pod=pod)
+        ops.remove_scheduling_gate(self._api, pod=pod.raw)
         self._remember_ungated(pod)
         self._metrics.handed_off("scheduler-mode")
         self._reporter.handed_off(
@@ -257,7 +258,7 @@ class PodSync:
         )
         return Result(Outcome.DONE)
 
-    def unbound(self, pod: JsonObject) -> Result:
+    def unbound(self, pod: PodView) -> Result:
         """A pod we ungated that kube-scheduler has not bound: past ``handoff_after``, withdraw our
         unreserved allocations of its DRA claims so that kube-scheduler may allocate elsewhere."""
         limit = self.config.handoff_after
@@ -268,7 +269,7 @@ class PodSync:
             return Result(Outcome.DONE)  # pinned by our nodeSelector for good (``handoff``)
         now = time.monotonic()
         with self._ungated_lock:
-            first_seen = self._unbound_seen.setdefault(uid_of(pod), now)
+            first_seen = self._unbound_seen.setdefault(pod.uid, now)
             while len(self._unbound_seen) > _REMEMBERED_UNGATES:
                 self._unbound_seen.popitem(last=False)
         waited = min(self._waited(since), now - first_seen)
@@ -279,10 +280,10 @@ class PodSync:
             mine = [c for c in claims.allocated if handoff.unreserved(c, pod)]
             if not mine:
                 return Result(Outcome.DONE)
-            nodes = sorted({n for c in mine for n in _claim_nodes(c)})
+            nodes = sorted({n for c in mine for n in c.node_names()})
             for claim in mine:
                 self._check_leader()
-                ops.clear_claim_allocation(self._api, claim=claim)
+                ops.clear_claim_allocation(self._api, claim=claim.raw)
         except (NotReady, PlacementProblem, ApiNotFoundError):
             return Result(Outcome.DONE)
         except NotLeaderError:
@@ -290,7 +291,7 @@ class PodSync:
         except ConflictError:
             return Result(Outcome.RETRY)  # reserved or changed meanwhile: look again
         except ClusterError as exc:
-            logger.warning("pod %s/%s: API error: %s", namespace_of(pod), name_of(pod), exc)
+            logger.warning("pod %s/%s: API error: %s", pod.namespace, pod.name, exc)
             return Result(Outcome.RETRY)
         self._metrics.handed_off("not-bound")
         self._reporter.handed_off(
@@ -301,8 +302,8 @@ class PodSync:
         )
         logger.info(
             "pod %s/%s: not bound for %.0fs; %d allocation(s) withdrawn, kube-scheduler owns it",
-            namespace_of(pod),
-            name_of(pod),
+            pod.namespace,
+            pod.name,
             waited,
             len(mine),
         )
@@ -310,15 +311,15 @@ class PodSync:
 
     # -- 2. decide -----------------------------------------------------------------------------
 
-    def _decide(self, pod: JsonObject, claims: PodClaims) -> _Decision:
+    def _decide(self, pod: PodView, claims: PodClaims) -> _Decision:
         state = self._state
         to_allocate = claims.to_allocate
         with state.lock:
             started = time.perf_counter()
             state.refresh()
             for claim in to_allocate:
-                if state.occupancy.known_allocated(uid_of(claim)):
-                    raise ConflictError(f"claim {name_of(claim)} was allocated meanwhile")
+                if state.occupancy.known_allocated(claim.uid):
+                    raise ConflictError(f"claim {claim.name} was allocated meanwhile")
             fits = state.nodes.for_pod(pod)
 
             def node_ok(node: str) -> bool:
@@ -345,11 +346,9 @@ class PodSync:
                     )
                     for claim, allocation in zip(to_allocate, results, strict=True):
                         state.occupancy.assume(
-                            uid=uid_of(claim),
-                            key=f"{namespace_of(claim)}/{name_of(claim)}",
-                            devices=[
-                                (r["pool"], r["device"]) for r in allocation["devices"]["results"]
-                            ],
+                            uid=claim.uid,
+                            key=f"{claim.meta.namespace}/{claim.name}",
+                            devices=_devices(allocation),
                         )
                     state.nodes.assume(pod, result.node)
                     self._metrics.decided(time.perf_counter() - started)
@@ -393,34 +392,37 @@ class PodSync:
         allowed = set.intersection(*(set(n) for n in claims.pinned))
         return min(allowed) if len(allowed) == 1 else None
 
-    def _ungate(self, pod: JsonObject, *, node: str | None, classic: bool) -> None:
+    def _ungate(self, pod: PodView, *, node: str | None, classic: bool) -> None:
         self._check_leader()
         if classic and node is not None:
             hostname = self._state.nodes.hostname(node)
-            selector = (pod.get("spec") or {}).get("nodeSelector") or {}
-            if selector.get(HOSTNAME_LABEL) != hostname:
-                pod = ops.set_pod_node_selector(
-                    self._api, pod=pod, node_selector={HOSTNAME_LABEL: hostname}
+            if pod.node_selector.get(HOSTNAME_LABEL) != hostname:
+                pod = PodView.of(
+                    ops.set_pod_node_selector(
+                        self._api, pod=pod.raw, node_selector={HOSTNAME_LABEL: hostname}
+                    )
                 )
         if node is not None:
             self._state.nodes.assume(pod, node)
         self._check_leader()
-        ops.remove_scheduling_gate(self._api, pod=pod)
+        ops.remove_scheduling_gate(self._api, pod=pod.raw)
         self._remember_ungated(pod)
         self._metrics.ungated(latency_seconds=self._latency(pod))
         if node is not None:
             self._reporter.placed(pod, node=node)
-        logger.debug("pod %s/%s ungated for node %s", namespace_of(pod), name_of(pod), node)
+        logger.debug("pod %s/%s ungated for node %s", pod.namespace, pod.name, node)
 
-    def _remember_ungated(self, pod: JsonObject) -> None:
+    def _remember_ungated(self, pod: PodView) -> None:
         with self._ungated_lock:
-            self._ungated[uid_of(pod)] = None
+            self._ungated[pod.uid] = None
             while len(self._ungated) > _REMEMBERED_UNGATES:
                 self._ungated.popitem(last=False)
 
 
-def _claim_nodes(claim: JsonObject) -> list[str]:
-    return list(claim_node_names(claim))
+def _devices(allocation: JsonObject) -> tuple[tuple[str, str], ...]:
+    """(pool, device) of the results of an allocation we are about to write."""
+    parsed = Allocation.parse(allocation)
+    return parsed.devices_of(DRIVER_NAME) if parsed is not None else ()
 
 
 def _only(node: str) -> Callable[[str], bool]:

@@ -24,25 +24,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from api.names import SCHEDULING_GATE
+from api.names import DRIVER_NAME, SCHEDULING_GATE
 from controller.conditions import PlacementProblem, Reason
+from controller.handoff import unreserved
 from controller.informers import ClusterInformers
 from controller.metrics import ControllerMetrics
-from controller.occupancy import allocated_devices, parse_rv
+from controller.occupancy import parse_rv
 from controller.outcome import NotLeaderError, Outcome, Result, SyncConfig
 from controller.podclaims import PodClaims
 from controller.state import AllocationState
 from driver.cluster import ops
 from driver.cluster.clock import Clock
-from driver.cluster.port import (
-    PODS,
-    ClusterApi,
-    JsonObject,
-    gate_names,
-    name_of,
-    namespace_of,
-    uid_of,
-)
+from driver.cluster.port import PODS, ClusterApi, JsonObject
+from driver.cluster.views import ClaimView, PodView
 from driver.errors import ApiNotFoundError, ClusterError, DriverError
 
 logger = logging.getLogger(__name__)
@@ -54,7 +48,7 @@ class Written:
 
     rvs: dict[str, int] = field(default_factory=dict)
     """claim UID → resourceVersion of our allocation write."""
-    claims: list[JsonObject] = field(default_factory=list)
+    claims: list[ClaimView] = field(default_factory=list)
     """The claims as our allocation writes returned them."""
     relists: int = 0
     """The claim informer's relist count before the writes (a relist blurs commit order)."""
@@ -89,19 +83,19 @@ class AllocationWriter:
             raise NotLeaderError("not the leader")
 
     def write(
-        self, pod: JsonObject, claims: PodClaims, allocations: list[JsonObject], *, node: str
+        self, pod: PodView, claims: PodClaims, allocations: list[JsonObject], *, node: str
     ) -> Written:
         """Finalizer, then allocation, claim by claim; on any failure nothing of this attempt
         stays reserved or written (as far as we can withdraw it)."""
         state = self._state
         written = Written(relists=self._informers.claims.relists, started=time.monotonic())
-        done: list[JsonObject] = []
+        done: list[ClaimView] = []
         pending = list(zip(claims.to_allocate, allocations, strict=True))
         try:
             for cached, allocation in pending:
-                uid = uid_of(cached)
+                uid = cached.uid
                 self._check_leader()
-                claim = ops.add_claim_finalizer(self._api, claim=cached)
+                claim = ops.add_claim_finalizer(self._api, claim=cached.raw)
                 self._check_leader()
                 shadow = uid in claims.shadow
                 result = ops.write_claim_allocation(
@@ -113,50 +107,51 @@ class AllocationWriter:
                     # nothing to write for the claim, only the binding (its API client is
                     # rate-limited, 50 requests/s by default: one write per pod fewer is ~2x
                     # the pods it binds per second)
-                    reserved_for=[ops.pod_reference(pod)],
+                    reserved_for=[ops.pod_reference(pod.raw)],
                 )
-                rv = parse_rv(result)
+                view = ClaimView.of(result)
+                rv = parse_rv(view)
                 logger.debug(
                     "claim %s/%s: allocation %s written at rv %s",
-                    namespace_of(claim),
-                    name_of(claim),
-                    [r["device"] for r in allocation["devices"]["results"]],
+                    view.namespace,
+                    view.name,
+                    [r.device for r in view.results_of(DRIVER_NAME)],
                     rv,
                 )
                 with state.lock:
                     state.occupancy.written(uid=uid, resource_version=rv)
                 written.rvs[uid] = rv
-                written.claims.append(result)
-                done.append(result)
+                written.claims.append(view)
+                done.append(view)
                 self._metrics.claim_allocated(shadow=shadow)
         except (DriverError, ValueError):
             with state.lock:
-                for claim, _ in pending:
-                    if uid_of(claim) not in written.rvs:
-                        state.occupancy.unassume(uid_of(claim))
+                for pending_claim, _ in pending:
+                    if pending_claim.uid not in written.rvs:
+                        state.occupancy.unassume(pending_claim.uid)
                 state.nodes.forget(pod)
-            self.withdraw(pod, done)
+            self.withdraw(done)
             raise
         logger.debug(
             "pod %s/%s: %d claim(s) allocated on %s",
-            namespace_of(pod),
-            name_of(pod),
+            pod.namespace,
+            pod.name,
             len(done),
             node,
         )
         return written
 
-    def withdraw(self, pod: JsonObject, claims: list[JsonObject]) -> None:
+    def withdraw(self, claims: list[ClaimView]) -> None:
         """Best effort: clear allocations this attempt wrote, so the pod is not pinned by them."""
         for claim in claims:
             if not self._is_leader():
                 return
             try:
-                ops.clear_claim_allocation(self._api, claim=claim)
+                ops.clear_claim_allocation(self._api, claim=claim.raw)
             except ClusterError as exc:
-                logger.info("cannot withdraw allocation of claim %s: %s", name_of(claim), exc)
+                logger.info("cannot withdraw allocation of claim %s: %s", claim.name, exc)
 
-    def verify(self, pod: JsonObject, claims: PodClaims, written: Written) -> Result | None:
+    def verify(self, pod: PodView, claims: PodClaims, written: Written) -> Result | None:
         """``None`` if the pod may be ungated now, else what to do instead (see step 4)."""
         state = self._state
         adopted = claims.allocated
@@ -166,17 +161,17 @@ class AllocationWriter:
             logger.warning("claim informer has not caught up with rv %s; pod waits", target)
             return Result(Outcome.RETRY_AFTER, 1.0)
         relisted = self._informers.claims.relists != written.relists and bool(written.rvs)
-        withdraw: list[JsonObject] = []
+        withdraw: list[ClaimView] = []
         wait = 0.0
         now = time.monotonic()
         with state.lock:
             for claim in allocated:
-                uid = uid_of(claim)
+                uid = claim.uid
                 record = state.occupancy.record(uid)
                 if (
                     record is None
                     or not record.resolved
-                    or record.devices != allocated_devices(claim)
+                    or record.devices != claim.devices_of(DRIVER_NAME)
                 ):
                     return Result(Outcome.RETRY_AFTER, 0.05)  # the claim changed since we read it
                 overlaps = state.occupancy.overlapping(uid)
@@ -195,7 +190,7 @@ class AllocationWriter:
                     wait = max(wait, self.config.adopt_grace - age)
                 elif overlaps:
                     since = self._overlap_since.setdefault(uid, now)
-                    if now - since >= self.config.overlap_grace and _unreserved(claim, pod):
+                    if now - since >= self.config.overlap_grace and unreserved(claim, pod):
                         withdraw.append(claim)
                         self._overlap_since.pop(uid, None)
                     wait = max(wait, 0.5)
@@ -206,35 +201,34 @@ class AllocationWriter:
             if not late and self.still_gated(pod):
                 logger.info(
                     "pod %s/%s: %d allocation(s) overlap others committed first; withdrawing",
-                    namespace_of(pod),
-                    name_of(pod),
+                    pod.namespace,
+                    pod.name,
                     len(withdraw),
                 )
                 for _ in withdraw:
                     self._metrics.conflict("overlap")
-                self.withdraw(
-                    pod, [state_claim for c in withdraw if (state_claim := self._fresh(c))]
-                )
+                self.withdraw([state_claim for c in withdraw if (state_claim := self._fresh(c))])
             return Result(Outcome.RETRY_AFTER, self._rng.uniform(*self.config.yield_delay))
         if wait > 0:
             return Result(Outcome.RETRY_AFTER, wait)
         return None
 
-    def still_gated(self, pod: JsonObject) -> bool:
+    def still_gated(self, pod: PodView) -> bool:
         """Read from the API, not the cache: withdrawing from an ungated pod would strand it."""
         try:
-            current = self._api.get(PODS, name=name_of(pod), namespace=namespace_of(pod))
+            current = PodView.of(self._api.get(PODS, name=pod.name, namespace=pod.meta.namespace))
         except ApiNotFoundError:
             return False
-        return uid_of(current) == uid_of(pod) and SCHEDULING_GATE in gate_names(current)
+        return current.uid == pod.uid and current.gated_by(SCHEDULING_GATE)
 
-    def _fresh(self, claim: JsonObject) -> JsonObject | None:
-        return self._informers.claims.get(name_of(claim), namespace=namespace_of(claim))
+    def _fresh(self, claim: ClaimView) -> ClaimView | None:
+        fresh = self._informers.claims.get(claim.name, namespace=claim.meta.namespace)
+        return ClaimView.of(fresh) if fresh is not None else None
 
-    def split(self, pod: JsonObject, claims: PodClaims) -> Result:
+    def split(self, pod: PodView, claims: PodClaims) -> Result:
         """The pod's claims are allocated on different nodes (a crash between writes, or claims
         allocated for other pods): withdraw what only this gated pod holds and start over."""
-        mine = [c for c in claims.allocated if _unreserved(c, pod)]
+        mine = [c for c in claims.allocated if unreserved(c, pod)]
         if not mine:
             raise PlacementProblem(
                 Reason.UNSATISFIABLE,
@@ -242,7 +236,7 @@ class AllocationWriter:
             )
         now = time.monotonic()
         with self._state.lock:
-            records = [self._state.occupancy.record(uid_of(c)) for c in mine]
+            records = [self._state.occupancy.record(c.uid) for c in mine]
         youngest = min((now - r.first_seen for r in records if r is not None), default=0.0)
         if youngest < self.config.adopt_grace:
             return Result(Outcome.RETRY_AFTER, self.config.adopt_grace - youngest)
@@ -250,15 +244,9 @@ class AllocationWriter:
             return Result(Outcome.DONE)
         logger.info(
             "pod %s/%s: claims allocated on different nodes; withdrawing %d",
-            namespace_of(pod),
-            name_of(pod),
+            pod.namespace,
+            pod.name,
             len(mine),
         )
-        self.withdraw(pod, mine)
+        self.withdraw(mine)
         return Result(Outcome.RETRY_AFTER, self._rng.uniform(*self.config.yield_delay))
-
-
-def _unreserved(claim: JsonObject, pod: JsonObject) -> bool:
-    """Nobody but this (gated) pod holds the claim: withdrawing its allocation hurts no one."""
-    reserved = (claim.get("status") or {}).get("reservedFor") or []
-    return all(r.get("uid") == uid_of(pod) for r in reserved)

@@ -39,6 +39,8 @@ _EMPTY: Mapping[str, Any] = {}
 
 def mapping(value: Any) -> Mapping[str, Any]:
     """``value`` if it is a JSON object, else an empty one."""
+    if type(value) is dict:  # the common case, without the ABC check (views are parsed per event)
+        return value
     return value if isinstance(value, Mapping) else _EMPTY
 
 
@@ -46,12 +48,14 @@ def items(value: Any) -> Iterator[Mapping[str, Any]]:
     """The JSON objects of a JSON array (other entries and non-arrays read as nothing)."""
     if isinstance(value, list | tuple):
         for item in value:
-            if isinstance(item, Mapping):
+            if type(item) is dict or isinstance(item, Mapping):
                 yield item
 
 
 def text(value: Any) -> str:
     """A string field: ``""`` when absent, null or not a scalar."""
+    if type(value) is str:
+        return value
     if value is None or isinstance(value, Mapping | list):
         return ""
     return value if isinstance(value, str) else str(value)
@@ -71,7 +75,7 @@ def strings(value: Any) -> tuple[str, ...]:
 
 def string_map(value: Any) -> Mapping[str, str]:
     """A ``map[string]string`` (labels, annotations, node selectors, resource quantities)."""
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):
         return _EMPTY
     return {str(k): text(v) for k, v in value.items() if v is not None}
 
@@ -421,6 +425,8 @@ class Consumer:
     resource: str
     name: str
     uid: str
+    raw: Mapping[str, Any]
+    """The entry as written (to write the others back when one consumer leaves)."""
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> Consumer:
@@ -429,6 +435,7 @@ class Consumer:
             resource=text(raw.get("resource")),
             name=text(raw.get("name")),
             uid=text(raw.get("uid")),
+            raw=raw,
         )
 
     @property
@@ -447,6 +454,10 @@ class DeviceSubRequest:
     allocation_mode: str
     count: int
     admin_access: bool
+    tolerations: Any
+    """``tolerations`` as written: validated by its reader (``driver.taints.parse_tolerations``)."""
+    capacity_requests: Mapping[str, str]
+    """``capacity.requests`` (consumable capacity)."""
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any], *, name: str = "") -> DeviceSubRequest:
@@ -459,6 +470,8 @@ class DeviceSubRequest:
             allocation_mode=text(raw.get("allocationMode")) or "ExactCount",
             count=integer(raw.get("count"), 1),
             admin_access=raw.get("adminAccess") is True,
+            tolerations=raw.get("tolerations"),
+            capacity_requests=string_map(path(raw, "capacity", "requests")),
         )
 
 
@@ -540,6 +553,10 @@ class ClaimSpecView:
     def device_class_names(self) -> tuple[str, ...]:
         """Every DeviceClass the spec names (``exactly`` and ``firstAvailable``), in order."""
         return tuple(n for r in self.requests for n in r.device_class_names())
+
+    def device_constraints(self) -> tuple[DeviceConstraint, ...]:
+        """``constraints`` parsed (``matchAttribute`` / ``distinctAttribute`` over requests)."""
+        return tuple(DeviceConstraint.parse(c) for c in self.constraints)
 
 
 @dataclass(frozen=True, slots=True)
@@ -766,6 +783,10 @@ class PodView(_View):
     conditions: tuple[Condition, ...]
     claim_statuses: Mapping[str, str | None]
     """``status.resourceClaimStatuses``: pod claim name → generated claim name (None: not needed)."""
+    reason: str
+    """``status.reason`` (e.g. the kubelet's ``UnexpectedAdmissionError``)."""
+    message: str
+    """``status.message``."""
 
     @classmethod
     def parse(cls, obj: JsonObject) -> PodView:
@@ -801,6 +822,8 @@ class PodView(_View):
                 text(s.get("name")): optional_text(s.get("resourceClaimName"))
                 for s in items(status.get("resourceClaimStatuses"))
             },
+            reason=text(status.get("reason")),
+            message=text(status.get("message")),
         )
 
     @property
@@ -1083,6 +1106,8 @@ class NodeView(_View):
 
 @dataclass(frozen=True, slots=True)
 class LeaseView(_View):
+    """A ``coordination.k8s.io/v1`` Lease (leader election, the device-plugin shim's lease)."""
+
     KIND: ClassVar[str] = "Lease"
 
     raw: JsonObject = field(repr=False)
@@ -1109,3 +1134,33 @@ class LeaseView(_View):
             renew_time=text(spec.get("renewTime")),
             lease_transitions=integer(spec.get("leaseTransitions")),
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# claim constraints
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceConstraint:
+    """One ``spec.devices.constraints`` entry of a ResourceClaim."""
+
+    requests: tuple[str, ...]
+    """Request (or ``request/subrequest``) names it covers; empty: every request."""
+    match_attribute: str
+    distinct_attribute: str
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> DeviceConstraint:
+        return cls(
+            requests=strings(raw.get("requests")),
+            match_attribute=text(raw.get("matchAttribute")),
+            distinct_attribute=text(raw.get("distinctAttribute")),
+        )
+
+    @property
+    def attribute(self) -> str:
+        return self.match_attribute or self.distinct_attribute
+
+    @property
+    def distinct(self) -> bool:
+        return bool(self.distinct_attribute)

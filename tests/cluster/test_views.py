@@ -279,3 +279,66 @@ def test_lease_view_reads_spec_and_defaults_to_zero_values() -> None:
     empty = views.LeaseView.of({"metadata": {"name": "l"}, "spec": None})
     assert (empty.spec, empty.holder_identity, empty.lease_duration_seconds) == ({}, "", 0)
     assert (empty.acquire_time, empty.lease_transitions) == ("", 0)
+
+
+def test_pod_view_reads_status_reason_and_message() -> None:
+    pod = {"status": {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": "m"}}
+    view = PodView.of(pod)
+    assert (view.phase, view.reason, view.message) == ("Failed", "UnexpectedAdmissionError", "m")
+    assert (PodView.of({}).reason, PodView.of({}).message) == ("", "")
+
+
+def test_lease_view_reads_holder_and_times() -> None:
+    lease = {
+        "metadata": {"name": "l", "namespace": "ns", "annotations": {"a": "node-1"}},
+        "spec": {
+            "holderIdentity": "plugin_1",
+            "acquireTime": "2026-01-01T00:00:00.000000Z",
+            "renewTime": "2026-01-01T00:00:05.000000Z",
+            "leaseDurationSeconds": 15,
+        },
+    }
+    view = views.LeaseView.of(lease)
+    assert view.meta.annotations == {"a": "node-1"}
+    assert (view.holder_identity, view.acquire_time) == ("plugin_1", "2026-01-01T00:00:00.000000Z")
+    assert (view.renew_time, view.lease_duration_seconds) == ("2026-01-01T00:00:05.000000Z", 15)
+    empty = views.LeaseView.of({"spec": {"holderIdentity": None}})
+    assert (empty.holder_identity, empty.acquire_time, empty.lease_duration_seconds) == ("", "", 0)
+
+
+def test_claim_spec_reads_tolerations_capacity_and_constraints() -> None:
+    claim = _claim()
+    devices = claim["spec"]["devices"]
+    devices["requests"][0]["exactly"]["tolerations"] = [{"key": "k", "operator": "Exists"}]
+    devices["requests"][0]["exactly"]["capacity"] = {"requests": {"memory": "1Gi"}}
+    devices["constraints"] = [
+        {"requests": ["a", "b/big"], "matchAttribute": "mig.nvidia.com/parentUUID"},
+        {"distinctAttribute": "mig.nvidia.com/gpuIndex"},
+        {"requests": ["a"]},
+    ]
+    spec = ClaimView.of(claim).spec
+    exactly = spec.requests[0].exactly
+    assert exactly is not None
+    assert exactly.tolerations == [{"key": "k", "operator": "Exists"}]
+    assert exactly.capacity_requests == {"memory": "1Gi"}
+    assert spec.requests[1].first_available[0].tolerations is None
+    assert spec.requests[1].first_available[0].capacity_requests == {}
+    match, distinct, empty = spec.device_constraints()
+    assert (match.requests, match.attribute, match.distinct) == (
+        ("a", "b/big"),
+        "mig.nvidia.com/parentUUID",
+        False,
+    )
+    assert (distinct.requests, distinct.attribute, distinct.distinct) == (
+        (),
+        "mig.nvidia.com/gpuIndex",
+        True,
+    )
+    assert (empty.attribute, empty.distinct) == ("", False)
+
+
+def test_consumers_keep_the_entry_as_written() -> None:
+    entry = {"resource": "pods", "name": "p", "uid": "pod-1", "extra": "kept"}
+    (consumer,) = ClaimView.of(_claim(reservedFor=[entry, "junk"])).reserved_for
+    assert consumer.raw == entry
+    assert consumer.is_pod
