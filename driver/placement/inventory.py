@@ -259,24 +259,31 @@ class Inventory:
         old_caps, old_levels = gpu.caps, gpu.levels
         gpu.derive()
         if gpu.caps is not old_caps:
+            free_instances = self._free_instances
             for profile, old, new in zip(gpu.table.profiles, old_caps, gpu.caps, strict=True):
-                self._free_instances[profile.name] += new - old
+                if new != old:
+                    free_instances[profile.name] += new - old
         levels = self._levels_for(gpu)
         if levels is old_levels:
             return
         gpu.levels = levels
         graded = self.track_levels
         update_sets = not self._ranks_dirty
+        node_best = node.best
+        rank = node.rank
         for sig in self._sigs_for(gpu.table):
             sig_id = sig.id
-            new, old = levels[sig_id], old_levels[sig_id]
+            new = levels[sig_id]
+            old = old_levels[sig_id]
             if new == old:
                 continue
-            old_best = node.best.get(sig_id, -1)
+            old_best = node_best.get(sig_id, -1)
             if new >= 0 and (old_best < 0 or new <= old_best):
                 best = new  # this GPU is (one of) the node's best now
-            elif old < 0 or old != old_best:
-                continue  # it was not the best and is not better than the best: nothing moves
+            elif old != old_best:
+                # It was not the best (old < 0 here means old_best >= 0) and is not better than
+                # the best: nothing moves.
+                continue
             else:
                 # It was the best and got worse: the node's best is its best GPU now.
                 best = -1
@@ -287,17 +294,17 @@ class Inventory:
             if best == old_best:
                 continue
             if best >= 0:
-                node.best[sig_id] = best
+                node_best[sig_id] = best
             else:
-                del node.best[sig_id]
+                del node_best[sig_id]
             if not update_sets:
                 continue
             if old_best < 0:
-                sig.add(node.rank, best, graded=graded)
+                sig.add(rank, best, graded=graded)
             elif best < 0:
-                sig.discard(node.rank, old_best, graded=graded)
+                sig.discard(rank, old_best, graded=graded)
             elif graded:
-                sig.move(node.rank, old_best, best)
+                sig.move(rank, old_best, best)
 
     def _levels_for(self, gpu: GpuState) -> tuple[int, ...]:
         """The GPU's level for every indexed signature (by sig id), shared by equal GPU states.

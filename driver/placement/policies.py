@@ -25,6 +25,7 @@ from driver.placement.inventory import Inventory, SignatureIndex
 from driver.placement.rankset import RankSet
 from driver.placement.search import Candidate, CandidateOrder, NodeSearch, Plan
 from driver.placement.state import NodeState
+from driver.placement.tables import TableProfile
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,11 +130,25 @@ class BestFit:
     ) -> Iterator[NodeState]:
         if not conditions:
             return
-        unions = _condition_unions(conditions)
         if not inventory.track_levels:
             yield from FirstFit().nodes(inventory, plan, conditions)
             return
+        unions = _condition_unions(conditions)
         primary = max(conditions, key=lambda c: c.slices).sets
+        if len(primary) == 1 and len(conditions) == 1:
+            # One signature (most pods): its tiers in level order are the answer, no intersection.
+            sig = primary[0]
+            level = sig.level_set.next_at_or_after(0)
+            while level >= 0:
+                tier = sig.tiers[level]
+                rank = tier.next_at_or_after(0)
+                while rank >= 0:
+                    node = inventory.node_at(rank)
+                    if node is not None:
+                        yield node
+                    rank = tier.next_at_or_after(rank + 1)
+                level = sig.level_set.next_at_or_after(level + 1)
+            return
         seen: set[int] = set()
         level = 0
         while True:
@@ -152,6 +167,9 @@ class BestFit:
             level += 1
 
     def device_order(self, plan: Plan, node: NodeState) -> Sequence[int]:
+        if len(plan.device_requests) == 1:
+            return (0,)
+
         def size(slot: int) -> int:
             request = plan.device_requests[slot]
             sizes = [
@@ -167,29 +185,30 @@ class BestFit:
         self, search: NodeSearch, request: int, positions: Sequence[int]
     ) -> Iterable[Candidate]:
         plan, gpus, masks, media = search.plan, search.gpus, search.masks, search.media
-        scored: list[tuple[int, int, int, int, int, Candidate]] = []
+        # Each (GPU, profile) list is already in score order, so the best candidate is the best
+        # head; the full order is built only if the search backtracks past it (rare).
+        heads: list[tuple[int, int, int, int, int, TableProfile, tuple[tuple[int, int], ...]]] = []
         for position in positions:
             table = gpus[position].table
             mask, media_taken = masks[position], media[position]
             free = table.slices - mask.bit_count()
             for profile in plan.profiles_for(request, table):
-                for i in table.free_starts(profile.index, mask=mask, media_taken=media_taken):
-                    destroyed = table.destroyed(profile.index, i, mask=mask)
-                    scored.append(
-                        (destroyed, free, position, profile.index, i, (position, profile, i))
-                    )
-        return _best_first(scored)
-
-
-def _best_first(scored: list[tuple[int, int, int, int, int, Candidate]]) -> Iterator[Candidate]:
-    """Candidates in score order, sorting only if the search backtracks past the best one."""
-    if not scored:
-        return
-    best = min(scored, key=lambda entry: entry[:5])
-    yield best[5]
-    scored.sort(key=lambda entry: entry[:5])
-    for entry in scored[1:]:
-        yield entry[5]
+                ranked = table.ranked_starts(profile.index, mask=mask, media_taken=media_taken)
+                if ranked:
+                    destroyed, i = ranked[0]
+                    heads.append((destroyed, free, position, profile.index, i, profile, ranked))
+        if not heads:
+            return
+        best = min(heads, key=lambda head: head[:5])
+        yield best[2], best[5], best[4]
+        rest = sorted(
+            (destroyed, head[1], head[2], head[3], i, head[5])
+            for head in heads
+            for destroyed, i in head[6]
+            if head is not best or i != best[4]
+        )
+        for _, _, position, _, i, profile in rest:
+            yield position, profile, i
 
 
 POLICIES: dict[str, Callable[[], Policy]] = {

@@ -7,7 +7,7 @@ the occupants and shared with the indexes in ``driver.placement.inventory``.
 
 from dataclasses import dataclass, field
 
-from driver.mig.model import GpuModel, Placement
+from driver.mig.model import GpuModel
 from driver.placement.tables import GpuTable, Signature, table_for
 
 FREE_BITS = 6
@@ -50,7 +50,8 @@ class Occupant:
     mask: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "mask", Placement(start=self.start, size=self.size).mask)
+        # Placement.mask, inlined: an occupant is built on every occupy and release.
+        object.__setattr__(self, "mask", ((1 << self.size) - 1) << self.start)
 
 
 class GpuState:

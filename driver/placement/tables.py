@@ -43,6 +43,7 @@ class GpuTable:
         "_free_starts",
         "_loss_cache",
         "_open",
+        "_ranked",
         "full_mask",
         "media_names",
         "model",
@@ -104,6 +105,7 @@ class GpuTable:
             for mask in range(1 << self.slices)
         ]
         self._caps: dict[tuple[int, bool, tuple[int, ...]], tuple[int, ...]] = {}
+        self._ranked: dict[int, tuple[tuple[int, int], ...]] = {}
         self._loss_cache: dict[tuple[Signature, int, bool, tuple[int, ...]], int] = {}
 
     def free_starts(self, profile: int, *, mask: int, media_taken: bool) -> tuple[int, ...]:
@@ -123,6 +125,26 @@ class GpuTable:
         """
         new = self.profiles[profile].masks[placement]
         return self._open[mask] - self._open[mask | new]
+
+    def ranked_starts(
+        self, profile: int, *, mask: int, media_taken: bool
+    ) -> tuple[tuple[int, int], ...]:
+        """``(destroyed, placement index)`` of the profile's free placements, fewest destroyed first
+        (then NVML order): what the fragmentation-aware policy tries, computed once per state."""
+        key = ((((mask << 1) | media_taken) << 6) | profile) if profile < 64 else -1
+        ranked = self._ranked.get(key) if key >= 0 else None
+        if ranked is None:
+            new_masks = self.profiles[profile].masks
+            open_now = self._open[mask]
+            ranked = tuple(
+                sorted(
+                    (open_now - self._open[mask | new_masks[i]], i)
+                    for i in self._free_starts[(mask << 1) | media_taken][profile]
+                )
+            )
+            if key >= 0:
+                self._ranked[key] = ranked
+        return ranked
 
     def loss(
         self, signature: Signature, *, mask: int, media_taken: bool, counts: tuple[int, ...]
