@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 from driver.mig.model import GpuModel
 from driver.placement.tables import GpuTable, Signature, table_for
 
+StateKey = tuple[GpuTable, int, bool, tuple[int, ...]]
+"""Everything placement rules can see of one GPU: table, occupied mask, ``+me`` taken, counts."""
+
 FREE_BITS = 6
 """A level is ``loss << FREE_BITS | free memory slices``: fewer destroyed placements first, then
 the fuller GPU."""
@@ -108,7 +111,7 @@ class GpuState:
         self.caps = table.capacities(mask=self.mask, media_taken=media, counts=self.counts)
 
     @property
-    def state_key(self) -> tuple[GpuTable, int, bool, tuple[int, ...]]:
+    def state_key(self) -> StateKey:
         """Everything placement rules can see of this GPU: equal keys, equal answers."""
         return (self.table, self.mask, self.media_taken, self.counts)
 
