@@ -114,6 +114,9 @@ class Inventory:
         self._shapes: dict[tuple[GpuTable, ...], dict[str, None]] = {}
         self._level_cache: dict[tuple[GpuTable, int, bool, tuple[int, ...]], tuple[int, ...]] = {}
         self._level_vectors: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._level_diffs: dict[
+            tuple[GpuTable, int, int], tuple[tuple[SignatureIndex, int, int], ...]
+        ] = {}
         for spec in nodes:
             self.set_node(spec)
 
@@ -300,12 +303,19 @@ class Inventory:
         update_sets = not self._ranks_dirty
         node_best = node.best
         rank = node.rank
-        for sig in self._sigs_for(gpu.table):
+        # Level vectors are interned, so the signatures whose level differs between two of them
+        # are computed once per pair (ids are stable: ``_level_vectors`` holds every vector).
+        diff_key = (gpu.table, id(old_levels), id(levels))
+        changed = self._level_diffs.get(diff_key)
+        if changed is None:
+            changed = tuple(
+                (sig, levels[sig.id], old_levels[sig.id])
+                for sig in self._sigs_for(gpu.table)
+                if levels[sig.id] != old_levels[sig.id]
+            )
+            self._level_diffs[diff_key] = changed
+        for sig, new, old in changed:
             sig_id = sig.id
-            new = levels[sig_id]
-            old = old_levels[sig_id]
-            if new == old:
-                continue
             old_best = node_best.get(sig_id, -1)
             if new >= 0 and (old_best < 0 or new <= old_best):
                 best = new  # this GPU is (one of) the node's best now
@@ -381,6 +391,7 @@ class Inventory:
         # Cached level lists are one entry short now; extend each once, shared as before.
         self._level_cache = {}
         self._level_vectors = {}
+        self._level_diffs = {}
         for node in self._nodes.values():
             best = -1
             for gpu in node.gpus:
