@@ -61,7 +61,11 @@ class Engine:
     ) -> None:
         self.policy: Policy = policy_named(policy) if isinstance(policy, str) else policy
         self.inventory = (
-            inventory if inventory is not None else Inventory(track_levels=self.policy.needs_levels)
+            inventory
+            if inventory is not None
+            else Inventory(
+                track_levels=self.policy.needs_levels, track_states=self.policy.needs_states
+            )
         )
         self._budget = search_budget
         self._empty_fit: dict[tuple[Hashable, tuple[GpuTable, ...]], bool] = {}

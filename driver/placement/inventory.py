@@ -11,7 +11,9 @@ in node-name order, so "the first node in name order that can take a 3g.20gb" is
 With ``track_levels`` (for the fragmentation-aware policy) each signature also files every node under
 its best GPU's *level* — the free placements that fitting the signature there would destroy, then
 how full the GPU is — so "the node whose GPU loses least" is a successor query too. Signatures are
-indexed on first use; single-profile ones always, multi-profile ones up to a bound.
+indexed on first use; single-profile ones always, multi-profile ones up to a bound. With
+``track_states`` (for the scarcity-aware policy) GPUs are also grouped by their state (table, mask,
+``+me``, counts), so a policy scores each distinct state once instead of every GPU.
 """
 
 import logging
@@ -19,7 +21,7 @@ from collections.abc import Iterable, Iterator
 
 from driver.errors import NotFoundError
 from driver.placement.rankset import RankSet
-from driver.placement.state import GpuState, NodeSpec, NodeState, Occupant
+from driver.placement.state import GpuState, NodeSpec, NodeState, Occupant, StateKey
 from driver.placement.tables import GpuTable, Signature
 
 logger = logging.getLogger(__name__)
@@ -82,11 +84,20 @@ class Inventory:
     """Mutable cluster state with incremental indexes. Not thread-safe: serialise callers.
 
     ``track_levels`` files nodes by level per signature (needed by ``bestfit``; ``firstfit`` only
-    needs to know which nodes can fit, which is cheaper to maintain).
+    needs to know which nodes can fit, which is cheaper to maintain). ``track_states`` groups GPUs
+    by state (needed by ``scarcity``).
     """
 
-    def __init__(self, nodes: Iterable[NodeSpec] = (), *, track_levels: bool = False) -> None:
+    def __init__(
+        self,
+        nodes: Iterable[NodeSpec] = (),
+        *,
+        track_levels: bool = False,
+        track_states: bool = False,
+    ) -> None:
         self.track_levels = track_levels
+        self.track_states = track_states
+        self._states: dict[StateKey, dict[GpuState, None]] = {}
         self._nodes: dict[str, NodeState] = {}
         self._by_rank: list[NodeState | None] = []
         self._ranks_dirty = False
@@ -103,6 +114,9 @@ class Inventory:
         self._shapes: dict[tuple[GpuTable, ...], dict[str, None]] = {}
         self._level_cache: dict[tuple[GpuTable, int, bool, tuple[int, ...]], tuple[int, ...]] = {}
         self._level_vectors: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._level_diffs: dict[
+            tuple[GpuTable, int, int], tuple[tuple[SignatureIndex, int, int], ...]
+        ] = {}
         for spec in nodes:
             self.set_node(spec)
 
@@ -133,6 +147,8 @@ class Inventory:
                 self._min_slices[name] = min(self._min_slices.get(name, size), size)
                 self._max_slices[name] = max(self._max_slices.get(name, size), size)
             gpu.levels = self._levels_for(gpu)
+            if self.track_states:
+                self._states.setdefault(gpu.state_key, {})[gpu] = None
             for sig in self._sigs_for(gpu.table):
                 level = gpu.levels[sig.id]
                 if level >= 0:
@@ -168,6 +184,8 @@ class Inventory:
             for profile, cap in zip(gpu.table.profiles, gpu.caps, strict=True):
                 self._published_gpus[profile.name] -= 1
                 self._free_instances[profile.name] -= cap
+            if self.track_states:
+                self._leave_state(gpu, gpu.state_key)
         if not self._ranks_dirty and node.rank >= 0:
             for sig_id, level in node.best.items():
                 self._sig_list[sig_id].discard(node.rank, level, graded=self.track_levels)
@@ -255,28 +273,56 @@ class Inventory:
                 self._refresh(node, gpu)
                 return
 
+    def _leave_state(self, gpu: GpuState, key: StateKey) -> None:
+        members = self._states[key]
+        del members[gpu]
+        if not members:
+            del self._states[key]
+
     def _refresh(self, node: NodeState, gpu: GpuState) -> None:
         old_caps, old_levels = gpu.caps, gpu.levels
-        gpu.derive()
+        if self.track_states:
+            old_key = gpu.state_key
+            gpu.derive()
+            new_key = gpu.state_key
+            if new_key != old_key:
+                self._leave_state(gpu, old_key)
+                self._states.setdefault(new_key, {})[gpu] = None
+        else:
+            gpu.derive()
         if gpu.caps is not old_caps:
+            free_instances = self._free_instances
             for profile, old, new in zip(gpu.table.profiles, old_caps, gpu.caps, strict=True):
-                self._free_instances[profile.name] += new - old
+                if new != old:
+                    free_instances[profile.name] += new - old
         levels = self._levels_for(gpu)
         if levels is old_levels:
             return
         gpu.levels = levels
         graded = self.track_levels
         update_sets = not self._ranks_dirty
-        for sig in self._sigs_for(gpu.table):
+        node_best = node.best
+        rank = node.rank
+        # Level vectors are interned, so the signatures whose level differs between two of them
+        # are computed once per pair (ids are stable: ``_level_vectors`` holds every vector).
+        diff_key = (gpu.table, id(old_levels), id(levels))
+        changed = self._level_diffs.get(diff_key)
+        if changed is None:
+            changed = tuple(
+                (sig, levels[sig.id], old_levels[sig.id])
+                for sig in self._sigs_for(gpu.table)
+                if levels[sig.id] != old_levels[sig.id]
+            )
+            self._level_diffs[diff_key] = changed
+        for sig, new, old in changed:
             sig_id = sig.id
-            new, old = levels[sig_id], old_levels[sig_id]
-            if new == old:
-                continue
-            old_best = node.best.get(sig_id, -1)
+            old_best = node_best.get(sig_id, -1)
             if new >= 0 and (old_best < 0 or new <= old_best):
                 best = new  # this GPU is (one of) the node's best now
-            elif old < 0 or old != old_best:
-                continue  # it was not the best and is not better than the best: nothing moves
+            elif old != old_best:
+                # It was not the best (old < 0 here means old_best >= 0) and is not better than
+                # the best: nothing moves.
+                continue
             else:
                 # It was the best and got worse: the node's best is its best GPU now.
                 best = -1
@@ -287,17 +333,17 @@ class Inventory:
             if best == old_best:
                 continue
             if best >= 0:
-                node.best[sig_id] = best
+                node_best[sig_id] = best
             else:
-                del node.best[sig_id]
+                del node_best[sig_id]
             if not update_sets:
                 continue
             if old_best < 0:
-                sig.add(node.rank, best, graded=graded)
+                sig.add(rank, best, graded=graded)
             elif best < 0:
-                sig.discard(node.rank, old_best, graded=graded)
+                sig.discard(rank, old_best, graded=graded)
             elif graded:
-                sig.move(node.rank, old_best, best)
+                sig.move(rank, old_best, best)
 
     def _levels_for(self, gpu: GpuState) -> tuple[int, ...]:
         """The GPU's level for every indexed signature (by sig id), shared by equal GPU states.
@@ -345,6 +391,7 @@ class Inventory:
         # Cached level lists are one entry short now; extend each once, shared as before.
         self._level_cache = {}
         self._level_vectors = {}
+        self._level_diffs = {}
         for node in self._nodes.values():
             best = -1
             for gpu in node.gpus:
@@ -387,6 +434,10 @@ class Inventory:
         """Every node, in name order."""
         self.ensure_ranked()
         return (n for n in self._by_rank if n is not None)
+
+    def gpu_states(self) -> Iterator[tuple[StateKey, Iterable[GpuState]]]:
+        """Each distinct GPU state with the GPUs in it (``track_states`` only; else nothing)."""
+        return iter(self._states.items())
 
     def shapes(self) -> Iterator[tuple[tuple[GpuTable, ...], str]]:
         """Each distinct node shape (its GPUs' tables) with one node of that shape."""

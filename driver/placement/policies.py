@@ -12,6 +12,15 @@ orders each device's candidates the same way: a 1g goes into a GPU whose lower h
 rather than into a clean one, and to slot 6 of an empty GPU rather than slot 0, where it would kill
 the 7g, 4g and 3g starts. Ties fall back to first-fit order, so it is deterministic too.
 
+``scarcity`` weighs what a slice costs the *cluster*: placing it lowers, on its GPU, how many more
+instances of each profile could still be created there; each lost instance costs that profile's
+memory slices divided by (its free instances across the cluster + 1) ** 1.5. Losing one of fifty
+free 1g.5gb starts is cheap, losing the last free 7g.40gb is dear, whatever the GPU looks like. The
+GPU (and start) of least cost wins, the fuller on ties, then first-fit order. It reads only the
+current state (no knowledge of future requests or durations). GPUs in equal states are scored once,
+so a decision costs the number of distinct GPU states, not of GPUs. For pods of several devices the
+node order follows the largest request, and each device takes the cheapest start left.
+
 Policies never decide feasibility — the search (``driver.placement.search``) does — so any order
 they produce is safe.
 """
@@ -24,7 +33,8 @@ from driver.errors import ConfigError
 from driver.placement.inventory import Inventory, SignatureIndex
 from driver.placement.rankset import RankSet
 from driver.placement.search import Candidate, CandidateOrder, NodeSearch, Plan
-from driver.placement.state import NodeState
+from driver.placement.state import GpuState, NodeState
+from driver.placement.tables import GpuTable, TableProfile
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +87,8 @@ class Policy(CandidateOrder, Protocol):
     name: str
     needs_levels: bool
     """Whether ``nodes`` uses the inventory's per-level index (``Inventory(track_levels=True)``)."""
+    needs_states: bool
+    """Whether ``nodes`` uses the inventory's GPU-state groups (``Inventory(track_states=True)``)."""
 
     def nodes(
         self, inventory: Inventory, plan: Plan, conditions: Sequence[Condition]
@@ -94,6 +106,7 @@ class FirstFit:
 
     name = "firstfit"
     needs_levels = False
+    needs_states = False
 
     def nodes(
         self, inventory: Inventory, plan: Plan, conditions: Sequence[Condition]
@@ -123,17 +136,32 @@ class BestFit:
 
     name = "bestfit"
     needs_levels = True
+    needs_states = False
 
     def nodes(
         self, inventory: Inventory, plan: Plan, conditions: Sequence[Condition]
     ) -> Iterator[NodeState]:
         if not conditions:
             return
-        unions = _condition_unions(conditions)
         if not inventory.track_levels:
             yield from FirstFit().nodes(inventory, plan, conditions)
             return
+        unions = _condition_unions(conditions)
         primary = max(conditions, key=lambda c: c.slices).sets
+        if len(primary) == 1 and len(conditions) == 1:
+            # One signature (most pods): its tiers in level order are the answer, no intersection.
+            sig = primary[0]
+            level = sig.level_set.next_at_or_after(0)
+            while level >= 0:
+                at_level = sig.tiers[level]
+                rank = at_level.next_at_or_after(0)
+                while rank >= 0:
+                    node = inventory.node_at(rank)
+                    if node is not None:
+                        yield node
+                    rank = at_level.next_at_or_after(rank + 1)
+                level = sig.level_set.next_at_or_after(level + 1)
+            return
         seen: set[int] = set()
         level = 0
         while True:
@@ -152,6 +180,9 @@ class BestFit:
             level += 1
 
     def device_order(self, plan: Plan, node: NodeState) -> Sequence[int]:
+        if len(plan.device_requests) == 1:
+            return (0,)
+
         def size(slot: int) -> int:
             request = plan.device_requests[slot]
             sizes = [
@@ -167,34 +198,160 @@ class BestFit:
         self, search: NodeSearch, request: int, positions: Sequence[int]
     ) -> Iterable[Candidate]:
         plan, gpus, masks, media = search.plan, search.gpus, search.masks, search.media
-        scored: list[tuple[int, int, int, int, int, Candidate]] = []
+        # Each (GPU, profile) list is already in score order, so the best candidate is the best
+        # head; the full order is built only if the search backtracks past it (rare).
+        heads: list[tuple[int, int, int, int, int, TableProfile, tuple[tuple[int, int], ...]]] = []
         for position in positions:
             table = gpus[position].table
             mask, media_taken = masks[position], media[position]
             free = table.slices - mask.bit_count()
             for profile in plan.profiles_for(request, table):
-                for i in table.free_starts(profile.index, mask=mask, media_taken=media_taken):
-                    destroyed = table.destroyed(profile.index, i, mask=mask)
-                    scored.append(
-                        (destroyed, free, position, profile.index, i, (position, profile, i))
-                    )
-        return _best_first(scored)
+                ranked = table.ranked_starts(profile.index, mask=mask, media_taken=media_taken)
+                if ranked:
+                    destroyed, i = ranked[0]
+                    heads.append((destroyed, free, position, profile.index, i, profile, ranked))
+        if not heads:
+            return
+        best = min(heads, key=lambda head: head[:5])
+        yield best[2], best[5], best[4]
+        rest = sorted(
+            (destroyed, head[1], head[2], head[3], i, head[5])
+            for head in heads
+            for destroyed, i in head[6]
+            if head is not best or i != best[4]
+        )
+        for _, _, position, _, i, profile in rest:
+            yield position, profile, i
 
 
-def _best_first(scored: list[tuple[int, int, int, int, int, Candidate]]) -> Iterator[Candidate]:
-    """Candidates in score order, sorting only if the search backtracks past the best one."""
-    if not scored:
-        return
-    best = min(scored, key=lambda entry: entry[:5])
-    yield best[5]
-    scored.sort(key=lambda entry: entry[:5])
-    for entry in scored[1:]:
-        yield entry[5]
+SCARCITY_EXPONENT = 1.5
+"""How steeply a profile's cost rises as its free instances run out (tuned on ``bench/traces``:
+1.0 and 2.0 each did worse on some of them)."""
+
+
+class Scarcity:
+    """The start that costs the cluster least, lost instances weighted by how scarce they are."""
+
+    name = "scarcity"
+    needs_levels = False
+    needs_states = True
+
+    def __init__(self) -> None:
+        self._free: Callable[[str], int] | None = None
+        self._weights: dict[GpuTable, tuple[float, ...]] = {}
+
+    def _weights_for(self, table: GpuTable) -> tuple[float, ...]:
+        """Cost of one lost instance per table profile, from the free instances of the decision's
+        inventory (memory slices alone before any ``nodes`` call, e.g. on an empty cluster)."""
+        weights = self._weights.get(table)
+        if weights is None:
+            free = self._free
+            weights = tuple(
+                p.profile.memory_slices
+                / ((free(p.name) if free is not None else 0) + 1) ** SCARCITY_EXPONENT
+                for p in table.profiles
+            )
+            self._weights[table] = weights
+        return weights
+
+    def nodes(
+        self, inventory: Inventory, plan: Plan, conditions: Sequence[Condition]
+    ) -> Iterator[NodeState]:
+        if not conditions:
+            return
+        if not inventory.track_states:
+            yield from FirstFit().nodes(inventory, plan, conditions)
+            return
+        self._free = inventory.free_instances
+        self._weights = {}
+        primary = _largest_request(plan, inventory)
+        scored: list[tuple[float, int, Iterable[GpuState]]] = []
+        per_table: dict[GpuTable, tuple[tuple[float, ...], tuple[TableProfile, ...]]] = {}
+        # The hot loop of the policy (once per distinct GPU state per decision): kept flat.
+        for key, gpus in inventory.gpu_states():
+            table, mask, media_taken, counts = key
+            known = per_table.get(table)
+            if known is None:
+                known = per_table[table] = (
+                    self._weights_for(table),
+                    plan.profiles_for(primary, table),
+                )
+            weights, profiles = known
+            cheapest = -1.0
+            for profile in profiles:
+                for _, lost in table.capacity_losses(
+                    profile.index, mask=mask, media_taken=media_taken, counts=counts
+                ):
+                    cost = 0.0
+                    for q, n in lost:
+                        cost += weights[q] * n
+                    if cheapest < 0 or cost < cheapest:
+                        cheapest = cost
+            if cheapest >= 0:
+                scored.append((round(cheapest, 9), table.slices - mask.bit_count(), gpus))
+        scored.sort(key=lambda entry: entry[:2])
+        unions = _condition_unions(conditions)
+        seen: set[int] = set()
+        start = 0
+        while start < len(scored):
+            # States of equal cost and fullness form one tier, taken in rank (first-fit) order.
+            end = start + 1
+            while end < len(scored) and scored[end][:2] == scored[start][:2]:
+                end += 1
+            ranks = sorted({g.node.rank for entry in scored[start:end] for g in entry[2]} - seen)
+            for rank in ranks:
+                seen.add(rank)
+                if all(any(rank in s for s in union) for union in unions):
+                    node = inventory.node_at(rank)
+                    if node is not None:
+                        yield node
+            start = end
+
+    def device_order(self, plan: Plan, node: NodeState) -> Sequence[int]:
+        return BestFit().device_order(plan, node)
+
+    def candidates(
+        self, search: NodeSearch, request: int, positions: Sequence[int]
+    ) -> Iterable[Candidate]:
+        plan, gpus, masks, media = search.plan, search.gpus, search.masks, search.media
+        scored: list[tuple[float, int, int, int, int, Candidate]] = []
+        for position in positions:
+            table = gpus[position].table
+            mask, media_taken = masks[position], media[position]
+            counts = search.counts(position)
+            weights = self._weights_for(table)
+            free = table.slices - mask.bit_count()
+            for profile in plan.profiles_for(request, table):
+                losses = table.capacity_losses(
+                    profile.index, mask=mask, media_taken=media_taken, counts=counts
+                )
+                for i, lost in losses:
+                    cost = round(sum(weights[q] * n for q, n in lost), 9)
+                    scored.append((cost, free, position, profile.index, i, (position, profile, i)))
+        if not scored:
+            return
+        best = min(scored, key=lambda entry: entry[:5])
+        yield best[5]
+        scored.sort(key=lambda entry: entry[:5])
+        for entry in scored[1:]:
+            yield entry[5]
+
+
+def _largest_request(plan: Plan, inventory: Inventory) -> int:
+    """The request whose device may take the most memory slices (the first on ties)."""
+    return max(
+        range(len(plan.requests)),
+        key=lambda r: (
+            max((inventory.profile_slices(n)[1] for n in plan.requests[r].profiles), default=0),
+            -r,
+        ),
+    )
 
 
 POLICIES: dict[str, Callable[[], Policy]] = {
     FirstFit.name: FirstFit,
     BestFit.name: BestFit,
+    Scarcity.name: Scarcity,
 }
 """Policies selectable by name; register another with one line."""
 

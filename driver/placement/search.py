@@ -213,6 +213,21 @@ class NodeSearch:
             return base
         return [p for p in base if not any(self._distinct_used[g].get(p) for g in distinct)]
 
+    def counts(self, position: int) -> tuple[int, ...]:
+        """Instances of each table profile on the GPU at ``position``, this search's included."""
+        base = (
+            self._base_counts[position]
+            if self._base_counts is not None
+            else (0,) * len(self.gpus[position].table.profiles)
+        )
+        if not self._added:
+            return base
+        counts = list(base)
+        for (at, profile), added in self._added.items():
+            if at == position:
+                counts[profile] += added
+        return tuple(counts)
+
     def ref(self, position: int, profile: TableProfile, i: int) -> DeviceRef:
         key = (position, profile.index, i)
         ref = self._refs.get(key)

@@ -7,8 +7,11 @@ the occupants and shared with the indexes in ``driver.placement.inventory``.
 
 from dataclasses import dataclass, field
 
-from driver.mig.model import GpuModel, Placement
+from driver.mig.model import GpuModel
 from driver.placement.tables import GpuTable, Signature, table_for
+
+StateKey = tuple[GpuTable, int, bool, tuple[int, ...]]
+"""Everything placement rules can see of one GPU: table, occupied mask, ``+me`` taken, counts."""
 
 FREE_BITS = 6
 """A level is ``loss << FREE_BITS | free memory slices``: fewer destroyed placements first, then
@@ -50,7 +53,8 @@ class Occupant:
     mask: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "mask", Placement(start=self.start, size=self.size).mask)
+        # Placement.mask, inlined: an occupant is built on every occupy and release.
+        object.__setattr__(self, "mask", ((1 << self.size) - 1) << self.start)
 
 
 class GpuState:
@@ -107,7 +111,7 @@ class GpuState:
         self.caps = table.capacities(mask=self.mask, media_taken=media, counts=self.counts)
 
     @property
-    def state_key(self) -> tuple[GpuTable, int, bool, tuple[int, ...]]:
+    def state_key(self) -> StateKey:
         """Everything placement rules can see of this GPU: equal keys, equal answers."""
         return (self.table, self.mask, self.media_taken, self.counts)
 

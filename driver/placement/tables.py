@@ -39,10 +39,12 @@ class GpuTable:
     """The placement rules of one GPU model restricted to a set of published devices."""
 
     __slots__ = (
+        "_capacity_loss",
         "_caps",
         "_free_starts",
         "_loss_cache",
         "_open",
+        "_ranked",
         "full_mask",
         "media_names",
         "model",
@@ -104,6 +106,11 @@ class GpuTable:
             for mask in range(1 << self.slices)
         ]
         self._caps: dict[tuple[int, bool, tuple[int, ...]], tuple[int, ...]] = {}
+        self._ranked: dict[int, tuple[tuple[int, int], ...]] = {}
+        self._capacity_loss: dict[
+            tuple[int, bool, tuple[int, ...], int],
+            tuple[tuple[int, tuple[tuple[int, int], ...]], ...],
+        ] = {}
         self._loss_cache: dict[tuple[Signature, int, bool, tuple[int, ...]], int] = {}
 
     def free_starts(self, profile: int, *, mask: int, media_taken: bool) -> tuple[int, ...]:
@@ -123,6 +130,62 @@ class GpuTable:
         """
         new = self.profiles[profile].masks[placement]
         return self._open[mask] - self._open[mask | new]
+
+    def ranked_starts(
+        self, profile: int, *, mask: int, media_taken: bool
+    ) -> tuple[tuple[int, int], ...]:
+        """``(destroyed, placement index)`` of the profile's free placements, fewest destroyed first
+        (then NVML order): what the fragmentation-aware policy tries, computed once per state."""
+        key = ((((mask << 1) | media_taken) << 6) | profile) if profile < 64 else -1
+        ranked = self._ranked.get(key) if key >= 0 else None
+        if ranked is None:
+            new_masks = self.profiles[profile].masks
+            open_now = self._open[mask]
+            ranked = tuple(
+                sorted(
+                    (open_now - self._open[mask | new_masks[i]], i)
+                    for i in self._free_starts[(mask << 1) | media_taken][profile]
+                )
+            )
+            if key >= 0:
+                self._ranked[key] = ranked
+        return ranked
+
+    def capacity_losses(
+        self, profile: int, *, mask: int, media_taken: bool, counts: tuple[int, ...]
+    ) -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
+        """Per free placement of ``profile`` (under ``max_count``): its index and, for each table
+        profile whose :meth:`capacities` a new instance there lowers, ``(profile index, by how
+        many)``. What the scarcity-aware policy weighs; computed once per state."""
+        key = (mask, media_taken, counts, profile)
+        losses = self._capacity_loss.get(key)
+        if losses is None:
+            placed = self.profiles[profile]
+            if counts[profile] >= placed.profile.max_count:
+                losses = ()
+            else:
+                before = self.capacities(mask=mask, media_taken=media_taken, counts=counts)
+                after_counts = (*counts[:profile], counts[profile] + 1, *counts[profile + 1 :])
+                found = []
+                for i in self._free_starts[(mask << 1) | media_taken][profile]:
+                    after = self.capacities(
+                        mask=mask | placed.masks[i],
+                        media_taken=media_taken or placed.media,
+                        counts=after_counts,
+                    )
+                    found.append(
+                        (
+                            i,
+                            tuple(
+                                (q, b - a)
+                                for q, (b, a) in enumerate(zip(before, after, strict=True))
+                                if b != a
+                            ),
+                        )
+                    )
+                losses = tuple(found)
+            self._capacity_loss[key] = losses
+        return losses
 
     def loss(
         self, signature: Signature, *, mask: int, media_taken: bool, counts: tuple[int, ...]

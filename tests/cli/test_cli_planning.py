@@ -68,8 +68,8 @@ def test_synthesize_then_replay_prints_every_policy_beside_the_floor(
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line[:1].isalpha()}
-    assert {"floor", "firstfit", "bestfit"} <= set(rows)
-    for policy in ("firstfit", "bestfit"):
+    assert {"floor", "firstfit", "bestfit", "scarcity"} <= set(rows)
+    for policy in ("firstfit", "bestfit", "scarcity"):
         requests, accepted, rejected = (int(x) for x in rows[policy][1:4])
         assert requests == 400
         assert accepted + rejected == 400

@@ -170,7 +170,7 @@ FILTERS = {
 @pytest.mark.parametrize(
     ("case", "make", "pod", "permanent", "reason"), REASONS, ids=[r[0] for r in REASONS]
 )
-@pytest.mark.parametrize("policy", ["firstfit", "bestfit"])
+@pytest.mark.parametrize("policy", ["firstfit", "bestfit", "scarcity"])
 def test_no_fit_reasons(
     case: str, make: object, pod: PodRequest, permanent: bool, reason: str, policy: str
 ) -> None:
@@ -399,7 +399,8 @@ def test_request_validation() -> None:
 
 def test_unknown_policy_names_the_choices() -> None:
     with pytest.raises(
-        ConfigError, match=r"unknown placement policy 'worstfit' \(known: firstfit, bestfit\)"
+        ConfigError,
+        match=r"unknown placement policy 'worstfit' \(known: firstfit, bestfit, scarcity\)",
     ):
         Engine(policy="worstfit")
 
@@ -423,6 +424,29 @@ def test_bestfit_places_larger_requests_first() -> None:
     assert where(engine.place(pod)) == [("a", "small", 0, 6), ("a", "big", 0, 0)]
     firstfit = engine_with(node("a", "A100-40GB"))
     assert where(firstfit.place(pod)) == [("a", "small", 0, 4), ("a", "big", 0, 0)]
+
+
+def test_scarcity_keeps_the_instances_the_cluster_is_short_of() -> None:
+    """A 3g.20gb fills an upper half on a or on b. bestfit ignores ``+me`` starts and takes the
+    fuller GPU, a; there the 3g would take a's last ``+me`` start (one of the cluster's two), on b
+    it takes none, so scarcity puts it on b."""
+    nodes = (node("a", "A100-40GB"), node("b", "A100-40GB"))
+    for policy, expected in (("bestfit", ("a", "3g", 0, 4)), ("scarcity", ("b", "3g", 0, 4))):
+        engine = engine_with(*nodes, policy=policy)
+        engine.occupy("a", 0, start=0, size=4, profile="3g.20gb")
+        engine.occupy("b", 0, start=2, size=2, profile="1g.10gb")
+        pod = PodRequest(requests=(DeviceRequest(name="3g", profiles=frozenset({"3g.20gb"})),))
+        assert where(engine.place(pod)) == [expected], policy
+
+
+def test_scarcity_spends_a_plentiful_profile_before_the_last_of_a_scarce_one() -> None:
+    """Two empty GPUs and one with a free upper half: a 2g.10gb at 4 on the half-used GPU costs
+    upper-half instances the cluster has plenty of; on an empty GPU it would cost one of the two
+    7g.40gb instances left."""
+    engine = engine_with(node("a", "A100-40GB", "A100-40GB", "A100-40GB"), policy="scarcity")
+    engine.occupy("a", 1, start=0, size=4, profile="4g.20gb")
+    pod = PodRequest(requests=(DeviceRequest(name="2g", profiles=frozenset({"2g.10gb"})),))
+    assert where(engine.place(pod)) == [("a", "2g", 1, 4)]
 
 
 # ------------------------------------------------------------------------------ metrics
@@ -451,7 +475,7 @@ def test_free_instances_is_maintained_incrementally() -> None:
 # ------------------------------------------------------------------------------ many nodes
 
 
-@pytest.mark.parametrize("policy", ["firstfit", "bestfit"])
+@pytest.mark.parametrize("policy", ["firstfit", "bestfit", "scarcity"])
 def test_churn_over_many_nodes_matches_a_linear_scan(policy: str) -> None:
     """150 nodes (three rank-set words), random single-slice churn: firstfit's answer is the
     first node in name order that fits; both policies' answers are valid; no fit means none fits."""
@@ -488,6 +512,14 @@ def test_churn_over_many_nodes_matches_a_linear_scan(policy: str) -> None:
         live.append(result)
         (a,) = result.assignments
         occupancy[a.node][0].append(Occupant(a.start, a.size, a.media, a.profile))
+    if policy == "scarcity":
+        # The incrementally kept GPU-state groups equal a grouping made from scratch.
+        groups = {key: {g.node.name for g in gpus} for key, gpus in engine.inventory.gpu_states()}
+        fresh: dict[object, set[str]] = {}
+        for n in engine.inventory.nodes():
+            for gpu in n.gpus:
+                fresh.setdefault(gpu.state_key, set()).add(n.name)
+        assert groups == fresh
 
 
 def _view(occupants: dict[int, list[Occupant]]) -> dict[int, Sequence[Occupant]]:
