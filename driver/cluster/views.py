@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final, Self, TypeVar
+from typing import Any, ClassVar, Final, Generic, Self, TypeVar, overload
 
 from driver.cluster.port import JsonObject
 
@@ -154,6 +154,37 @@ def _memoized(kind: str, obj: JsonObject, parse: Callable[[JsonObject], _V]) -> 
     return parsed
 
 
+class lazy(Generic[_V]):  # noqa: N801 - used as a decorator, like property
+    """A view field parsed on first read and then kept on the instance.
+
+    A non-data descriptor: the first read calls the parser and stores the value in the instance's
+    ``__dict__``, which later reads find before the descriptor (plain attribute reads from then
+    on). Views are immutable functions of their raw object, so two threads racing on a first read
+    compute equal values and either may win.
+    """
+
+    def __init__(self, parse: Callable[[Any], _V]) -> None:
+        self._parse = parse
+        self._name = parse.__name__
+        self.__doc__ = parse.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> lazy[_V]: ...
+
+    @overload
+    def __get__(self, instance: object, owner: type) -> _V: ...
+
+    def __get__(self, instance: object | None, owner: type) -> lazy[_V] | _V:
+        if instance is None:
+            return self
+        value = self._parse(instance)
+        instance.__dict__[self._name] = value
+        return value
+
+
 class _View:
     """Base of the top-level views: ``of`` parses (memoized for adopted objects)."""
 
@@ -172,6 +203,29 @@ class _View:
     @classmethod
     def of(cls, obj: JsonObject) -> Self:
         return _memoized(cls.KIND, obj, cls.parse)
+
+
+class _LazyView(_View):
+    """A top-level view over ``raw`` whose parts are ``lazy`` fields: constructing one costs
+    nothing, each part is parsed on its first read. Read-only, compared by type and raw object."""
+
+    __slots__ = ("__dict__", "raw")
+    raw: JsonObject
+
+    def __init__(self, raw: JsonObject) -> None:
+        object.__setattr__(self, "raw", raw)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"views are read-only: cannot set {name}")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _LazyView) and type(other) is type(self) and other.raw == self.raw
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        meta = mapping(self.raw.get("metadata"))
+        return f"{type(self).__name__}({text(meta.get('namespace'))}/{text(meta.get('name'))})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,36 +255,63 @@ class OwnerRef:
         return self.kind == "Pod" and self.api_version == "v1"
 
 
-@dataclass(frozen=True, slots=True)
 class Meta:
+    """``metadata``: identity read at once; labels, annotations, finalizers and owners parsed on
+    first read (most readers need only the identity)."""
+
+    __slots__ = ("__dict__", "_raw", "name", "namespace", "resource_version", "uid")
+
+    _raw: Mapping[str, Any]
     name: str
     namespace: str | None
     uid: str
     resource_version: str
-    generation: int
-    labels: Mapping[str, str]
-    annotations: Mapping[str, str]
-    finalizers: tuple[str, ...]
-    owners: tuple[OwnerRef, ...]
-    creation_timestamp: str
-    deletion_timestamp: str | None
+
+    def __init__(self, raw: Mapping[str, Any]) -> None:
+        set_ = object.__setattr__
+        set_(self, "_raw", raw)
+        set_(self, "name", text(raw.get("name")))
+        set_(self, "namespace", optional_text(raw.get("namespace")))
+        set_(self, "uid", text(raw.get("uid")))
+        set_(self, "resource_version", text(raw.get("resourceVersion")))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"views are read-only: cannot set {name}")
+
+    def __repr__(self) -> str:
+        return f"Meta(name={self.name!r}, namespace={self.namespace!r}, uid={self.uid!r})"
 
     @classmethod
     def parse(cls, raw: Any) -> Meta:
-        meta = mapping(raw)
-        return cls(
-            name=text(meta.get("name")),
-            namespace=optional_text(meta.get("namespace")),
-            uid=text(meta.get("uid")),
-            resource_version=text(meta.get("resourceVersion")),
-            generation=integer(meta.get("generation")),
-            labels=string_map(meta.get("labels")),
-            annotations=string_map(meta.get("annotations")),
-            finalizers=strings(meta.get("finalizers")),
-            owners=tuple(OwnerRef.parse(o) for o in items(meta.get("ownerReferences"))),
-            creation_timestamp=text(meta.get("creationTimestamp")),
-            deletion_timestamp=optional_text(meta.get("deletionTimestamp")),
-        )
+        return cls(mapping(raw))
+
+    @lazy
+    def generation(self) -> int:
+        return integer(self._raw.get("generation"))
+
+    @lazy
+    def labels(self) -> Mapping[str, str]:
+        return string_map(self._raw.get("labels"))
+
+    @lazy
+    def annotations(self) -> Mapping[str, str]:
+        return string_map(self._raw.get("annotations"))
+
+    @lazy
+    def finalizers(self) -> tuple[str, ...]:
+        return strings(self._raw.get("finalizers"))
+
+    @lazy
+    def owners(self) -> tuple[OwnerRef, ...]:
+        return tuple(OwnerRef.parse(o) for o in items(self._raw.get("ownerReferences")))
+
+    @lazy
+    def creation_timestamp(self) -> str:
+        return text(self._raw.get("creationTimestamp"))
+
+    @lazy
+    def deletion_timestamp(self) -> str | None:
+        return optional_text(self._raw.get("deletionTimestamp"))
 
     @property
     def key(self) -> str:
@@ -559,28 +640,38 @@ class ClaimSpecView:
         return tuple(DeviceConstraint.parse(c) for c in self.constraints)
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimView(_View):
-    KIND: ClassVar[str] = "ResourceClaim"
+class ClaimView(_LazyView):
+    """A ResourceClaim; each part is parsed on first read."""
 
-    raw: JsonObject = field(repr=False)
-    meta: Meta
-    spec: ClaimSpecView
-    allocation: Allocation | None
-    reserved_for: tuple[Consumer, ...]
-    devices: tuple[DeviceStatus, ...]
+    KIND: ClassVar[str] = "ResourceClaim"
 
     @classmethod
     def parse(cls, obj: JsonObject) -> ClaimView:
-        status = mapping(obj.get("status"))
-        return cls(
-            raw=obj,
-            meta=Meta.parse(obj.get("metadata")),
-            spec=ClaimSpecView.parse(obj.get("spec")),
-            allocation=Allocation.parse(status.get("allocation")),
-            reserved_for=tuple(Consumer.parse(c) for c in items(status.get("reservedFor"))),
-            devices=tuple(DeviceStatus.parse(d) for d in items(status.get("devices"))),
-        )
+        return cls(obj)
+
+    @lazy
+    def meta(self) -> Meta:
+        return Meta.parse(self.raw.get("metadata"))
+
+    @lazy
+    def spec(self) -> ClaimSpecView:
+        return ClaimSpecView.parse(self.raw.get("spec"))
+
+    @lazy
+    def _status(self) -> Mapping[str, Any]:
+        return mapping(self.raw.get("status"))
+
+    @lazy
+    def allocation(self) -> Allocation | None:
+        return Allocation.parse(self._status.get("allocation"))
+
+    @lazy
+    def reserved_for(self) -> tuple[Consumer, ...]:
+        return tuple(Consumer.parse(c) for c in items(self._status.get("reservedFor")))
+
+    @lazy
+    def devices(self) -> tuple[DeviceStatus, ...]:
+        return tuple(DeviceStatus.parse(d) for d in items(self._status.get("devices")))
 
     @property
     def name(self) -> str:
@@ -762,69 +853,105 @@ class Toleration:
         return self.operator == "Exists" or self.value == taint.value
 
 
-@dataclass(frozen=True, slots=True)
-class PodView(_View):
-    KIND: ClassVar[str] = "Pod"
+class PodView(_LazyView):
+    """A Pod; each part is parsed on first read."""
 
-    raw: JsonObject = field(repr=False)
-    meta: Meta
-    node_name: str
-    scheduling_gates: tuple[str, ...]
-    init_containers: tuple[ContainerView, ...]
-    containers: tuple[ContainerView, ...]
-    overhead: Mapping[str, str]
-    claim_refs: tuple[PodClaimRef, ...]
-    node_selector: Mapping[str, str]
-    required_affinity: NodeSelector | None
-    """``affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution``."""
-    tolerations: tuple[Toleration, ...]
-    scheduler_name: str
-    phase: str
-    conditions: tuple[Condition, ...]
-    claim_statuses: Mapping[str, str | None]
-    """``status.resourceClaimStatuses``: pod claim name → generated claim name (None: not needed)."""
-    reason: str
-    """``status.reason`` (e.g. the kubelet's ``UnexpectedAdmissionError``)."""
-    message: str
-    """``status.message``."""
+    KIND: ClassVar[str] = "Pod"
 
     @classmethod
     def parse(cls, obj: JsonObject) -> PodView:
-        spec = mapping(obj.get("spec"))
-        status = mapping(obj.get("status"))
-        return cls(
-            raw=obj,
-            meta=Meta.parse(obj.get("metadata")),
-            node_name=text(spec.get("nodeName")),
-            scheduling_gates=tuple(text(g.get("name")) for g in items(spec.get("schedulingGates"))),
-            init_containers=tuple(
-                ContainerView.parse(c, init=True) for c in items(spec.get("initContainers"))
-            ),
-            containers=tuple(
-                ContainerView.parse(c, init=False) for c in items(spec.get("containers"))
-            ),
-            overhead=string_map(spec.get("overhead")),
-            claim_refs=tuple(PodClaimRef.parse(r) for r in items(spec.get("resourceClaims"))),
-            node_selector=string_map(spec.get("nodeSelector")),
-            required_affinity=NodeSelector.parse(
-                path(
-                    spec,
-                    "affinity",
-                    "nodeAffinity",
-                    "requiredDuringSchedulingIgnoredDuringExecution",
-                )
-            ),
-            tolerations=tuple(Toleration.parse(t) for t in items(spec.get("tolerations"))),
-            scheduler_name=text(spec.get("schedulerName")),
-            phase=text(status.get("phase")),
-            conditions=tuple(Condition.parse(c) for c in items(status.get("conditions"))),
-            claim_statuses={
-                text(s.get("name")): optional_text(s.get("resourceClaimName"))
-                for s in items(status.get("resourceClaimStatuses"))
-            },
-            reason=text(status.get("reason")),
-            message=text(status.get("message")),
+        return cls(obj)
+
+    @lazy
+    def meta(self) -> Meta:
+        return Meta.parse(self.raw.get("metadata"))
+
+    @lazy
+    def _spec(self) -> Mapping[str, Any]:
+        return mapping(self.raw.get("spec"))
+
+    @lazy
+    def _status(self) -> Mapping[str, Any]:
+        return mapping(self.raw.get("status"))
+
+    @lazy
+    def node_name(self) -> str:
+        return text(self._spec.get("nodeName"))
+
+    @lazy
+    def scheduling_gates(self) -> tuple[str, ...]:
+        return tuple(text(g.get("name")) for g in items(self._spec.get("schedulingGates")))
+
+    @lazy
+    def init_containers(self) -> tuple[ContainerView, ...]:
+        return tuple(
+            ContainerView.parse(c, init=True) for c in items(self._spec.get("initContainers"))
         )
+
+    @lazy
+    def containers(self) -> tuple[ContainerView, ...]:
+        return tuple(
+            ContainerView.parse(c, init=False) for c in items(self._spec.get("containers"))
+        )
+
+    @lazy
+    def overhead(self) -> Mapping[str, str]:
+        return string_map(self._spec.get("overhead"))
+
+    @lazy
+    def claim_refs(self) -> tuple[PodClaimRef, ...]:
+        return tuple(PodClaimRef.parse(r) for r in items(self._spec.get("resourceClaims")))
+
+    @lazy
+    def node_selector(self) -> Mapping[str, str]:
+        return string_map(self._spec.get("nodeSelector"))
+
+    @lazy
+    def required_affinity(self) -> NodeSelector | None:
+        """``affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution``."""
+        return NodeSelector.parse(
+            path(
+                self._spec,
+                "affinity",
+                "nodeAffinity",
+                "requiredDuringSchedulingIgnoredDuringExecution",
+            )
+        )
+
+    @lazy
+    def tolerations(self) -> tuple[Toleration, ...]:
+        return tuple(Toleration.parse(t) for t in items(self._spec.get("tolerations")))
+
+    @lazy
+    def scheduler_name(self) -> str:
+        return text(self._spec.get("schedulerName"))
+
+    @lazy
+    def phase(self) -> str:
+        return text(self._status.get("phase"))
+
+    @lazy
+    def conditions(self) -> tuple[Condition, ...]:
+        return tuple(Condition.parse(c) for c in items(self._status.get("conditions")))
+
+    @lazy
+    def claim_statuses(self) -> Mapping[str, str | None]:
+        """``status.resourceClaimStatuses``: pod claim name → generated claim name (None: not
+        needed)."""
+        return {
+            text(s.get("name")): optional_text(s.get("resourceClaimName"))
+            for s in items(self._status.get("resourceClaimStatuses"))
+        }
+
+    @lazy
+    def reason(self) -> str:
+        """``status.reason`` (e.g. the kubelet's ``UnexpectedAdmissionError``)."""
+        return text(self._status.get("reason"))
+
+    @lazy
+    def message(self) -> str:
+        """``status.message``."""
+        return text(self._status.get("message"))
 
     @property
     def name(self) -> str:
