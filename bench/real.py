@@ -60,9 +60,11 @@ from bench.realnodes import (
     children,
     cpu_seconds,
     latency_figures,
+    machine_busy_s,
     overlaps,
     peak_rss_mib,
     percentile,
+    runqueue_wait_s,
 )
 from controller.settings import DEFAULT_WORKERS
 from driver.cluster.informer import Informer, ListWatch
@@ -343,7 +345,10 @@ def top_functions(folded: Path, count: int = 15) -> dict[str, list[tuple[str, fl
         stack, _, number = line.rpartition(" ")
         if not stack or not number.isdigit():
             continue
-        frames = [f.rsplit(" (", 1)[0] + " " + f.rsplit("/", 1)[-1] for f in stack.split(";")]
+        frames = []
+        for frame in stack.split(";"):  # "function (path/file.py:line)"
+            function, _, where = frame.rpartition(" (")
+            frames.append(f"{function} ({where.rstrip(')').rsplit('/', 1)[-1]})")
         n = int(number)
         samples += n
         own[frames[-1]] = own.get(frames[-1], 0) + n
@@ -554,8 +559,8 @@ scheduler path), ``ungate`` (→ the scheduling gate seen gone: the controller's
 
 
 def breakdown(times: dict[str, dict[str, float]], latencies: dict[str, float]) -> dict[str, Any]:
-    """Per stage: p50/p99 over every pod, and the mean over the slowest 1% of pods (create→bound at
-    or over its p99) — which stage the tail is made of. ``times`` holds, per pod, the moment each
+    """Per stage: p50/p99 over every pod, and the mean over the slowest 1% of pods (by create→bound;
+    at least one) — which stage the tail is made of. ``times`` holds, per pod, the moment each
     of ``sent`` and the stages was seen; a stage seen out of order counts as 0 s."""
     stages: dict[str, list[float]] = {stage: [] for stage in STAGES}
     per_pod: dict[str, dict[str, float]] = {}
@@ -574,8 +579,8 @@ def breakdown(times: dict[str, dict[str, float]], latencies: dict[str, float]) -
         per_pod[pod] = spent
     if not per_pod:
         return {}
-    cut = percentile(latencies.values(), 0.99)
-    tail = [per_pod[pod] for pod, latency in latencies.items() if latency >= cut and pod in per_pod]
+    slowest = sorted((pod for pod in latencies if pod in per_pod), key=lambda pod: -latencies[pod])
+    tail = [per_pod[pod] for pod in slowest[: max(1, round(len(slowest) / 100))]]
     figures: dict[str, Any] = {"tail_pods": len(tail)}
     for stage, values in stages.items():
         if not values:
@@ -712,6 +717,9 @@ def _round(
             flow_before = counters(apiserver_before, APISERVER_COUNTERS)
             scheduler_before = counters(scheduler_metrics(), SCHEDULER_COUNTERS)
             cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            wait_before = {name: runqueue_wait_s(pid) for name, pid in pids.items()}
+            busy_before = machine_busy_s()
+            burst_started = time.monotonic()
             profiler = (
                 _Profiler(
                     Path(options.profile),
@@ -730,6 +738,10 @@ def _round(
                 pregated=path == "pregated",
             )
             cpu_after = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            wait_after = {name: runqueue_wait_s(pid) for name, pid in pids.items()}
+            busy = (machine_busy_s() or 0.0) - (busy_before or 0.0)
+            burst_s = time.monotonic() - burst_started
+            load = _load()
             profile = profiler.stop() if profiler is not None else {}
             sockets = tcp_states(controller.port) if controller and controller.port else {}
             apiserver_after = api.request("GET", "/metrics", accept="text/plain").decode()
@@ -758,6 +770,15 @@ def _round(
         "allocated": allocated,
         "overlaps": found,
         "cpu_s": cpu,
+        # runnable but not running (waiting for a CPU) during the burst
+        "runqueue_wait_s": {
+            name: round(after - before, 2)
+            for name, after in wait_after.items()
+            if after is not None and (before := wait_before.get(name)) is not None
+        },
+        "load_after": load,
+        # every CPU of the machine over the burst: ours, the control plane's, everyone else's
+        "machine_cpu_s": {"busy": round(busy, 1), "available": round(burst_s * _cpus(), 1)},
         "peak_rss_mib": rss,
         "kube_scheduler": scheduler,
         "kube_apiserver": flow,
@@ -843,7 +864,8 @@ def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, 
     )
     return {
         "benchmark": "real",
-        "result_name": f"real-{pods}pods-{nodes}nodes",
+        "result_name": f"real-{pods}pods-{nodes}nodes"
+        + (f"-schedqps{options.scheduler_qps:g}" if options.scheduler_qps else ""),
         "date": started.strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{os.cpu_count()} CPUs, {_kubernetes_version()}, load before {_load()}",
         "quick": quick,
@@ -871,6 +893,10 @@ def _kubernetes_version() -> str:
         return out.stdout.strip() or "kube-apiserver ?"
     except (OSError, subprocess.TimeoutExpired):
         return "kube-apiserver ?"
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0))
 
 
 def _load() -> str:
@@ -915,6 +941,8 @@ def _line(r: dict[str, Any]) -> str:
         )
     if r.get("kube_apiserver"):
         text += f"; kube-apiserver APF wait {r['kube_apiserver'].get('flowcontrol_wait_s')} s"
+    if r.get("runqueue_wait_s"):
+        text += f"; waiting for a CPU (s) {r['runqueue_wait_s']}, machine {r.get('machine_cpu_s')}"
     if "controller_cpu_ms_per_pod" in r:
         text += (
             f"; CPU/pod controller {r['controller_cpu_ms_per_pod']} ms, webhook "

@@ -81,6 +81,36 @@ def cpu_seconds(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_busy_s() -> float | None:
+    """CPU seconds this machine has been busy so far, all CPUs (``/proc/stat``; not idle or
+    iowait): with every process's own figure, what the rest of the machine took meanwhile."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except (OSError, IndexError):
+        return None
+    ticks = [int(f) for f in fields]
+    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def runqueue_wait_s(pid: int | None) -> float | None:
+    """Seconds the threads of ``pid`` now alive have spent runnable but waiting for a CPU
+    (``/proc/PID/task/*/schedstat``, second field): on a crowded machine, the time a process
+    would have worked had it been given a CPU. Threads that have ended are not counted."""
+    if not pid:
+        return None
+    total = 0
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            total += int((task / "schedstat").read_text().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 1e9
+
+
 def peak_rss_mib(pid: int | None) -> float | None:
     """The peak resident memory of ``pid`` (``VmHWM``) in MiB."""
     try:

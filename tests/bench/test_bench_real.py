@@ -54,3 +54,57 @@ def test_bench_real_skips_with_one_line_without_the_stack(
     out = capsys.readouterr().out
     assert out.startswith("bench real: skipped: no real control plane built at ")
     assert json.loads((tmp_path / "real.json").read_text())["skipped"]
+
+
+def test_the_breakdown_splits_each_pod_into_stages_and_names_what_the_tail_is_made_of() -> None:
+    # 100 pods: 99 spend 0.1 s in each stage; pod-099 waits 5 s to be bound
+    times = {
+        f"pod-{i:03d}": {"sent": 0.0, "create": 0.1, "allocate": 0.2, "ungate": 0.3, "bind": 0.4}
+        for i in range(100)
+    }
+    times["pod-099"]["bind"] = 5.3
+    times["pod-098"]["allocate"] = 0.05  # seen before its create returned: counts as 0 s
+    latencies = {pod: seen["bind"] - seen["sent"] for pod, seen in times.items()}
+    figures = real.breakdown(times, latencies)
+    assert figures["tail_pods"] == 1
+    assert figures["bind"]["tail_mean_s"] == pytest.approx(5.0)
+    assert figures["bind"]["p50_s"] == pytest.approx(0.1)
+    assert figures["allocate"]["tail_mean_s"] == pytest.approx(0.1)
+    assert figures["allocate"]["p50_s"] == pytest.approx(0.1)
+    assert min(figures[stage]["p50_s"] for stage in real.STAGES) >= 0
+
+
+def test_a_pod_never_bound_is_left_out_of_the_breakdown() -> None:
+    times = {"pod-000": {"sent": 0.0, "create": 0.1}, "pod-001": {"sent": 0.0, "bind": 1.0}}
+    figures = real.breakdown(times, {"pod-001": 1.0})
+    assert figures["tail_pods"] == 1
+    assert "create" not in figures
+    assert figures["bind"]["p99_s"] == pytest.approx(1.0)
+
+
+def test_metric_totals_sum_label_sets_of_one_name_only() -> None:
+    metrics = "\n".join(
+        [
+            "# HELP rest_client_rate_limiter_duration_seconds_sum x",
+            'rest_client_rate_limiter_duration_seconds_sum{host="a",verb="POST"} 1.5',
+            'rest_client_rate_limiter_duration_seconds_sum{host="a",verb="PUT"} 2',
+            "rest_client_rate_limiter_duration_seconds_sum_other 100",
+            'rest_client_requests_total{code="201",method="POST"} 7',
+        ]
+    )
+    assert real.metric_total(metrics, "rest_client_rate_limiter_duration_seconds_sum") == 3.5
+    assert real.metric_total(metrics, "rest_client_requests_total", labels='code="201"') == 7
+    before = real.counters(metrics, {"waited": "rest_client_rate_limiter_duration_seconds_sum"})
+    assert real.counters_delta(before, {"waited": 5.0}) == {"waited": 1.5}
+
+
+def test_top_functions_ranks_py_spy_folded_stacks(tmp_path: Path) -> None:
+    folded = tmp_path / "x.folded"
+    folded.write_text(
+        "thread (1);run (a.py:1);decode (driver/cluster/kube.py:5) 3\n"
+        "thread (1);run (a.py:1);handshake (ssl.py:9) 1\n"
+    )
+    top = real.top_functions(folded)
+    assert top["samples"] == [("all", 4.0)]
+    assert top["self"][0] == ("decode (kube.py:5)", 0.75)
+    assert ("run (a.py:1)", 1.0) in top["total"]
