@@ -94,7 +94,9 @@ from localcluster.stack import (
 
 ROOT = Path(__file__).resolve().parent.parent
 NS = "bench"
-WEBHOOK_NAME = "pod-gate.instaslice.dev"
+WEBHOOKS = ("pod-gate.instaslice.dev", "claim-gate.instaslice.dev")
+"""Our webhooks of deploy/base/webhook.yaml: classic pods go to the first, pods with claims (every
+pod of this benchmark) to the second."""
 WEBHOOK_CONFIG = "instaslice-pod-gate"
 PATHS = ("scheduler", "controller", "pregated")
 DEFAULT_PATHS = ("scheduler", "controller")
@@ -158,14 +160,15 @@ def missing() -> str | None:
 _LE = re.compile(r'le="([^"]+)"')
 
 
-def webhook_histogram(metrics: str, webhook: str = WEBHOOK_NAME) -> dict[str, Any]:
-    """kube-apiserver's admission-duration histogram of ``webhook`` (summed over label sets)."""
+def webhook_histogram(metrics: str, webhooks: Iterable[str] = WEBHOOKS) -> dict[str, Any]:
+    """kube-apiserver's admission-duration histogram of ``webhooks`` (summed over label sets)."""
+    names = {f'name="{webhook}"' for webhook in webhooks}
     buckets: dict[float, float] = {}
     total = count = 0.0
     for line in metrics.splitlines():
         if not line.startswith("apiserver_admission_webhook_admission_duration_seconds"):
             continue
-        if f'name="{webhook}"' not in line:
+        if not any(name in line for name in names):
             continue
         series, _, value = line.rpartition(" ")
         if series.startswith("apiserver_admission_webhook_admission_duration_seconds_bucket"):
@@ -241,6 +244,23 @@ APISERVER_COUNTERS = {
 }
 
 
+def by_label(metrics: str, name: str, label: str) -> dict[str, float]:
+    """The samples of ``name`` summed per value of ``label``."""
+    found: dict[str, float] = {}
+    pattern = re.compile(label + r'="([^"]*)"')
+    for line in metrics.splitlines():
+        series, _, value = line.rpartition(" ")
+        if series.split("{", 1)[0] != name:
+            continue
+        match = pattern.search(series)
+        key = match.group(1) if match else ""
+        found[key] = found.get(key, 0.0) + float(value)
+    return found
+
+
+FLOW_WAIT = "apiserver_flowcontrol_request_wait_duration_seconds_sum"
+
+
 def counters(metrics: str, names: dict[str, str]) -> dict[str, float]:
     return {key: metric_total(metrics, name) for key, name in names.items()}
 
@@ -304,7 +324,9 @@ def _free_port() -> int:
 
 
 class _Profiler:
-    """py-spy sampling some processes until ``stop``; their folded stacks land in ``folder``."""
+    """py-spy sampling some processes until ``stop``; their folded stacks land in ``folder``. Only
+    samples of a thread holding the interpreter lock are kept (``--gil``): where the CPU goes, not
+    where threads wait for the API server."""
 
     def __init__(self, folder: Path, pids: dict[str, int | None], *, tag: str) -> None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -318,7 +340,7 @@ class _Profiler:
             self.outputs[name] = output
             command = [str(spy) if spy.exists() else "py-spy", "record", "--pid", str(pid),
                        "--rate", "50", "--format", "raw", "--output", str(output),
-                       "--nonblocking"]  # fmt: skip
+                       "--nonblocking", "--gil"]  # fmt: skip
             self._processes.append(
                 subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             )
@@ -715,6 +737,7 @@ def _round(
             apiserver_before = api.request("GET", "/metrics", accept="text/plain").decode()
             metrics_before = webhook_histogram(apiserver_before)
             flow_before = counters(apiserver_before, APISERVER_COUNTERS)
+            waits_before = by_label(apiserver_before, FLOW_WAIT, "flow_schema")
             scheduler_before = counters(scheduler_metrics(), SCHEDULER_COUNTERS)
             cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             wait_before = {name: runqueue_wait_s(pid) for name, pid in pids.items()}
@@ -746,7 +769,14 @@ def _round(
             sockets = tcp_states(controller.port) if controller and controller.port else {}
             apiserver_after = api.request("GET", "/metrics", accept="text/plain").decode()
             metrics_after = webhook_histogram(apiserver_after)
-            flow = counters_delta(flow_before, counters(apiserver_after, APISERVER_COUNTERS))
+            flow: dict[str, Any] = counters_delta(
+                flow_before, counters(apiserver_after, APISERVER_COUNTERS)
+            )
+            flow["wait_s_by_flow_schema"] = {
+                schema: round(seconds - waits_before.get(schema, 0.0), 3)
+                for schema, seconds in by_label(apiserver_after, FLOW_WAIT, "flow_schema").items()
+                if seconds - waits_before.get(schema, 0.0) > 0.001
+            }
             scheduler = counters_delta(
                 scheduler_before, counters(scheduler_metrics(), SCHEDULER_COUNTERS)
             )

@@ -12,7 +12,7 @@ from bench import real
 from bench.__main__ import main
 
 SERIES = "apiserver_admission_webhook_admission_duration_seconds"
-LABELS = 'name="pod-gate.instaslice.dev",operation="CREATE",rejected="false",type="admit"'
+LABELS = 'name="claim-gate.instaslice.dev",operation="CREATE",rejected="false",type="admit"'
 OTHER = 'name="someone-else.example.com",operation="CREATE",rejected="false",type="admit"'
 
 
@@ -108,3 +108,15 @@ def test_top_functions_ranks_py_spy_folded_stacks(tmp_path: Path) -> None:
     assert top["samples"] == [("all", 4.0)]
     assert top["self"][0] == ("decode (kube.py:5)", 0.75)
     assert ("run (a.py:1)", 1.0) in top["total"]
+
+
+def test_by_label_sums_one_metric_per_label_value() -> None:
+    metrics = "\n".join(
+        [
+            'w_sum{execute="true",flow_schema="exempt",priority_level="exempt"} 1',
+            'w_sum{execute="false",flow_schema="exempt",priority_level="exempt"} 2',
+            'w_sum{execute="true",flow_schema="kube-scheduler",priority_level="workload-high"} 4',
+            'w_count{execute="true",flow_schema="kube-scheduler",priority_level="workload-high"} 9',
+        ]
+    )
+    assert real.by_label(metrics, "w_sum", "flow_schema") == {"exempt": 3.0, "kube-scheduler": 4.0}
