@@ -515,6 +515,11 @@ class _Controller:
              "--metrics-address", "", "--healthz-address", f"127.0.0.1:{self.health}",
              "--workers", str(workers), "--log-level", "WARNING", *extra],
             cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+            # A session of its own, like the control plane's processes (start.sh's setsid): with
+            # the kernel's autogroups a session is one scheduling group, and left in ours the
+            # controller and its webhook process would share one CPU share with this process's
+            # 16 creating threads — a cluster runs the controller in a pod (cgroup) of its own.
+            start_new_session=True,
         )  # fmt: skip
         self._wait_ready()
         if webhook:
