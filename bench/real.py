@@ -866,6 +866,9 @@ def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, 
     if any(p not in PATHS for p in paths):
         raise SystemExit(f"bench real: --paths takes {PATHS}, got {paths}")
     started = datetime.now(UTC)
+    # SIGTERM (a `timeout` around the run) unwinds like an exception: the controller, in a session
+    # of its own, is stopped and the stack too, instead of being left running against the next run
+    signal.signal(signal.SIGTERM, _terminated)
     log = stack_dir() / "logs" / "bench-real-start.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     environment = dict(os.environ)
@@ -943,6 +946,10 @@ def _kubernetes_version() -> str:
         return out.stdout.strip() or "kube-apiserver ?"
     except (OSError, subprocess.TimeoutExpired):
         return "kube-apiserver ?"
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _cpus() -> int:
