@@ -23,7 +23,11 @@ allocations sharing a memory slice of one GPU; must be 0); the webhook's latency
 measured it (``apiserver_admission_webhook_admission_duration_seconds``, the difference over the
 burst: mean, share within 25 ms, p99 interpolated in its buckets); CPU seconds of every process
 during the burst (controller, its webhook process, kube-apiserver, etcd, kube-scheduler,
-kube-controller-manager) and the controller's peak RSS. Between rounds every pod and claim is
+kube-controller-manager) and the controller's peak RSS. Where the time goes: each pod's stages
+(``STAGES``: create, allocate, ungate, bind) with the slowest 1%'s mean per stage; kube-scheduler's
+own client throttling and kube-apiserver's priority-and-fairness queueing from their metrics; the
+seconds each process waited for a CPU and the machine's busy CPU (on a shared machine, whether a
+figure is work or waiting). Between rounds every pod and claim is
 removed (pods with grace period 0; claims freed and their finalizer lifted here, not waiting for
 kube-controller-manager's rate-limited client).
 """
