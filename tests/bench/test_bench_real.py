@@ -1,5 +1,6 @@
-"""``python -m bench real``: its arithmetic on kube-apiserver's histogram, and the one-line skip
-when no real control plane is built (the benchmark itself needs the stack and runs by hand)."""
+"""``python -m bench real``: its arithmetic on kube-apiserver's and kube-scheduler's metrics, the
+per-pod breakdown, py-spy summaries, and the one-line skip when no real control plane is built (the
+benchmark itself needs the stack and runs by hand)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import real
+from bench import real, realmetrics
 from bench.__main__ import main
 
 SERIES = "apiserver_admission_webhook_admission_duration_seconds"
@@ -25,14 +26,15 @@ def _metrics(buckets: dict[str, int], total: float, *, other: int = 0) -> str:
 
 
 def test_the_webhook_histogram_is_read_for_our_webhook_only_and_differenced() -> None:
-    before = real.webhook_histogram(
-        _metrics({"0.005": 10, "0.025": 10, "0.1": 10, "+Inf": 10}, 0.03, other=500)
+    before = realmetrics.webhook_histogram(
+        _metrics({"0.005": 10, "0.025": 10, "0.1": 10, "+Inf": 10}, 0.03, other=500), real.WEBHOOKS
     )
     # 100 more calls: 50 under 5 ms, 48 in (5, 25] ms, 2 in (25, 100] ms, 0.9 s in all
-    after = real.webhook_histogram(
-        _metrics({"0.005": 60, "0.025": 108, "0.1": 110, "+Inf": 110}, 0.93, other=900)
+    after = realmetrics.webhook_histogram(
+        _metrics({"0.005": 60, "0.025": 108, "0.1": 110, "+Inf": 110}, 0.93, other=900),
+        real.WEBHOOKS,
     )
-    delta = real.histogram_delta(before, after)
+    delta = realmetrics.histogram_delta(before, after)
     assert delta["calls"] == 100
     assert delta["mean_ms"] == pytest.approx(9.0)
     assert delta["within_25ms"] == pytest.approx(0.98)
@@ -42,8 +44,8 @@ def test_the_webhook_histogram_is_read_for_our_webhook_only_and_differenced() ->
 
 
 def test_no_calls_means_no_latency_figures() -> None:
-    same = real.webhook_histogram(_metrics({"0.005": 3, "+Inf": 3}, 0.01))
-    assert real.histogram_delta(same, same) == {"calls": 0}
+    same = realmetrics.webhook_histogram(_metrics({"0.005": 3, "+Inf": 3}, 0.01), real.WEBHOOKS)
+    assert realmetrics.histogram_delta(same, same) == {"calls": 0}
 
 
 def test_bench_real_skips_with_one_line_without_the_stack(
@@ -92,10 +94,12 @@ def test_metric_totals_sum_label_sets_of_one_name_only() -> None:
             'rest_client_requests_total{code="201",method="POST"} 7',
         ]
     )
-    assert real.metric_total(metrics, "rest_client_rate_limiter_duration_seconds_sum") == 3.5
-    assert real.metric_total(metrics, "rest_client_requests_total", labels='code="201"') == 7
-    before = real.counters(metrics, {"waited": "rest_client_rate_limiter_duration_seconds_sum"})
-    assert real.counters_delta(before, {"waited": 5.0}) == {"waited": 1.5}
+    assert realmetrics.metric_total(metrics, "rest_client_rate_limiter_duration_seconds_sum") == 3.5
+    assert realmetrics.metric_total(metrics, "rest_client_requests_total", labels='code="201"') == 7
+    before = realmetrics.counters(
+        metrics, {"waited": "rest_client_rate_limiter_duration_seconds_sum"}
+    )
+    assert realmetrics.counters_delta(before, {"waited": 5.0}) == {"waited": 1.5}
 
 
 def test_top_functions_ranks_py_spy_folded_stacks(tmp_path: Path) -> None:
@@ -104,7 +108,7 @@ def test_top_functions_ranks_py_spy_folded_stacks(tmp_path: Path) -> None:
         "thread (1);run (a.py:1);decode (driver/cluster/kube.py:5) 3\n"
         "thread (1);run (a.py:1);handshake (ssl.py:9) 1\n"
     )
-    top = real.top_functions(folded)
+    top = realmetrics.top_functions(folded)
     assert top["samples"] == [("all", 4.0)]
     assert top["self"][0] == ("decode (kube.py:5)", 0.75)
     assert ("run (a.py:1)", 1.0) in top["total"]
@@ -119,4 +123,7 @@ def test_by_label_sums_one_metric_per_label_value() -> None:
             'w_count{execute="true",flow_schema="kube-scheduler",priority_level="workload-high"} 9',
         ]
     )
-    assert real.by_label(metrics, "w_sum", "flow_schema") == {"exempt": 3.0, "kube-scheduler": 4.0}
+    assert realmetrics.by_label(metrics, "w_sum", "flow_schema") == {
+        "exempt": 3.0,
+        "kube-scheduler": 4.0,
+    }
