@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,25 +26,31 @@ from pathlib import Path
 from typing import Any
 
 from api.names import DEVICE_CLASS_ANY, DRIVER_NAME, SCHEDULING_GATE, profile_device_class
+from bench.realnodes import (
+    GPUS_PER_NODE,
+    MODEL,
+    PROFILE,
+    latency_figures,
+    overlaps,
+    percentile,
+    publish_nodes,
+)
 from driver.cluster.informer import Informer, ListWatch
 from driver.cluster.kube import KubeClusterApi, configuration_for_url
 from driver.cluster.port import (
     DEVICE_CLASSES,
-    NODES,
     PODS,
     RESOURCE_CLAIMS,
-    RESOURCE_SLICES,
     JsonObject,
     gate_names,
     name_of,
 )
 from driver.cluster.throttle import ClientSettings
 from driver.mig.catalog import CATALOG
-from driver.resourceslices import GpuInventory, build_pool, complete_pools, parse_devices
 
-MODEL = "A100-40GB"
-PROFILE = "1g.5gb"
-GPUS_PER_NODE = 8
+# bench.modes imports these from here
+__all__ = ["GPUS_PER_NODE", "MODEL", "PROFILE", "_overlaps", "_percentile", "run", "summary"]
+
 FULL = {"nodes": 100, "pods": 1000, "workers": 16}
 QUICK = {"nodes": 4, "pods": 40, "workers": 4}
 NS = "default"
@@ -59,8 +64,8 @@ def _free_port() -> int:
 
 
 def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+    """Kept for ``bench.modes``, which imports it from here."""
+    return percentile(values, q)
 
 
 class _Processes:
@@ -129,38 +134,7 @@ def _publish(api: KubeClusterApi, nodes: int) -> None:
             },
         )
 
-    def node(i: int) -> None:
-        name = f"node-{i:03d}"
-        created = api.create(
-            NODES,
-            {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-                "status": {"allocatable": {"cpu": "128", "memory": "1Ti", "pods": "110"}},
-            },
-        )
-        owner = {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "name": name,
-            "uid": created["metadata"]["uid"],
-        }
-        gpus = [
-            GpuInventory(
-                index=g,
-                uuid=f"GPU-{name}-{g}",
-                product_name=model.product_name,
-                memory_slices=model.memory_slices,
-                profiles=model.profiles,
-            )
-            for g in range(GPUS_PER_NODE)
-        ]
-        for slice_obj in build_pool(node=name, gpus=gpus, generation=1, owner=owner):
-            api.create(RESOURCE_SLICES, slice_obj)
-
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(node, range(nodes)))
+    publish_nodes(api, [f"node-{i:03d}" for i in range(nodes)], ready=False)
 
 
 def _start_controller(processes: _Processes, url: str, workers: int) -> None:
@@ -183,26 +157,9 @@ def _start_controller(processes: _Processes, url: str, workers: int) -> None:
 
 
 def _overlaps(api: KubeClusterApi) -> tuple[int, int]:
-    """(devices allocated, allocations sharing a device or a memory slice of one GPU)."""
-    devices = {
-        (d.node, d.name): d
-        for pool in complete_pools(api.list_objects(RESOURCE_SLICES).items).values()
-        for d in parse_devices(pool)
-    }
-    used: dict[tuple[str, int], int] = {}
-    allocated = overlaps = 0
-    for claim in api.list_objects(RESOURCE_CLAIMS, namespace=NS).items:
-        for result in (
-            ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
-        ).get("results") or []:
-            device = devices[(result["pool"], result["device"])]
-            key = (device.node, device.gpu_index)
-            mask = device.placement.mask
-            allocated += 1
-            if used.get(key, 0) & mask:
-                overlaps += 1
-            used[key] = used.get(key, 0) | mask
-    return allocated, overlaps
+    """(devices allocated, allocations sharing a memory slice of one GPU); ``bench.modes`` uses
+    it too."""
+    return overlaps(api, namespace=NS)
 
 
 def _burst(api: KubeClusterApi, url: str, pods: int) -> dict[str, Any]:
@@ -287,9 +244,7 @@ def _burst(api: KubeClusterApi, url: str, pods: int) -> dict[str, Any]:
         "creation_s": round(created_all - first, 3),
         "wall_s": round(last - first, 3),
         "pods_per_s": round(len(ungated) / (last - first), 1) if last > first else 0.0,
-        "latency_p50_s": round(statistics.median(latencies), 3) if latencies else None,
-        "latency_p99_s": round(_percentile(latencies, 0.99), 3) if latencies else None,
-        "latency_max_s": round(max(latencies), 3) if latencies else None,
+        **latency_figures(latencies, prefix="latency"),
         "ungated": len(ungated),
     }
 

@@ -23,7 +23,11 @@ allocations sharing a memory slice of one GPU; must be 0); the webhook's latency
 measured it (``apiserver_admission_webhook_admission_duration_seconds``, the difference over the
 burst: mean, share within 25 ms, p99 interpolated in its buckets); CPU seconds of every process
 during the burst (controller, its webhook process, kube-apiserver, etcd, kube-scheduler,
-kube-controller-manager) and the controller's peak RSS. Between rounds every pod and claim is
+kube-controller-manager) and the controller's peak RSS. Where the time goes: each pod's stages
+(``STAGES``: create, allocate, ungate, bind) with the slowest 1%'s mean per stage; kube-scheduler's
+own client throttling and kube-apiserver's priority-and-fairness queueing from their metrics; the
+seconds each process waited for a CPU and the machine's busy CPU (on a shared machine, whether a
+figure is work or waiting). Between rounds every pod and claim is
 removed (pods with grace period 0; claims freed and their finalizer lifted here, not waiting for
 kube-controller-manager's rate-limited client).
 """
@@ -34,7 +38,7 @@ import argparse
 import contextlib
 import json
 import os
-import re
+import signal
 import socket
 import statistics
 import subprocess
@@ -49,26 +53,46 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from api.names import DRIVER_NAME, SCHEDULING_GATE, profile_device_class
+from api.names import SCHEDULING_GATE, profile_device_class
+from bench.realmetrics import (
+    APISERVER_COUNTERS,
+    FLOW_WAIT,
+    SCHEDULER_COUNTERS,
+    Profiler,
+    by_label,
+    counters,
+    counters_delta,
+    histogram_delta,
+    scheduler_metrics,
+    webhook_histogram,
+)
+from bench.realnodes import (
+    GPUS_PER_NODE,
+    MODEL,
+    PROFILE,
+    ReadyNodes,
+    children,
+    cpu_seconds,
+    latency_figures,
+    machine_busy_s,
+    overlaps,
+    peak_rss_mib,
+    percentile,
+    runqueue_wait_s,
+)
 from controller.settings import DEFAULT_WORKERS
 from driver.cluster.informer import Informer, ListWatch
 from driver.cluster.kube import KubeClusterApi, connect
 from driver.cluster.port import (
-    LEASES,
-    NODES,
     PODS,
     RESOURCE_CLAIMS,
-    RESOURCE_SLICES,
     JsonObject,
-    PatchType,
     Resource,
     gate_names,
     name_of,
 )
 from driver.cluster.throttle import ClientSettings
 from driver.errors import AlreadyExistsError, ApiNotFoundError, ClusterError, ConflictError
-from driver.mig.catalog import CATALOG
-from driver.resourceslices import GpuInventory, build_pool, complete_pools, parse_devices
 from localcluster.manifests import (
     MUTATING_WEBHOOK_CONFIGURATIONS,
     NAMESPACES,
@@ -83,17 +107,15 @@ from localcluster.stack import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL = "A100-40GB"
-PROFILE = "1g.5gb"
-GPUS_PER_NODE = 8
 NS = "bench"
-WEBHOOK_NAME = "pod-gate.instaslice.dev"
+WEBHOOKS = ("pod-gate.instaslice.dev", "claim-gate.instaslice.dev")
+"""Our webhooks of deploy/base/webhook.yaml: classic pods go to the first, pods with claims (every
+pod of this benchmark) to the second."""
 WEBHOOK_CONFIG = "instaslice-pod-gate"
 PATHS = ("scheduler", "controller", "pregated")
 DEFAULT_PATHS = ("scheduler", "controller")
 FULL = {"nodes": 20, "pods": 1000}
 QUICK = {"nodes": 2, "pods": 10}
-LEASE_RENEW_S = 10.0
 BURST_TIMEOUT_S = 900.0
 COMPONENTS = ("kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manager")
 
@@ -118,6 +140,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--controller-args", default="", help="more controller flags, space-separated"
     )
+    group.add_argument(
+        "--burst-timeout",
+        type=float,
+        default=BURST_TIMEOUT_S,
+        help=f"seconds a burst may take; then the pods bound so far are counted "
+        f"(default {BURST_TIMEOUT_S:.0f})",
+    )
+    group.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="sample the controller and its webhook process with py-spy during each burst "
+        "(folded stacks and the top functions written to DIR)",
+    )
+    group.add_argument(
+        "--scheduler-qps",
+        type=float,
+        default=0.0,
+        help="kube-scheduler's client QPS (its clientConnection.qps, flag --kube-api-qps; burst "
+        "twice that) for every path of the run; default: kube-scheduler's own (50, burst 100)",
+    )
 
 
 def stack_dir() -> Path:
@@ -133,107 +175,7 @@ def missing() -> str | None:
     return None
 
 
-# -- numbers ---------------------------------------------------------------------------------
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-_LE = re.compile(r'le="([^"]+)"')
-
-
-def webhook_histogram(metrics: str, webhook: str = WEBHOOK_NAME) -> dict[str, Any]:
-    """kube-apiserver's admission-duration histogram of ``webhook`` (summed over label sets)."""
-    buckets: dict[float, float] = {}
-    total = count = 0.0
-    for line in metrics.splitlines():
-        if not line.startswith("apiserver_admission_webhook_admission_duration_seconds"):
-            continue
-        if f'name="{webhook}"' not in line:
-            continue
-        series, _, value = line.rpartition(" ")
-        if series.startswith("apiserver_admission_webhook_admission_duration_seconds_bucket"):
-            match = _LE.search(series)
-            if match:
-                le = float(match.group(1))
-                buckets[le] = buckets.get(le, 0.0) + float(value)
-        elif series.startswith("apiserver_admission_webhook_admission_duration_seconds_sum"):
-            total += float(value)
-        elif series.startswith("apiserver_admission_webhook_admission_duration_seconds_count"):
-            count += float(value)
-    return {"buckets": buckets, "sum": total, "count": count}
-
-
-def histogram_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """What the histogram gained between two scrapes: calls, mean, share ≤ 25 ms, p50/p99 (linear
-    inside a bucket, as Prometheus' ``histogram_quantile``)."""
-    count = float(after["count"] - before["count"])
-    if count <= 0:
-        return {"calls": 0}
-    cumulative: list[tuple[float, float]] = sorted(
-        (le, after["buckets"][le] - before["buckets"].get(le, 0.0)) for le in after["buckets"]
-    )
-
-    def quantile(q: float) -> float:
-        rank = q * count
-        lower, below = 0.0, 0.0
-        for le, seen in cumulative:
-            if seen >= rank:
-                if le == float("inf"):
-                    return lower
-                share = (rank - below) / (seen - below) if seen > below else 1.0
-                return lower + (le - lower) * share
-            lower, below = le, seen
-        return lower
-
-    within = dict(cumulative).get(0.025, 0.0)
-    return {
-        "calls": int(count),
-        "mean_ms": round(1000 * (after["sum"] - before["sum"]) / count, 2),
-        "p50_ms": round(1000 * quantile(0.50), 2),
-        "p99_ms": round(1000 * quantile(0.99), 2),
-        "within_25ms": round(within / count, 4),
-        "over_100ms": round(1 - dict(cumulative).get(0.1, 0.0) / count, 4),
-        "buckets": {str(le): int(seen) for le, seen in cumulative},
-    }
-
-
 # -- processes -------------------------------------------------------------------------------
-
-
-def _stat(pid: int) -> list[str] | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def cpu_seconds(pid: int | None) -> float | None:
-    fields = _stat(pid) if pid else None
-    if fields is None:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def peak_rss_mib(pid: int | None) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        fields = _stat(int(entry.name)) if entry.name.isdigit() else None
-        if fields is not None and int(fields[1]) == pid:
-            found.append(int(entry.name))
-    return found
 
 
 def _component_pids() -> dict[str, int | None]:
@@ -271,134 +213,6 @@ def _free_port() -> int:
 
 
 # -- the cluster -----------------------------------------------------------------------------
-
-
-def _now_micro() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-class FakeNodes:
-    """Node objects kept Ready (status once, Lease renewals from a thread) with our slices."""
-
-    def __init__(self, api: KubeClusterApi, count: int) -> None:
-        self._api = api
-        self.names = [f"gpu-node-{i:03d}" for i in range(count)]
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def create(self) -> None:
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(self._create_one, self.names))
-        self._thread = threading.Thread(target=self._renew, name="bench-leases", daemon=True)
-        self._thread.start()
-
-    def _create_one(self, name: str) -> None:
-        api = self._api
-        node = api.create(
-            NODES,
-            {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {
-                    "name": name,
-                    "labels": {
-                        "kubernetes.io/hostname": name,
-                        "kubernetes.io/os": "linux",
-                        "kubernetes.io/arch": "amd64",
-                        "node.kubernetes.io/fake": "true",
-                    },
-                },
-            },
-        )
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        resources = {"cpu": "128", "memory": "1Ti", "pods": "110", "ephemeral-storage": "1Ti"}
-        conditions = [
-            {"type": kind, "status": "False", "reason": reason, "message": "bench"}
-            for kind, reason in (
-                ("MemoryPressure", "KubeletHasSufficientMemory"),
-                ("DiskPressure", "KubeletHasNoDiskPressure"),
-                ("PIDPressure", "KubeletHasSufficientPID"),
-            )
-        ]
-        conditions.append(
-            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "bench"}
-        )
-        for condition in conditions:
-            condition.update(lastHeartbeatTime=now, lastTransitionTime=now)
-        api.patch(
-            NODES,
-            name=name,
-            patch={
-                "status": {
-                    "capacity": resources,
-                    "allocatable": resources,
-                    "conditions": conditions,
-                    "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
-                    "nodeInfo": {
-                        "machineID": name, "systemUUID": name, "bootID": "bench",
-                        "kernelVersion": "bench", "osImage": "bench",
-                        "containerRuntimeVersion": "fake://0", "kubeletVersion": "bench",
-                        "kubeProxyVersion": "", "operatingSystem": "linux",
-                        "architecture": "amd64",
-                    },
-                }
-            },
-            patch_type=PatchType.MERGE,
-            subresource="status",
-        )  # fmt: skip
-        owner = {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}
-        api.create(
-            LEASES,
-            {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {
-                    "name": name,
-                    "namespace": "kube-node-lease",
-                    "ownerReferences": [owner],
-                },
-                "spec": {
-                    "holderIdentity": name,
-                    "leaseDurationSeconds": 40,
-                    "renewTime": _now_micro(),
-                },
-            },
-            namespace="kube-node-lease",
-        )
-        model = CATALOG[MODEL]
-        gpus = [
-            GpuInventory(
-                index=g,
-                uuid=f"GPU-{name}-{g}",
-                product_name=model.product_name,
-                memory_slices=model.memory_slices,
-                profiles=model.profiles,
-            )
-            for g in range(GPUS_PER_NODE)
-        ]
-        for slice_obj in build_pool(node=name, gpus=gpus, generation=1, owner=owner):
-            api.create(RESOURCE_SLICES, slice_obj)
-
-    def _renew(self) -> None:
-        while not self._stop.wait(LEASE_RENEW_S):
-            for name in self.names:
-                if self._stop.is_set():
-                    return
-                try:
-                    self._api.patch(
-                        LEASES,
-                        name=name,
-                        namespace="kube-node-lease",
-                        patch={"spec": {"renewTime": _now_micro()}},
-                        patch_type=PatchType.MERGE,
-                    )
-                except ClusterError as exc:
-                    print(f"bench real: lease of {name} not renewed: {exc}", file=sys.stderr)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
 
 
 SERVICE_ACCOUNTS = Resource(
@@ -451,29 +265,6 @@ def _pod(i: int, *, claim: str) -> JsonObject:
             "terminationGracePeriodSeconds": 0,
         },
     }
-
-
-def overlaps(api: KubeClusterApi) -> tuple[int, int]:
-    """(devices allocated in the namespace, allocations sharing a memory slice of one GPU)."""
-    devices = {
-        (d.node, d.name): d
-        for pool in complete_pools(
-            api.list_objects(RESOURCE_SLICES, field_selector=f"spec.driver={DRIVER_NAME}").items
-        ).values()
-        for d in parse_devices(pool)
-    }
-    used: dict[tuple[str, int], int] = {}
-    allocated = found = 0
-    for claim in api.list_objects(RESOURCE_CLAIMS, namespace=NS).items:
-        allocation = (claim.get("status") or {}).get("allocation") or {}
-        for result in (allocation.get("devices") or {}).get("results") or []:
-            device = devices[(result["pool"], result["device"])]
-            key = (device.node, device.gpu_index)
-            allocated += 1
-            if used.get(key, 0) & device.placement.mask:
-                found += 1
-            used[key] = used.get(key, 0) | device.placement.mask
-    return allocated, found
 
 
 def _progress(message: str) -> None:
@@ -545,6 +336,11 @@ class _Controller:
              "--metrics-address", "", "--healthz-address", f"127.0.0.1:{self.health}",
              "--workers", str(workers), "--log-level", "WARNING", *extra],
             cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+            # A session of its own, like the control plane's processes (start.sh's setsid): with
+            # the kernel's autogroups a session is one scheduling group, and left in ours the
+            # controller and its webhook process would share one CPU share with this process's
+            # 16 creating threads — a cluster runs the controller in a pod (cgroup) of its own.
+            start_new_session=True,
         )  # fmt: skip
         self._wait_ready()
         if webhook:
@@ -609,11 +405,59 @@ class _Controller:
         self._log.close()
 
 
+STAGES = ("create", "allocate", "ungate", "bind")
+"""One pod's way, each stage ending when this process sees it: ``create`` (create call sent →
+returned: kube-apiserver, with the webhook call on the controller path), ``allocate`` (→ its
+claim's allocation seen: the controller's informer, queue and write — or kube-scheduler's on the
+scheduler path), ``ungate`` (→ the scheduling gate seen gone: the controller's second write),
+``bind`` (→ ``spec.nodeName`` seen: kube-scheduler, rate-limited by its own client)."""
+
+
+def breakdown(times: dict[str, dict[str, float]], latencies: dict[str, float]) -> dict[str, Any]:
+    """Per stage: p50/p99 over every pod, and the mean over the slowest 1% of pods (by create→bound;
+    at least one) — which stage the tail is made of. ``times`` holds, per pod, the moment each
+    of ``sent`` and the stages was seen; a stage seen out of order counts as 0 s."""
+    stages: dict[str, list[float]] = {stage: [] for stage in STAGES}
+    per_pod: dict[str, dict[str, float]] = {}
+    for pod, seen in times.items():
+        if pod not in latencies or "sent" not in seen:
+            continue
+        previous = seen["sent"]
+        spent: dict[str, float] = {}
+        for stage in STAGES:
+            if stage not in seen:
+                continue
+            at = max(previous, seen[stage])
+            spent[stage] = at - previous
+            stages[stage].append(at - previous)
+            previous = at
+        per_pod[pod] = spent
+    if not per_pod:
+        return {}
+    slowest = sorted((pod for pod in latencies if pod in per_pod), key=lambda pod: -latencies[pod])
+    tail = [per_pod[pod] for pod in slowest[: max(1, round(len(slowest) / 100))]]
+    figures: dict[str, Any] = {"tail_pods": len(tail)}
+    for stage, values in stages.items():
+        if not values:
+            continue
+        figures[stage] = {
+            "p50_s": round(statistics.median(values), 3),
+            "p99_s": round(percentile(values, 0.99), 3),
+            "tail_mean_s": round(statistics.fmean(t.get(stage, 0.0) for t in tail), 3),
+        }
+    return figures
+
+
 def _burst(
-    api: KubeClusterApi, pods: int, clients: int, *, gated: bool, pregated: bool
+    api: KubeClusterApi,
+    pods: int,
+    clients: int,
+    *,
+    gated: bool,
+    pregated: bool,
+    timeout: float = BURST_TIMEOUT_S,
 ) -> dict[str, Any]:
-    sent: dict[str, float] = {}
-    ungated: dict[str, float] = {}
+    times: dict[str, dict[str, float]] = {f"pod-{i:05d}": {} for i in range(pods)}
     bound: dict[str, float] = {}
     wrong_gate: list[str] = []
     failed: list[str] = []
@@ -622,26 +466,39 @@ def _burst(
 
     def seen(pod: JsonObject) -> None:
         name = name_of(pod)
-        if gated and SCHEDULING_GATE not in gate_names(pod):
-            with lock:
-                ungated.setdefault(name, time.monotonic())
-        if not (pod.get("spec") or {}).get("nodeName"):
+        now = time.monotonic()
+        if name not in times:
             return
         with lock:
-            if name not in bound:
-                bound[name] = time.monotonic()
-                if len(bound) + len(failed) >= pods:
-                    done.set()
+            if gated and SCHEDULING_GATE not in gate_names(pod):
+                times[name].setdefault("ungate", now)
+            if not (pod.get("spec") or {}).get("nodeName") or name in bound:
+                return
+            bound[name] = times[name]["bind"] = now
+            if len(bound) + len(failed) >= pods:
+                done.set()
+
+    def claim_seen(claim: JsonObject) -> None:
+        if not ((claim.get("status") or {}).get("allocation")):
+            return
+        pod = "pod-" + name_of(claim).removeprefix("claim-")
+        now = time.monotonic()
+        with lock:
+            if pod in times:
+                times[pod].setdefault("allocate", now)
 
     informer = Informer(source=ListWatch(api, PODS, namespace=NS), name="bench-real-pods")
     informer.add_handler(on_add=seen, on_update=lambda old, new: seen(new))
-    informer.start()
-    informer.wait_for_sync(timeout=60)
+    claims = Informer(source=ListWatch(api, RESOURCE_CLAIMS, namespace=NS), name="bench-claims")
+    claims.add_handler(on_add=claim_seen, on_update=lambda old, new: claim_seen(new))
+    for each in (informer, claims):
+        each.start()
+        each.wait_for_sync(timeout=60)
 
     def create(i: int) -> None:
         name = f"pod-{i:05d}"
         with lock:
-            sent[name] = time.monotonic()
+            times[name]["sent"] = time.monotonic()
         pod = _pod(i, claim=f"claim-{i:05d}")
         if pregated:  # as the webhook would have made it
             pod["spec"]["schedulingGates"] = [{"name": SCHEDULING_GATE}]
@@ -654,6 +511,8 @@ def _burst(
                 if len(bound) + len(failed) >= pods:
                     done.set()
             return
+        with lock:
+            times[name]["create"] = time.monotonic()
         if (SCHEDULING_GATE in gate_names(created)) != gated:
             with lock:
                 wrong_gate.append(name)
@@ -661,31 +520,32 @@ def _burst(
     first = time.monotonic()
     _parallel(create, range(pods), clients)
     created_all = time.monotonic()
-    finished = done.wait(timeout=BURST_TIMEOUT_S)
+    finished = done.wait(timeout=timeout)
     informer.stop()
+    claims.stop()
     with lock:
-        latencies = [bound[n] - sent[n] for n in bound if n in sent]
+        latency = {n: bound[n] - times[n]["sent"] for n in bound if "sent" in times[n]}
         last = max(bound.values(), default=first)
-        ours = [ungated[n] - sent[n] for n in ungated if n in sent]
-        theirs = [bound[n] - ungated[n] for n in bound if n in ungated]
+        ours = [t["ungate"] - t["sent"] for t in times.values() if "ungate" in t and "sent" in t]
+        theirs = [t["bind"] - t["ungate"] for t in times.values() if "ungate" in t and "bind" in t]
+        stages = breakdown(times, latency)
     split = {}
     if ours and theirs:
         # where the time goes: our part (create -> gate lifted), kube-scheduler's (-> bound)
         split = {
             "to_ungated_p50_s": round(statistics.median(ours), 3),
-            "to_ungated_p99_s": round(_percentile(ours, 0.99), 3),
+            "to_ungated_p99_s": round(percentile(ours, 0.99), 3),
             "ungated_to_bound_p50_s": round(statistics.median(theirs), 3),
-            "ungated_to_bound_p99_s": round(_percentile(theirs, 0.99), 3),
+            "ungated_to_bound_p99_s": round(percentile(theirs, 0.99), 3),
         }
     return {
         **split,
+        "stages": stages,
         "finished": finished,
         "creation_s": round(created_all - first, 3),
         "wall_s": round(last - first, 3),
         "pods_per_s": round(len(bound) / (last - first), 1) if last > first else 0.0,
-        "latency_p50_s": round(statistics.median(latencies), 3) if latencies else None,
-        "latency_p99_s": round(_percentile(latencies, 0.99), 3) if latencies else None,
-        "latency_max_s": round(max(latencies), 3) if latencies else None,
+        **latency_figures(list(latency.values()), prefix="latency"),
         "bound": len(bound),
         "create_failures": len(failed),
         "wrongly_gated": len(wrong_gate),
@@ -713,10 +573,24 @@ def _round(
             pids: dict[str, int | None] = dict(_component_pids())
             if controller is not None:
                 pids["controller"], pids["webhook"] = controller.pids()
-            metrics_before = webhook_histogram(
-                api.request("GET", "/metrics", accept="text/plain").decode()
-            )
+            apiserver_before = api.request("GET", "/metrics", accept="text/plain").decode()
+            metrics_before = webhook_histogram(apiserver_before, WEBHOOKS)
+            flow_before = counters(apiserver_before, APISERVER_COUNTERS)
+            waits_before = by_label(apiserver_before, FLOW_WAIT, "flow_schema")
+            scheduler_before = counters(scheduler_metrics(stack_dir() / "pki"), SCHEDULER_COUNTERS)
             cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            wait_before = {name: runqueue_wait_s(pid) for name, pid in pids.items()}
+            busy_before = machine_busy_s()
+            burst_started = time.monotonic()
+            profiler = (
+                Profiler(
+                    Path(options.profile),
+                    {"controller": pids.get("controller"), "webhook": pids.get("webhook")},
+                    tag=f"{path}-{pods}pods",
+                )
+                if options.profile and controller is not None
+                else None
+            )
             _progress(f"{path}: burst of {pods} pods")
             figures = _burst(
                 api,
@@ -724,11 +598,28 @@ def _round(
                 options.clients,
                 gated=controller is not None,
                 pregated=path == "pregated",
+                timeout=options.burst_timeout,
             )
             cpu_after = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            wait_after = {name: runqueue_wait_s(pid) for name, pid in pids.items()}
+            busy = (machine_busy_s() or 0.0) - (busy_before or 0.0)
+            burst_s = time.monotonic() - burst_started
+            load = _load()
+            profile = profiler.stop() if profiler is not None else {}
             sockets = tcp_states(controller.port) if controller and controller.port else {}
-            metrics_after = webhook_histogram(
-                api.request("GET", "/metrics", accept="text/plain").decode()
+            apiserver_after = api.request("GET", "/metrics", accept="text/plain").decode()
+            metrics_after = webhook_histogram(apiserver_after, WEBHOOKS)
+            flow: dict[str, Any] = counters_delta(
+                flow_before, counters(apiserver_after, APISERVER_COUNTERS)
+            )
+            flow["wait_s_by_flow_schema"] = {
+                schema: round(seconds - waits_before.get(schema, 0.0), 3)
+                for schema, seconds in by_label(apiserver_after, FLOW_WAIT, "flow_schema").items()
+                if seconds - waits_before.get(schema, 0.0) > 0.001
+            }
+            scheduler = counters_delta(
+                scheduler_before,
+                counters(scheduler_metrics(stack_dir() / "pki"), SCHEDULER_COUNTERS),
             )
             rss = {
                 name: peak_rss_mib(pids.get(name))
@@ -738,7 +629,7 @@ def _round(
         finally:
             if controller is not None:
                 controller.stop()
-    allocated, found = overlaps(api)
+    allocated, found = overlaps(api, namespace=NS)
     cpu = {
         name: round(after - before, 2)
         for name, after in cpu_after.items()
@@ -750,8 +641,21 @@ def _round(
         "allocated": allocated,
         "overlaps": found,
         "cpu_s": cpu,
+        # runnable but not running (waiting for a CPU) during the burst
+        "runqueue_wait_s": {
+            name: round(after - before, 2)
+            for name, after in wait_after.items()
+            if after is not None and (before := wait_before.get(name)) is not None
+        },
+        "load_after": load,
+        # every CPU of the machine over the burst: ours, the control plane's, everyone else's
+        "machine_cpu_s": {"busy": round(busy, 1), "available": round(burst_s * _cpus(), 1)},
         "peak_rss_mib": rss,
+        "kube_scheduler": scheduler,
+        "kube_apiserver": flow,
     }
+    if profile:
+        result["profile"] = profile
     if path == "controller":
         result["webhook"] = histogram_delta(metrics_before, metrics_after)
         result["webhook_sockets"] = sockets
@@ -774,7 +678,8 @@ def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, 
         options = argparse.Namespace(
             nodes=None, pods=None, repeat=1, paths=",".join(DEFAULT_PATHS), clients=16,
             workers=DEFAULT_WORKERS,
-            controller_args="",
+            controller_args="", scheduler_qps=0.0, profile=None,
+            burst_timeout=BURST_TIMEOUT_S,
         )  # fmt: skip
     size = QUICK if quick else FULL
     nodes = options.nodes or size["nodes"]
@@ -783,14 +688,26 @@ def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, 
     if any(p not in PATHS for p in paths):
         raise SystemExit(f"bench real: --paths takes {PATHS}, got {paths}")
     started = datetime.now(UTC)
+    # SIGTERM (a `timeout` around the run) unwinds like an exception: the controller, in a session
+    # of its own, is stopped and the stack too, instead of being left running against the next run
+    signal.signal(signal.SIGTERM, _terminated)
     log = stack_dir() / "logs" / "bench-real-start.log"
     log.parent.mkdir(parents=True, exist_ok=True)
+    environment = dict(os.environ)
+    if options.scheduler_qps:
+        # as an operator would, for the whole cluster: both paths bind through kube-scheduler
+        qps = options.scheduler_qps
+        environment["SCHED_EXTRA_FLAGS"] = f"--kube-api-qps={qps:g} --kube-api-burst={2 * qps:.0f}"
     with log.open("ab") as out:
         subprocess.run(
-            [str(stack_dir() / "start.sh"), "--clean"], check=True, stdout=out, stderr=out
+            [str(stack_dir() / "start.sh"), "--clean"],
+            check=True,
+            stdout=out,
+            stderr=out,
+            env=environment,
         )
     rounds: list[dict[str, Any]] = []
-    fake: FakeNodes | None = None
+    fake: ReadyNodes | None = None
     try:
         api = connect(
             kubeconfig=str(stack_dir() / "kubeconfig"),
@@ -798,7 +715,7 @@ def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, 
         )
         with api:
             _setup(api)
-            fake = FakeNodes(api, nodes)
+            fake = ReadyNodes(api, nodes)
             fake.create()
             _progress(f"{nodes} nodes and their slices published")
             plan = [(repeat, path) for repeat in range(options.repeat) for path in paths]
@@ -822,7 +739,8 @@ def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, 
     )
     return {
         "benchmark": "real",
-        "result_name": f"real-{pods}pods-{nodes}nodes",
+        "result_name": f"real-{pods}pods-{nodes}nodes"
+        + (f"-schedqps{options.scheduler_qps:g}" if options.scheduler_qps else ""),
         "date": started.strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{os.cpu_count()} CPUs, {_kubernetes_version()}, load before {_load()}",
         "quick": quick,
@@ -832,6 +750,7 @@ def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, 
         "profile": PROFILE,
         "pods": pods,
         "clients": options.clients,
+        "scheduler_client_qps": options.scheduler_qps or "default (50, burst 100)",
         "controller_workers": options.workers,
         "rounds": rounds,
         "pods_per_s": by_path,
@@ -851,6 +770,14 @@ def _kubernetes_version() -> str:
         return "kube-apiserver ?"
 
 
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0))
+
+
 def _load() -> str:
     try:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
@@ -864,6 +791,8 @@ def _line(r: dict[str, Any]) -> str:
         f"{r['latency_p50_s']} s p99 {r['latency_p99_s']} s max {r['latency_max_s']} s, "
         f"overlaps {r['overlaps']}"
     )
+    if not r.get("finished", True):
+        text += " (NOT all bound within the burst timeout)"
     if r.get("create_failures"):
         text += f", {r['create_failures']} creates refused"
     if "webhook" in r and r["webhook"].get("calls"):
@@ -878,6 +807,23 @@ def _line(r: dict[str, Any]) -> str:
             f"ungated->bound p50 {r['ungated_to_bound_p50_s']} s "
             f"p99 {r['ungated_to_bound_p99_s']} s"
         )
+    if r.get("stages"):
+        stages = r["stages"]
+        text += "; stages p50/p99/tail-mean s: " + ", ".join(
+            f"{stage} {f['p50_s']}/{f['p99_s']}/{f['tail_mean_s']}"
+            for stage in STAGES
+            if (f := stages.get(stage))
+        )
+    if r.get("kube_scheduler"):
+        sched = r["kube_scheduler"]
+        text += (
+            f"; kube-scheduler: {sched.get('client_requests'):.0f} requests, "
+            f"{sched.get('client_throttled_s'):.1f} s waiting on its client limit"
+        )
+    if r.get("kube_apiserver"):
+        text += f"; kube-apiserver APF wait {r['kube_apiserver'].get('flowcontrol_wait_s')} s"
+    if r.get("runqueue_wait_s"):
+        text += f"; waiting for a CPU (s) {r['runqueue_wait_s']}, machine {r.get('machine_cpu_s')}"
     if "controller_cpu_ms_per_pod" in r:
         text += (
             f"; CPU/pod controller {r['controller_cpu_ms_per_pod']} ms, webhook "

@@ -1,5 +1,6 @@
-"""``python -m bench real``: its arithmetic on kube-apiserver's histogram, and the one-line skip
-when no real control plane is built (the benchmark itself needs the stack and runs by hand)."""
+"""``python -m bench real``: its arithmetic on kube-apiserver's and kube-scheduler's metrics, the
+per-pod breakdown, py-spy summaries, and the one-line skip when no real control plane is built (the
+benchmark itself needs the stack and runs by hand)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import real
+from bench import real, realmetrics
 from bench.__main__ import main
 
 SERIES = "apiserver_admission_webhook_admission_duration_seconds"
-LABELS = 'name="pod-gate.instaslice.dev",operation="CREATE",rejected="false",type="admit"'
+LABELS = 'name="claim-gate.instaslice.dev",operation="CREATE",rejected="false",type="admit"'
 OTHER = 'name="someone-else.example.com",operation="CREATE",rejected="false",type="admit"'
 
 
@@ -25,14 +26,15 @@ def _metrics(buckets: dict[str, int], total: float, *, other: int = 0) -> str:
 
 
 def test_the_webhook_histogram_is_read_for_our_webhook_only_and_differenced() -> None:
-    before = real.webhook_histogram(
-        _metrics({"0.005": 10, "0.025": 10, "0.1": 10, "+Inf": 10}, 0.03, other=500)
+    before = realmetrics.webhook_histogram(
+        _metrics({"0.005": 10, "0.025": 10, "0.1": 10, "+Inf": 10}, 0.03, other=500), real.WEBHOOKS
     )
     # 100 more calls: 50 under 5 ms, 48 in (5, 25] ms, 2 in (25, 100] ms, 0.9 s in all
-    after = real.webhook_histogram(
-        _metrics({"0.005": 60, "0.025": 108, "0.1": 110, "+Inf": 110}, 0.93, other=900)
+    after = realmetrics.webhook_histogram(
+        _metrics({"0.005": 60, "0.025": 108, "0.1": 110, "+Inf": 110}, 0.93, other=900),
+        real.WEBHOOKS,
     )
-    delta = real.histogram_delta(before, after)
+    delta = realmetrics.histogram_delta(before, after)
     assert delta["calls"] == 100
     assert delta["mean_ms"] == pytest.approx(9.0)
     assert delta["within_25ms"] == pytest.approx(0.98)
@@ -42,8 +44,8 @@ def test_the_webhook_histogram_is_read_for_our_webhook_only_and_differenced() ->
 
 
 def test_no_calls_means_no_latency_figures() -> None:
-    same = real.webhook_histogram(_metrics({"0.005": 3, "+Inf": 3}, 0.01))
-    assert real.histogram_delta(same, same) == {"calls": 0}
+    same = realmetrics.webhook_histogram(_metrics({"0.005": 3, "+Inf": 3}, 0.01), real.WEBHOOKS)
+    assert realmetrics.histogram_delta(same, same) == {"calls": 0}
 
 
 def test_bench_real_skips_with_one_line_without_the_stack(
@@ -54,3 +56,74 @@ def test_bench_real_skips_with_one_line_without_the_stack(
     out = capsys.readouterr().out
     assert out.startswith("bench real: skipped: no real control plane built at ")
     assert json.loads((tmp_path / "real.json").read_text())["skipped"]
+
+
+def test_the_breakdown_splits_each_pod_into_stages_and_names_what_the_tail_is_made_of() -> None:
+    # 100 pods: 99 spend 0.1 s in each stage; pod-099 waits 5 s to be bound
+    times = {
+        f"pod-{i:03d}": {"sent": 0.0, "create": 0.1, "allocate": 0.2, "ungate": 0.3, "bind": 0.4}
+        for i in range(100)
+    }
+    times["pod-099"]["bind"] = 5.3
+    times["pod-098"]["allocate"] = 0.05  # seen before its create returned: counts as 0 s
+    latencies = {pod: seen["bind"] - seen["sent"] for pod, seen in times.items()}
+    figures = real.breakdown(times, latencies)
+    assert figures["tail_pods"] == 1
+    assert figures["bind"]["tail_mean_s"] == pytest.approx(5.0)
+    assert figures["bind"]["p50_s"] == pytest.approx(0.1)
+    assert figures["allocate"]["tail_mean_s"] == pytest.approx(0.1)
+    assert figures["allocate"]["p50_s"] == pytest.approx(0.1)
+    assert min(figures[stage]["p50_s"] for stage in real.STAGES) >= 0
+
+
+def test_a_pod_never_bound_is_left_out_of_the_breakdown() -> None:
+    times = {"pod-000": {"sent": 0.0, "create": 0.1}, "pod-001": {"sent": 0.0, "bind": 1.0}}
+    figures = real.breakdown(times, {"pod-001": 1.0})
+    assert figures["tail_pods"] == 1
+    assert "create" not in figures
+    assert figures["bind"]["p99_s"] == pytest.approx(1.0)
+
+
+def test_metric_totals_sum_label_sets_of_one_name_only() -> None:
+    metrics = "\n".join(
+        [
+            "# HELP rest_client_rate_limiter_duration_seconds_sum x",
+            'rest_client_rate_limiter_duration_seconds_sum{host="a",verb="POST"} 1.5',
+            'rest_client_rate_limiter_duration_seconds_sum{host="a",verb="PUT"} 2',
+            "rest_client_rate_limiter_duration_seconds_sum_other 100",
+            'rest_client_requests_total{code="201",method="POST"} 7',
+        ]
+    )
+    assert realmetrics.metric_total(metrics, "rest_client_rate_limiter_duration_seconds_sum") == 3.5
+    assert realmetrics.metric_total(metrics, "rest_client_requests_total", labels='code="201"') == 7
+    before = realmetrics.counters(
+        metrics, {"waited": "rest_client_rate_limiter_duration_seconds_sum"}
+    )
+    assert realmetrics.counters_delta(before, {"waited": 5.0}) == {"waited": 1.5}
+
+
+def test_top_functions_ranks_py_spy_folded_stacks(tmp_path: Path) -> None:
+    folded = tmp_path / "x.folded"
+    folded.write_text(
+        "thread (1);run (a.py:1);decode (driver/cluster/kube.py:5) 3\n"
+        "thread (1);run (a.py:1);handshake (ssl.py:9) 1\n"
+    )
+    top = realmetrics.top_functions(folded)
+    assert top["samples"] == [("all", 4.0)]
+    assert top["self"][0] == ("decode (kube.py:5)", 0.75)
+    assert ("run (a.py:1)", 1.0) in top["total"]
+
+
+def test_by_label_sums_one_metric_per_label_value() -> None:
+    metrics = "\n".join(
+        [
+            'w_sum{execute="true",flow_schema="exempt",priority_level="exempt"} 1',
+            'w_sum{execute="false",flow_schema="exempt",priority_level="exempt"} 2',
+            'w_sum{execute="true",flow_schema="kube-scheduler",priority_level="workload-high"} 4',
+            'w_count{execute="true",flow_schema="kube-scheduler",priority_level="workload-high"} 9',
+        ]
+    )
+    assert realmetrics.by_label(metrics, "w_sum", "flow_schema") == {
+        "exempt": 3.0,
+        "kube-scheduler": 4.0,
+    }
