@@ -6,8 +6,6 @@ from typing import Final
 DRIVER_NAME: Final = "mig.instaslice.dev"
 """DRA driver name; also the attribute domain of our devices."""
 
-API_GROUP: Final = "instaslice.dev"
-
 DEVICE_CLASS_ANY: Final = "mig.instaslice.dev"
 """DeviceClass matching any MIG slice our driver publishes."""
 

@@ -31,9 +31,6 @@ from driver.resourceslices import PublishedDevice, complete_pools, parse_devices
 
 logger = logging.getLogger(__name__)
 
-GpuKey = tuple[str, int]
-"""(node, GPU index)."""
-
 
 @dataclass(frozen=True, slots=True)
 class GpuShape:

@@ -4,6 +4,5 @@ from typing import NewType
 
 ClaimUid = NewType("ClaimUid", str)
 PodUid = NewType("PodUid", str)
-NodeName = NewType("NodeName", str)
 GpuUuid = NewType("GpuUuid", str)
 MigUuid = NewType("MigUuid", str)

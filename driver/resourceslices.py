@@ -18,7 +18,7 @@ of :func:`build_pool`), which allocators honour; a device with taints also count
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from api import names
 from driver.cluster.views import AttributeValue, SliceDevice, SliceView, mapping, path
@@ -30,17 +30,6 @@ JsonObject = dict[str, Any]
 
 MAX_COUNTER_SETS_PER_SLICE = 8
 MAX_DEVICES_PER_SLICE = 64
-
-
-class PublishableGpu(Protocol):
-    """What the publisher needs to know of a GPU (``driver.gpu.backend.GpuInfo`` satisfies it)."""
-
-    @property
-    def index(self) -> int: ...
-    @property
-    def uuid(self) -> str: ...
-    @property
-    def product_name(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,6 @@ BLOCKING_EFFECTS: Final = frozenset({EFFECT_NO_SCHEDULE, EFFECT_NO_EXECUTE})
 """Effects that keep a device from being allocated (others are informational)."""
 OPERATOR_EQUAL: Final = "Equal"
 OPERATOR_EXISTS: Final = "Exists"
-MAX_TAINTS_PER_DEVICE: Final = 16
 MAX_TOLERATIONS_PER_REQUEST: Final = 16
 
 UNHEALTHY_TAINT_KEY: Final = f"{DRIVER_NAME}/unhealthy"

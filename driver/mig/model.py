@@ -97,12 +97,6 @@ class GpuModel:
         known = ", ".join(p.name for p in self.profiles)
         raise NotFoundError(f"unknown MIG profile {name!r} for {self.name} (known: {known})")
 
-    def profile_by_gi_id(self, gi_profile_id: int) -> MigProfile:
-        for profile in self.profiles:
-            if profile.gi_profile_id == gi_profile_id:
-                return profile
-        raise NotFoundError(f"no MIG profile with GI profile id {gi_profile_id} on {self.name}")
-
     @property
     def profile_names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.profiles)

@@ -63,9 +63,6 @@ class Holdings:
         """Every container holding one of ``device_ids`` of ``resource``."""
         return {h for i in device_ids if (h := self.holder(resource, i)) is not None}
 
-    def lists_pod(self, namespace: str, pod: str) -> bool:
-        return any(c.namespace == namespace and c.pod == pod for c in self.containers)
-
     def position(self, key: ContainerKey) -> int | None:
         """Index of the container in the list (pods in kubelet order, containers in spec order)."""
         try:

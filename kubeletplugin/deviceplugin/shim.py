@@ -214,9 +214,6 @@ class Shim:
     def reconcile_now(self) -> ReconcileReport:
         return self.reconciler.run_pass()
 
-    def trigger_reconcile(self) -> None:
-        self._loop.trigger()
-
     # -- maintenance (watcher thread) -------------------------------------------------------
 
     def maintain(self, identity: SocketIdentity | None = None) -> None:
