@@ -183,7 +183,9 @@ class InstaSliceStack(DaemonStack):
             self.plugins[node].start()
         self.controller = self._controller_process(cert_dir)
         self.controller.start()
-        self.wait_ready(timeout=timeout)
+        # every plugin starts with its classic shim on: wait for it too, or a classic pod created
+        # at once (the demo's samples) can reach a kubelet that does not serve nvidia.com/mig-* yet
+        self.wait_ready(timeout=timeout, classic=True)
 
     def stop(self, *, keep_logs: Path | None = None) -> None:
         """Controller first (no new allocations), then plugins, then the cluster; idempotent.

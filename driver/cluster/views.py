@@ -215,6 +215,14 @@ class _LazyView(_View):
     def __init__(self, raw: JsonObject) -> None:
         object.__setattr__(self, "raw", raw)
 
+    @classmethod
+    def parse(cls, obj: JsonObject) -> Self:
+        return cls(obj)
+
+    @lazy
+    def meta(self) -> Meta:
+        return Meta.parse(self.raw.get("metadata"))
+
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"views are read-only: cannot set {name}")
 
@@ -645,14 +653,6 @@ class ClaimView(_LazyView):
 
     KIND: ClassVar[str] = "ResourceClaim"
 
-    @classmethod
-    def parse(cls, obj: JsonObject) -> ClaimView:
-        return cls(obj)
-
-    @lazy
-    def meta(self) -> Meta:
-        return Meta.parse(self.raw.get("metadata"))
-
     @lazy
     def spec(self) -> ClaimSpecView:
         return ClaimSpecView.parse(self.raw.get("spec"))
@@ -857,14 +857,6 @@ class PodView(_LazyView):
     """A Pod; each part is parsed on first read."""
 
     KIND: ClassVar[str] = "Pod"
-
-    @classmethod
-    def parse(cls, obj: JsonObject) -> PodView:
-        return cls(obj)
-
-    @lazy
-    def meta(self) -> Meta:
-        return Meta.parse(self.raw.get("metadata"))
 
     @lazy
     def _spec(self) -> Mapping[str, Any]:
