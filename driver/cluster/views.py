@@ -80,6 +80,11 @@ def string_map(value: Any) -> Mapping[str, str]:
     return {str(k): text(v) for k, v in value.items() if v is not None}
 
 
+def quantities(value: Any) -> Mapping[str, str]:
+    """A map of ``{"value": <quantity>}`` entries (device capacity, counters) → name → quantity."""
+    return {str(k): text(mapping(v).get("value")) for k, v in mapping(value).items()}
+
+
 def integer(value: Any, default: int = 0) -> int:
     if isinstance(value, bool):
         return default
@@ -1048,10 +1053,7 @@ class CounterConsumption:
     def parse(cls, raw: Mapping[str, Any]) -> CounterConsumption:
         return cls(
             counter_set=text(raw.get("counterSet")),
-            counters={
-                str(k): text(mapping(v).get("value"))
-                for k, v in mapping(raw.get("counters")).items()
-            },
+            counters=quantities(raw.get("counters")),
         )
 
 
@@ -1075,10 +1077,7 @@ class SliceDevice:
         return cls(
             name=text(raw.get("name")),
             attributes=attributes,
-            capacity={
-                str(k): text(mapping(v).get("value"))
-                for k, v in mapping(raw.get("capacity")).items()
-            },
+            capacity=quantities(raw.get("capacity")),
             consumes=tuple(CounterConsumption.parse(c) for c in items(raw.get("consumesCounters"))),
             taints=tuple(Taint.parse(t) for t in items(raw.get("taints"))),
             raw=raw,
@@ -1094,10 +1093,7 @@ class CounterSet:
     def parse(cls, raw: Mapping[str, Any]) -> CounterSet:
         return cls(
             name=text(raw.get("name")),
-            counters={
-                str(k): text(mapping(v).get("value"))
-                for k, v in mapping(raw.get("counters")).items()
-            },
+            counters=quantities(raw.get("counters")),
         )
 
 
