@@ -80,16 +80,17 @@ def claim_template(name: str, *, profile: str, count: int = 1, namespace: str) -
     }
 
 
-def dra_pod(
+def _pod_with_claim(
     name: str,
     *,
-    template: str,
+    claim: JsonObject,
     namespace: str,
     gates: Iterable[str] = (),
     annotations: dict[str, str] | None = None,
 ) -> JsonObject:
+    """A pod whose one container uses the pod claim ``mig`` (``claim``: its source)."""
     spec: JsonObject = {
-        "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": template}],
+        "resourceClaims": [{"name": "mig", **claim}],
         "containers": [
             {
                 "name": "app",
@@ -100,12 +101,33 @@ def dra_pod(
     }
     if gates:
         spec["schedulingGates"] = [{"name": g} for g in gates]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}},
-        "spec": spec,
-    }
+    metadata: JsonObject = {"name": name, "namespace": namespace}
+    if annotations is not None:
+        metadata["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def dra_pod(
+    name: str,
+    *,
+    template: str,
+    namespace: str,
+    gates: Iterable[str] = (),
+    annotations: dict[str, str] | None = None,
+) -> JsonObject:
+    """A pod with one claim made from the ResourceClaimTemplate ``template``."""
+    return _pod_with_claim(
+        name,
+        claim={"resourceClaimTemplateName": template},
+        namespace=namespace,
+        gates=gates,
+        annotations=annotations or {},
+    )
+
+
+def claim_pod(name: str, *, claim: str, namespace: str) -> JsonObject:
+    """A pod using the existing ResourceClaim ``claim``."""
+    return _pod_with_claim(name, claim={"resourceClaimName": claim}, namespace=namespace)
 
 
 def classic_pod(name: str, *, profile: str, count: int = 1, namespace: str) -> JsonObject:

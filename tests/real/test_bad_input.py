@@ -15,6 +15,7 @@ from localcluster.realstack import RealStack
 from tests.controller.harness import claim_object, request
 from tests.e2e.conftest import E2E_NS
 from tests.e2e.helpers import (
+    claim_pod,
     classic_pod,
     get_pod,
     is_gated,
@@ -28,24 +29,6 @@ def _claim(body: JsonObject) -> JsonObject:
     copied = copy.deepcopy(body)
     copied["metadata"]["namespace"] = E2E_NS
     return copied
-
-
-def _pod_with_claim(name: str, claim: str) -> JsonObject:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": E2E_NS},
-        "spec": {
-            "resourceClaims": [{"name": "mig", "resourceClaimName": claim}],
-            "containers": [
-                {
-                    "name": "app",
-                    "image": "busybox:1.36",
-                    "resources": {"requests": {"cpu": "10m"}, "claims": [{"name": "mig"}]},
-                }
-            ],
-        },
-    }
 
 
 def _reason(stack: RealStack, name: str) -> str | None:
@@ -103,9 +86,11 @@ def test_a_bad_claim_gets_its_reason_and_a_good_pod_beside_it_runs(
     cluster: RealStack, claim: JsonObject, reason: str
 ) -> None:
     cluster.api.create(RESOURCE_CLAIMS, _claim(claim), namespace=E2E_NS)
-    cluster.api.create(PODS, _pod_with_claim("bad-pod", "bad"), namespace=E2E_NS)
+    cluster.api.create(PODS, claim_pod("bad-pod", claim="bad", namespace=E2E_NS), namespace=E2E_NS)
     cluster.api.create(RESOURCE_CLAIMS, _claim(claim_object("good")), namespace=E2E_NS)
-    cluster.api.create(PODS, _pod_with_claim("good-pod", "good"), namespace=E2E_NS)
+    cluster.api.create(
+        PODS, claim_pod("good-pod", claim="good", namespace=E2E_NS), namespace=E2E_NS
+    )
     wait_for(cluster, lambda: running(get_pod(cluster, E2E_NS, "good-pod")))
     wait_for(
         cluster,
@@ -178,7 +163,9 @@ def test_a_pod_of_another_dra_driver_is_left_to_kube_scheduler(cluster: RealStac
             "other", requests=[request(profile=None, device_class="gpu.example.com")]
         )
         cluster.api.create(RESOURCE_CLAIMS, _claim(other), namespace=E2E_NS)
-        cluster.api.create(PODS, _pod_with_claim("other-driver", "other"), namespace=E2E_NS)
+        cluster.api.create(
+            PODS, claim_pod("other-driver", claim="other", namespace=E2E_NS), namespace=E2E_NS
+        )
         # not ours: never gated (or ungated at once), no condition of ours, never placed on our slices
         wait_for(cluster, lambda: not is_gated(get_pod(cluster, E2E_NS, "other-driver")))
         assert _reason(cluster, "other-driver") is None

@@ -20,7 +20,15 @@ from driver.gpu.emulated import EmulatedGpuBackend
 from driver.taints import UNHEALTHY_TAINT_KEY
 from localcluster.realstack import RealStack
 from tests.e2e.conftest import E2E_NS
-from tests.e2e.helpers import apply, claim_template, dra_pod, get_pod, wait_for, wait_pod_running
+from tests.e2e.helpers import (
+    apply,
+    claim_pod,
+    claim_template,
+    dra_pod,
+    get_pod,
+    wait_for,
+    wait_pod_running,
+)
 
 POLL_WAIT_S = 40.0
 """The plugin notices a mark within one inventory poll (30 s in this tier); scaled by the stack."""
@@ -157,24 +165,6 @@ def _system_claim(name: str, *, parent_uuid: str, tolerate: bool) -> JsonObject:
     }
 
 
-def _system_pod(name: str, claim: str) -> JsonObject:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": SYSTEM_NS},
-        "spec": {
-            "resourceClaims": [{"name": "mig", "resourceClaimName": claim}],
-            "containers": [
-                {
-                    "name": "app",
-                    "image": "busybox:1.36",
-                    "resources": {"requests": {"cpu": "10m"}, "claims": [{"name": "mig"}]},
-                }
-            ],
-        },
-    }
-
-
 def _unschedulable(stack: RealStack, name: str) -> str | None:
     pod = get_pod(stack, SYSTEM_NS, name)
     for condition in ((pod or {}).get("status") or {}).get("conditions") or []:
@@ -225,7 +215,7 @@ def test_kube_scheduler_allocates_a_tainted_device_only_to_a_tolerating_claim(
         ):
             system_objects.append((kind, name))  # fmt: skip
         apply(cluster, [_system_claim("taint-plain", parent_uuid=uuid, tolerate=False)])
-        apply(cluster, [_system_pod("taint-plain", "taint-plain")])
+        apply(cluster, [claim_pod("taint-plain", claim="taint-plain", namespace=SYSTEM_NS)])
         message = wait_for(
             cluster,
             lambda: _unschedulable(cluster, "taint-plain"),
@@ -235,7 +225,7 @@ def test_kube_scheduler_allocates_a_tainted_device_only_to_a_tolerating_claim(
         assert _allocated(cluster, SYSTEM_NS, "taint-plain") == []
 
         apply(cluster, [_system_claim("taint-tolerant", parent_uuid=uuid, tolerate=True)])
-        apply(cluster, [_system_pod("taint-tolerant", "taint-tolerant")])
+        apply(cluster, [claim_pod("taint-tolerant", claim="taint-tolerant", namespace=SYSTEM_NS)])
         pod = wait_pod_running(cluster, SYSTEM_NS, "taint-tolerant")
         assert pod["spec"]["nodeName"] == node
         (result,) = _allocated(cluster, SYSTEM_NS, "taint-tolerant")
