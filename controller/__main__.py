@@ -56,6 +56,7 @@ def build_controller(settings: Settings, api: ClusterApi) -> Controller:
             sync=SyncConfig(
                 handoff_after=settings.handoff_after or None,
                 scheduler_mode=settings.allocation_mode == "scheduler",
+                nominate_node=settings.nominate_node,
             ),
         ),
         leader_election=election,

@@ -112,6 +112,13 @@ class ControllerMetrics:
             namespace=NAMESPACE,
             registry=self.registry,
         )
+        self._nominations_failed = Counter(
+            "node_nominations_failed",
+            "Placed pods whose status.nominatedNodeName could not be set (a hint for "
+            "kube-scheduler: they were ungated all the same).",
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
         self._released = Counter(
             "shadow_claims_released",
             "Shadow claims of finished classic pods whose allocation was cleared.",
@@ -133,6 +140,9 @@ class ControllerMetrics:
         self._ungated.inc()
         if latency_seconds is not None:
             self._latency.observe(max(0.0, latency_seconds))
+
+    def nomination_failed(self) -> None:
+        self._nominations_failed.inc()
 
     def decided(self, seconds: float) -> None:
         self._decision.observe(seconds)

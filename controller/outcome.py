@@ -46,6 +46,9 @@ class SyncConfig:
     None: never (the daemon's flag defaults to 120 s)."""
     scheduler_mode: bool = False
     """kube-scheduler allocates: every gated pod is handed over at once, nothing is allocated."""
+    nominate_node: bool = True
+    """Set a placed pod's ``status.nominatedNodeName`` to its node before ungating it
+    (docs/design.md F24)."""
 
 
 class NotLeaderError(DriverError):

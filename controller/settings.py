@@ -75,6 +75,8 @@ class Settings:
     handoff_after: float = DEFAULT_HANDOFF_AFTER
     """Controller mode: hand a DRA pod to kube-scheduler after this long without capacity or
     without being bound; 0 never hands off."""
+    nominate_node: bool = True
+    """Set a placed pod's ``status.nominatedNodeName`` before ungating it (docs/design.md F24)."""
     webhook_process: bool = True
     """Serve the webhook from a process of its own (``webhook_process``), started and watched by
     this one; False serves it from the controller's process (one interpreter lock shared with the
@@ -150,6 +152,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="serve the webhook from a child process with its own caches, so allocation work "
         f"never delays pod admission (env {env_var('webhook_process')}; default true)",
+    )
+    parser.add_argument(
+        "--nominate-node",
+        dest="nominate_node",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="name a placed pod's node in its status.nominatedNodeName before lifting the gate, "
+        "so kube-scheduler neither writes it itself (through its rate-limited client) nor "
+        f"searches other nodes (env {env_var('nominate_node')}; default true)",
     )
     parser.add_argument(
         "--leader-elect",
@@ -302,4 +313,5 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
         allocation_mode=args.allocation_mode,
         handoff_after=handoff_after,
         webhook_process=True if args.webhook_process is None else bool(args.webhook_process),
+        nominate_node=True if args.nominate_node is None else bool(args.nominate_node),
     )

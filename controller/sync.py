@@ -404,6 +404,8 @@ class PodSync:
                 )
         if node is not None:
             self._state.nodes.assume(pod, node)
+            if self.config.nominate_node:
+                self._nominate(pod, node)
         self._check_leader()
         ops.remove_scheduling_gate(self._api, pod=pod.raw)
         self._remember_ungated(pod)
@@ -411,6 +413,20 @@ class PodSync:
         if node is not None:
             self._reporter.placed(pod, node=node)
         logger.debug("pod %s/%s ungated for node %s", pod.namespace, pod.name, node)
+
+    def _nominate(self, pod: PodView, node: str) -> None:
+        """Name the node in ``status.nominatedNodeName`` before the gate goes (docs/design.md
+        F24): a hint, so a failure is logged and the pod ungated all the same."""
+        self._check_leader()
+        try:
+            ops.nominate_node(self._api, pod=pod.raw, node=node)
+        except ApiNotFoundError:
+            raise
+        except ClusterError as exc:
+            self._metrics.nomination_failed()
+            logger.info(
+                "pod %s/%s: cannot nominate node %s: %s", pod.namespace, pod.name, node, exc
+            )
 
     def _remember_ungated(self, pod: PodView) -> None:
         with self._ungated_lock:

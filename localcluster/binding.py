@@ -50,6 +50,8 @@ def bind_pod(store: Store, namespace: str, name: str, binding: JsonObj) -> str:
         if annotations:
             metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
         status = dict(pod.get("status") or {})
+        # ClearingNominatedNodeNameAfterBinding (beta, on since 1.35): the hint goes at binding
+        status.pop("nominatedNodeName", None)
         conditions = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
         conditions.append(
             {

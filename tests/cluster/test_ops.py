@@ -86,6 +86,23 @@ def test_node_selector_only_while_gated(api: KubeClusterApi) -> None:
         ops.set_pod_node_selector(api, pod=selected, node_selector={"x": "y"})
 
 
+def test_nominating_a_node_writes_status_once_and_never_a_replaced_pod(
+    api: KubeClusterApi,
+) -> None:
+    pod = api.create(PODS, objects.pod("p"))
+    nominated = ops.nominate_node(api, pod=pod, node="n1")
+    assert nominated["status"]["nominatedNodeName"] == "n1"
+    assert gate_names(nominated) == [SCHEDULING_GATE]  # spec untouched: a status write
+    again = ops.nominate_node(api, pod=nominated, node="n1")  # already named: no write
+    assert resource_version_of(again) == resource_version_of(nominated)
+    api.delete(PODS, name="p", namespace=objects.NAMESPACE)
+    api.create(PODS, objects.pod("p"))  # same name, another pod
+    with pytest.raises(InvalidError):  # the UID ``test`` refuses the stale view
+        ops.nominate_node(api, pod=pod, node="n2")
+    replaced = api.get(PODS, name="p", namespace=objects.NAMESPACE)
+    assert not replaced.get("status", {}).get("nominatedNodeName")
+
+
 def test_pod_condition_is_set_kept_and_not_rewritten(api: KubeClusterApi) -> None:
     pod = api.create(PODS, objects.pod("p"))
     with_other = copy.deepcopy(pod)

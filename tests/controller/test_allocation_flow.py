@@ -365,3 +365,45 @@ def test_a_pod_waiting_for_cpu_is_placed_when_the_pod_holding_it_goes(
     api.delete(PODS, name=placed, namespace=NS)  # its slice stays allocated; its CPU is free
     wait_for(lambda: ungated(api, waiting), what="placed once the CPU is free")
     assert assert_no_overlap(api) == 2
+
+
+def test_a_placed_pod_names_its_node_before_its_gate_goes(
+    apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack
+) -> None:
+    """docs/design.md F24: kube-scheduler finds ``status.nominatedNodeName`` already set when the
+    pod becomes schedulable, so it neither writes it nor searches other nodes."""
+    publish_node(api, "node-a", gpus=1)
+    create_pod_with_claim(api, "p1")
+    listed = api.list_objects(PODS, namespace=NS)
+    start_controller(apiserver, stack)
+
+    wait_for(lambda: ungated(api, "p1"), what="p1 ungated")
+    seen: list[tuple[bool, str | None]] = []  # (gated, nominatedNodeName) of every version
+    with api.watch(
+        PODS, resource_version=listed.resource_version, namespace=NS, timeout_seconds=1
+    ) as events:
+        for event in events:
+            pod = event.object
+            seen.append(
+                (
+                    bool(pod["spec"].get("schedulingGates")),
+                    pod.get("status", {}).get("nominatedNodeName"),
+                )
+            )
+            if not seen[-1][0]:
+                break
+    assert seen[-1] == (False, "node-a"), seen
+    assert (True, "node-a") in seen, seen  # written while the pod was still gated
+
+
+def test_without_nomination_the_pod_is_placed_and_names_no_node(
+    apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack
+) -> None:
+    publish_node(api, "node-a", gpus=1)
+    create_pod_with_claim(api, "p1")
+    start_controller(apiserver, stack, sync=SyncConfig(nominate_node=False))
+
+    wait_for(lambda: ungated(api, "p1"), what="p1 ungated")
+    pod = api.get(PODS, name="p1", namespace=NS)
+    assert not pod.get("status", {}).get("nominatedNodeName")
+    assert len(allocated_claims(api)) == 1

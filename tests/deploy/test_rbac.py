@@ -33,6 +33,7 @@ PLUGIN_CLUSTER_GRANTS: set[Grant] = {
 CONTROLLER_CLUSTER_GRANTS: set[Grant] = {
     *(("", "pods", v, None) for v in ("get", "list", "watch", "patch")),
     ("", "pods/status", "update", None),
+    ("", "pods/status", "patch", None),
     *(
         ("resource.k8s.io", "resourceclaims", v, None)
         for v in ("get", "list", "watch", "create", "update")

@@ -155,6 +155,17 @@ def test_binding_sets_node_name_and_scheduled_condition(core: Any) -> None:
     assert [(c.type, c.status) for c in bound.status.conditions] == [("PodScheduled", "True")]
 
 
+def test_binding_clears_the_nominated_node(core: Any) -> None:
+    """ClearingNominatedNodeNameAfterBinding (beta, on by default since 1.35)."""
+    core.create_namespaced_pod(NS, pod("p"))
+    core.patch_namespaced_pod_status("p", NS, {"status": {"nominatedNodeName": "node-1"}})
+    assert core.read_namespaced_pod("p", NS).status.nominated_node_name == "node-1"
+
+    _bind(core, "p", "node-1")
+
+    assert core.read_namespaced_pod("p", NS).status.nominated_node_name is None
+
+
 def test_binding_a_bound_pod_is_conflict(core: Any) -> None:
     core.create_namespaced_pod(NS, pod("p"))
     _bind(core, "p", "node-1")
