@@ -5,6 +5,7 @@ import http.client
 import json
 import socket
 import ssl
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import closing
 from pathlib import Path
@@ -116,6 +117,37 @@ def test_admission_review_round_trip_over_verified_tls(
         assert status == 200
         assert answer["response"]["allowed"] is False
         assert "nvidia.com/mig-9g.99gb" in answer["response"]["status"]["message"]
+
+
+def test_each_answer_leaves_in_one_write_on_a_nodelay_socket(
+    server: WebhookServer, cert_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Headers and body written apart made the body wait for kube-apiserver's delayed ACK (Nagle):
+    ~45 ms per review on a keep-alive connection, 0.6 ms once fixed."""
+    client = threading.get_ident()
+    writes: list[tuple[int, int]] = []  # (bytes, TCP_NODELAY) of each write by the server
+    send, sendall = ssl.SSLSocket.send, ssl.SSLSocket.sendall
+
+    def record(sock: ssl.SSLSocket, data: Any) -> None:
+        if threading.get_ident() != client:
+            writes.append((len(data), sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)))
+
+    def counted_send(sock: ssl.SSLSocket, data: Any, flags: int = 0) -> int:
+        record(sock, data)
+        return send(sock, data, flags)
+
+    def counted_sendall(sock: ssl.SSLSocket, data: Any, flags: int = 0) -> None:
+        record(sock, data)
+        sendall(sock, data, flags)
+
+    monkeypatch.setattr(ssl.SSLSocket, "send", counted_send)
+    monkeypatch.setattr(ssl.SSLSocket, "sendall", counted_sendall)
+    body = json.dumps(review(pod(limits={"nvidia.com/mig-1g.5gb": "1"}))).encode()
+    with closing(connect(server, cert_dir)) as connection:
+        for _ in range(2):
+            assert post(connection, "/mutate-v1-pod", body)[0] == 200
+    assert len(writes) == 2, writes
+    assert all(nodelay for _, nodelay in writes), writes
 
 
 def test_client_verifies_by_ip_address_too(server: WebhookServer, cert_dir: Path) -> None:
