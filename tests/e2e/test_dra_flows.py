@@ -72,6 +72,34 @@ def test_pods_of_one_profile_fill_the_cluster_and_one_more_runs_after_a_deletion
     assert (taken[0], taken[1], taken[2].placement) == (freed[0], freed[1], freed[2].placement)
 
 
+def test_the_node_a_pod_is_bound_to_was_nominated_while_it_was_gated(
+    cluster: InstaSliceStack,
+) -> None:
+    """docs/design.md F24: the controller names the node in ``status.nominatedNodeName`` before
+    lifting the gate; kube-scheduler binds there and the API server clears the field."""
+    apply(cluster, [claim_template("nominated", profile="1g.5gb", namespace=E2E_NS)])
+    listed = cluster.api.list_objects(PODS, namespace=E2E_NS)
+    apply(cluster, [dra_pod("nominated", template="nominated", namespace=E2E_NS)])
+    bound = wait_pod_running(cluster, E2E_NS, "nominated")
+    node = bound["spec"]["nodeName"]
+    versions: list[tuple[bool, str | None, str | None]] = []  # gated, nominated, bound node
+    with cluster.api.watch(
+        PODS,
+        resource_version=listed.resource_version,
+        namespace=E2E_NS,
+        field_selector="metadata.name=nominated",
+        timeout_seconds=5,
+    ) as events:
+        for event in events:
+            pod = event.object
+            spec, status = pod.get("spec") or {}, pod.get("status") or {}
+            versions.append((is_gated(pod), status.get("nominatedNodeName"), spec.get("nodeName")))
+            if spec.get("nodeName"):
+                break
+    assert (True, node, None) in versions, versions  # named while still gated
+    assert versions[-1] == (False, None, node), versions  # bound there; the hint cleared
+
+
 def test_1g_2g_and_3g_slices_share_one_gpu(cluster: InstaSliceStack) -> None:
     names = {"dra-pod-1g.5gb.yaml": "dra-1g-5gb", "dra-pod-2g.10gb.yaml": "dra-2g-10gb",
              "dra-pod-3g.20gb.yaml": "dra-3g-20gb"}  # fmt: skip
