@@ -33,6 +33,19 @@ def _all_running(stack: RealStack) -> bool:
     return bool(found) and all(running(p) or phase(p) == "Succeeded" for p in found)
 
 
+def _not_running(stack: RealStack) -> list[str]:
+    """Each pod that is neither Running nor Succeeded: phase, gates, node and conditions."""
+    found = pods(stack, SAMPLES_NS) + pods(stack, QUOTA_NS)
+    return [
+        f"{p['metadata']['namespace']}/{p['metadata']['name']}: phase {phase(p)!r}, "
+        f"gates {[g.get('name') for g in p['spec'].get('schedulingGates') or []]}, "
+        f"node {p['spec'].get('nodeName')!r}, conditions "
+        f"{[(c.get('type'), c.get('status'), c.get('reason'), c.get('message')) for c in (p.get('status') or {}).get('conditions') or []]}"
+        for p in found
+        if not (running(p) or phase(p) == "Succeeded")
+    ]
+
+
 def _delete_quota(stack: RealStack) -> None:
     stack.kubectl(["delete", "resourcequota", "--all", "-n", QUOTA_NS, "--ignore-not-found"])
 
@@ -41,7 +54,10 @@ def test_every_sample_runs_with_its_own_slices_and_is_removed_clean(classic: Rea
     objects = _samples()
     try:
         apply(classic, objects)
-        wait_for(classic, lambda: _all_running(classic), timeout=60, message="samples not running")
+        try:
+            wait_for(classic, lambda: _all_running(classic), timeout=60, message="not running")
+        except TimeoutError:
+            raise AssertionError(f"samples not running: {_not_running(classic)}") from None
         expected = sum(
             int((o.get("spec") or {}).get("replicas", 1))
             for o in objects
