@@ -34,7 +34,7 @@ DEFAULT_WORKERS: Final = 48
 """Pods placed at once: each waits on API round trips most of its time (real 1.36 control plane,
 1,000-pod burst: create -> ungated p50 6.9 s / p99 13.2 s with 16 workers, 3.7 s / 4.3 s with 48)."""
 DEFAULT_KUBE_API_QPS: Final = 500.0
-"""Three writes per pod (finalizer, allocation, gate) at well over 100 pods/s."""
+"""Four writes per pod (finalizer, allocation, nominated node, gate) at well over 100 pods/s."""
 DEFAULT_KUBE_API_BURST: Final = 1000
 ALLOCATION_MODES: Final = ("controller", "scheduler")
 DEFAULT_HANDOFF_AFTER: Final = 120.0
