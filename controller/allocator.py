@@ -14,8 +14,11 @@ Handlers only update the shared state and enqueue keys:
 Retries are event driven: a pod that cannot be placed now waits for one of those events, never for
 a timer — except the hand-off deadline (``handoff``): a DRA pod waiting for capacity is also looked
 at again when its ``handoff_after`` is up, and a pod we ungated that kube-scheduler reports
-unschedulable is enqueued, and again at its deadline, to have our allocation withdrawn. Workers take keys and run ``sync.PodSync`` (N of them, so API writes of different pods go
-out concurrently; decisions are serialized by the state's lock).
+unschedulable is enqueued, and again at its deadline, to have our allocation withdrawn; and a pass
+stopped because this replica could not prove it leads is retried (``SyncConfig.not_leader_retry``:
+a late lease renew makes ``is_leader()`` False for a moment without ending the term, so no
+``start_leading`` would requeue the pod). Workers take keys and run ``sync.PodSync`` (N of them,
+so API writes of different pods go out concurrently; decisions are serialized by the state's lock).
 
 Leadership: ``start_leading`` (on its own thread, after caches synced) rebuilds the state from the
 informers' copies of the API, then lets workers act and enqueues every gated pod, every finished

@@ -9,9 +9,10 @@ from contextlib import ExitStack
 import pytest
 
 from api.names import SCHEDULING_GATE
-from controller.sync import SyncConfig
+from controller.sync import Result, SyncConfig
 from driver.cluster.kube import KubeClusterApi
 from driver.cluster.port import PODS, gate_names
+from driver.cluster.views import PodView
 from localcluster.apiserver import LocalApiServer
 from tests.controller.harness import (
     NS,
@@ -92,3 +93,34 @@ def test_a_leader_killed_mid_burst_is_replaced_and_nothing_is_allocated_twice(
         "instaslice_controller_pods_ungated_total"
     )
     assert (taken_over or 0) > 0
+
+
+def test_a_pod_looked_at_while_a_lease_renew_is_late_is_placed_once_the_renew_lands(
+    apiserver: LocalApiServer, stack: ExitStack
+) -> None:
+    """``is_leader()`` is False while a renew is overdue and True again once a late one succeeds,
+    with no new term (no ``start_leading`` to requeue every gated pod): under CPU starvation this
+    blinks mid-burst. A pod looked at in the blink must be looked at again, not dropped until some
+    unrelated event."""
+    api = cluster_api(apiserver, stack)
+    publish_node(api, "node-00", gpus=1)
+    controller = start_controller(apiserver, stack, sync=SyncConfig(not_leader_retry=0.2))
+    allocator = controller.allocator
+    wait_for(lambda: allocator.leading_ready, what="the controller leads")
+    renewed = [False]
+    allocator._is_leader = lambda: renewed[0]  # the renew is late: not provably the leader
+    looked_at: list[str] = []
+    sync = allocator.sync.sync
+
+    def recording_sync(pod: PodView) -> Result:
+        result = sync(pod)
+        looked_at.append(result.outcome.value)
+        return result
+
+    allocator.sync.sync = recording_sync  # type: ignore[method-assign]
+    create_pod_with_claim(api, "p1")
+    wait_for(lambda: looked_at, what="p1 looked at during the blink")
+    assert _gated(api) == 1
+    renewed[0] = True  # the late renew succeeded: leader again, same term
+    wait_for(lambda: _gated(api) == 0, timeout=10, what="p1 placed after the blink")
+    assert assert_no_overlap(api) == 1
