@@ -40,6 +40,7 @@ from controller.handoff import unbound_since
 from controller.informers import BY_UID, ClusterInformers
 from controller.metrics import ControllerMetrics
 from controller.nodefilter import node_info
+from controller.outcome import NotLeaderError
 from controller.podclaims import is_our_class
 from controller.shadowrelease import ShadowReleaser, gone_key, pod_uid_of_key
 from controller.state import AllocationState
@@ -371,6 +372,9 @@ class Allocator:
         key = pod.key
         try:
             self._shadows.release_finished(pod)
+        except NotLeaderError:
+            self.queue.add_after(key, self.config.sync.not_leader_retry)  # see PodSync._not_leader
+            return
         except ClusterError as exc:
             logger.info("cannot release the shadow claims of pod %s yet: %s", key, exc)
             self.queue.add_rate_limited(key)
@@ -380,6 +384,9 @@ class Allocator:
     def _release_if_gone(self, key: str, pod_uid: str) -> None:
         try:
             self._shadows.release_if_gone(pod_uid)
+        except NotLeaderError:
+            self.queue.add_after(key, self.config.sync.not_leader_retry)
+            return
         except ClusterError as exc:
             logger.info("cannot release the shadow claims of pod %s yet: %s", pod_uid, exc)
             self.queue.add_rate_limited(key)
