@@ -3,12 +3,15 @@ placement is used twice and every pod that fits is placed."""
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from typing import Any
 
 import pytest
 
 from api.names import SCHEDULING_GATE
+from controller.informers import ClusterInformers
 from controller.sync import Result, SyncConfig
 from driver.cluster.kube import KubeClusterApi
 from driver.cluster.port import PODS, gate_names
@@ -39,6 +42,21 @@ def api(apiserver: LocalApiServer, stack: ExitStack) -> KubeClusterApi:
 def _create_pods(api: KubeClusterApi, count: int) -> None:
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda i: create_pod_with_claim(api, f"p{i:04d}"), range(count)))
+
+
+class _SlowSync:
+    """The informers, whose ``wait_for_sync`` returns only once ``synced`` is set."""
+
+    def __init__(self, informers: ClusterInformers, synced: threading.Event) -> None:
+        self._informers = informers
+        self._synced = synced
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._informers, name)
+
+    def wait_for_sync(self, *, timeout: float) -> bool:
+        self._synced.wait(timeout=10)
+        return self._informers.wait_for_sync(timeout=timeout)
 
 
 def _gated(api: KubeClusterApi) -> int:
@@ -124,3 +142,49 @@ def test_a_pod_looked_at_while_a_lease_renew_is_late_is_placed_once_the_renew_la
     renewed[0] = True  # the late renew succeeded: leader again, same term
     wait_for(lambda: _gated(api) == 0, timeout=10, what="p1 placed after the blink")
     assert assert_no_overlap(api) == 1
+
+
+def test_a_term_that_starts_while_a_lease_renew_is_late_still_allocates(
+    apiserver: LocalApiServer, stack: ExitStack
+) -> None:
+    """The state is rebuilt on a term's own thread after the caches sync; a renew that is late
+    right then (``is_leader()`` False for a moment) does not end the term, so the rebuild must not
+    give up on it: before, the replica went on renewing the lease without ever allocating."""
+    api = cluster_api(apiserver, stack)
+    publish_node(api, "node-00", gpus=1)
+    controller = start_controller(apiserver, stack, sync=SyncConfig(not_leader_retry=0.2))
+    allocator = controller.allocator
+    wait_for(lambda: allocator.leading_ready, what="the first term allocates")
+    allocator.stop_leading()  # the first term ends ...
+    renewed = [False]
+    allocator._is_leader = lambda: renewed[0]
+    allocator.start_leading()  # ... a second one starts while its first renew is late
+    thread = allocator._leading_thread
+    assert thread is not None
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    renewed[0] = True  # the renew lands: same term, never stopped
+    create_pod_with_claim(api, "p1")
+    wait_for(lambda: _gated(api) == 0, timeout=10, what="p1 placed in the second term")
+    assert assert_no_overlap(api) == 1
+
+
+def test_a_term_that_ends_while_the_state_is_rebuilt_does_not_allocate(
+    apiserver: LocalApiServer, stack: ExitStack
+) -> None:
+    """The other side: ``stop_leading`` before the rebuild finished leaves the replica idle."""
+    api = cluster_api(apiserver, stack)
+    publish_node(api, "node-00", gpus=1)
+    controller = start_controller(apiserver, stack)
+    allocator = controller.allocator
+    wait_for(lambda: allocator.leading_ready, what="the first term allocates")
+    allocator.stop_leading()
+    synced = threading.Event()
+    allocator._informers = _SlowSync(allocator._informers, synced)  # type: ignore[assignment]
+    allocator.start_leading()  # a second term, waiting for the caches ...
+    allocator.stop_leading()  # ... ends before they sync
+    synced.set()
+    thread = allocator._leading_thread
+    assert thread is not None
+    thread.join(timeout=30)
+    assert not allocator.leading_ready
