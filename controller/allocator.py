@@ -14,13 +14,18 @@ Handlers only update the shared state and enqueue keys:
 Retries are event driven: a pod that cannot be placed now waits for one of those events, never for
 a timer — except the hand-off deadline (``handoff``): a DRA pod waiting for capacity is also looked
 at again when its ``handoff_after`` is up, and a pod we ungated that kube-scheduler reports
-unschedulable is enqueued, and again at its deadline, to have our allocation withdrawn. Workers take keys and run ``sync.PodSync`` (N of them, so API writes of different pods go
-out concurrently; decisions are serialized by the state's lock).
+unschedulable is enqueued, and again at its deadline, to have our allocation withdrawn; and a pass
+stopped because this replica could not prove it leads is retried (``SyncConfig.not_leader_retry``:
+a late lease renew makes ``is_leader()`` False for a moment without ending the term, so no
+``start_leading`` would requeue the pod). Workers take keys and run ``sync.PodSync`` (N of them,
+so API writes of different pods go out concurrently; decisions are serialized by the state's lock).
 
 Leadership: ``start_leading`` (on its own thread, after caches synced) rebuilds the state from the
 informers' copies of the API, then lets workers act and enqueues every gated pod, every finished
 classic pod and every pod UID that shadow claims name but the pod cache does not know;
-``stop_leading`` stops them at once (and every write checks ``is_leader`` too).
+``stop_leading`` stops them at once (and every write checks ``is_leader`` too). Whether the rebuild
+may still start allocating is decided by the term (no ``stop_leading`` since its ``start_leading``),
+not by ``is_leader()``, which is False for a moment whenever a renew is late.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from controller.handoff import unbound_since
 from controller.informers import BY_UID, ClusterInformers
 from controller.metrics import ControllerMetrics
 from controller.nodefilter import node_info
+from controller.outcome import NotLeaderError
 from controller.podclaims import is_our_class
 from controller.shadowrelease import ShadowReleaser, gone_key, pod_uid_of_key
 from controller.state import AllocationState
@@ -97,6 +103,8 @@ class Allocator:
         self._waiting_change: set[str] = set()
         self._workers: list[threading.Thread] = []
         self._leading_thread: threading.Thread | None = None
+        self._term = 0
+        """Bumped by ``start_leading`` and ``stop_leading``: a rebuild acts only for its own term."""
         self.sync = PodSync(
             api=api,
             informers=informers,
@@ -368,6 +376,9 @@ class Allocator:
         key = pod.key
         try:
             self._shadows.release_finished(pod)
+        except NotLeaderError:
+            self.queue.add_after(key, self.config.sync.not_leader_retry)  # see PodSync._not_leader
+            return
         except ClusterError as exc:
             logger.info("cannot release the shadow claims of pod %s yet: %s", key, exc)
             self.queue.add_rate_limited(key)
@@ -377,6 +388,9 @@ class Allocator:
     def _release_if_gone(self, key: str, pod_uid: str) -> None:
         try:
             self._shadows.release_if_gone(pod_uid)
+        except NotLeaderError:
+            self.queue.add_after(key, self.config.sync.not_leader_retry)
+            return
         except ClusterError as exc:
             logger.info("cannot release the shadow claims of pod %s yet: %s", pod_uid, exc)
             self.queue.add_rate_limited(key)
@@ -387,24 +401,40 @@ class Allocator:
 
     def start_leading(self) -> None:
         """Called when the lease is won; returns at once (the rebuild runs on its own thread)."""
-        thread = threading.Thread(target=self._lead, name=f"{self.config.name}-lead", daemon=True)
+        with self._lock:
+            self._term += 1
+            term = self._term
+        thread = threading.Thread(
+            target=self._lead, args=(term,), name=f"{self.config.name}-lead", daemon=True
+        )
         self._leading_thread = thread
         thread.start()
 
-    def _lead(self) -> None:
+    def _term_over(self, term: int) -> bool:
+        """``stop_leading`` (or ``stop``) was called since ``term`` started. Not ``is_leader()``:
+        that is also False for a moment while a renew is late, and the term goes on once it lands
+        (no new ``start_leading`` would come to rebuild)."""
+        with self._lock:
+            return self._stopped.is_set() or self._term != term
+
+    def _lead(self, term: int) -> None:
         if not self._informers.wait_for_sync(timeout=self.config.cache_sync_timeout):
             logger.error(
                 "caches did not sync within %.0fs; not allocating", self.config.cache_sync_timeout
             )
             return
-        if self._stopped.is_set() or not self._is_leader():
+        if self._term_over(term):
             return
         informers = self._informers
         self.state.rebuild(slices=informers.slices.list, claims=informers.claims.list)
         self.state.warm(
             c for c in informers.classes.list() if is_our_class(DeviceClassView.of(c).name, c)
         )
-        self._active.set()
+        with self._lock:  # so that a stop_leading meanwhile is not undone
+            if self._stopped.is_set() or self._term != term:
+                logger.info("leadership ended while the state was rebuilt; not allocating")
+                return
+            self._active.set()
         logger.info("allocating as leader")
         for obj in informers.pods.list():
             pod = PodView.of(obj)
@@ -414,9 +444,11 @@ class Allocator:
             self.queue.add(gone_key(pod_uid))
 
     def stop_leading(self) -> None:
-        if self._active.is_set():
-            logger.info("stopped allocating (no longer leader)")
-        self._active.clear()
+        with self._lock:
+            self._term += 1
+            if self._active.is_set():
+                logger.info("stopped allocating (no longer leader)")
+            self._active.clear()
 
     @property
     def leading_ready(self) -> bool:
@@ -424,8 +456,9 @@ class Allocator:
         return self._active.is_set()
 
     def stop(self, *, timeout: float = 10.0) -> None:
-        self._stopped.set()
-        self._active.clear()
+        with self._lock:
+            self._stopped.set()
+            self._active.clear()
         self.queue.shutdown()
         deadline = time.monotonic() + timeout
         for thread in self._workers:

@@ -40,6 +40,12 @@ class SyncConfig:
     pod's claim is withdrawn (their writers may have died before checking)."""
     yield_delay: tuple[float, float] = (0.01, 0.2)
     """Random delay before retrying a pod whose allocation was withdrawn."""
+    not_leader_retry: float = 1.0
+    """How soon a pod is looked at again after a pass stopped because this replica could not
+    prove it leads (``is_leader()`` is False while a lease renew is overdue). Leadership may come
+    back without a new term — a late renew succeeds, and nothing requeues the gated pods then —
+    so the pod is retried; once the replica has stepped down, its retries are dropped and
+    ``start_leading`` requeues every gated pod when the lease is won again."""
     handoff_after: float | None = None
     """Hand a DRA pod to kube-scheduler (ungated, no allocation of ours) once it has waited this
     long for capacity, or, placed and ungated, has not been bound for this long (``handoff``).

@@ -33,6 +33,7 @@ from api.names import SHADOW_CLAIM_LABEL
 from controller import classic
 from controller.informers import BY_SHADOW_POD, BY_UID, ClusterInformers
 from controller.metrics import ControllerMetrics
+from controller.outcome import NotLeaderError
 from driver.cluster.port import PODS, RESOURCE_CLAIMS, ClusterApi, JsonObject
 from driver.cluster.views import ClaimView, PodView
 from driver.errors import ApiNotFoundError, ConflictError
@@ -136,14 +137,16 @@ class ShadowReleaser:
     # -- releasing -----------------------------------------------------------------------------
 
     def release_finished(self, pod: PodView) -> None:
-        """Release the shadow claims of ``pod``, known (from the cache) to have finished."""
+        """Release the shadow claims of ``pod``, known (from the cache) to have finished
+        (``ClusterError``, ``NotLeaderError``: try again later)."""
         for claim in self._claims_of(pod.uid):
             self._release(claim, pod_uid=pod.uid)
 
     def release_if_gone(self, pod_uid: str) -> None:
         """Release the shadow claims of pod ``pod_uid`` if the API shows it gone or finished.
 
-        ``ClusterError`` when the API could not be asked or written: try again later.
+        ``ClusterError`` when the API could not be asked or written, ``NotLeaderError`` when this
+        replica cannot prove it leads (a late lease renew): try again later.
         """
         fates: dict[tuple[str, str], PodFate] = {}
         for claim in self._claims_of(pod_uid):
@@ -181,7 +184,7 @@ class ShadowReleaser:
     def _release(self, claim: ClaimView, *, pod_uid: str) -> None:
         for attempt in range(_ATTEMPTS):
             if not self._is_leader():
-                return
+                raise NotLeaderError("not the leader")
             try:
                 if classic.release(self._api, claim, pod_uid=pod_uid):
                     self._metrics.shadow_released()

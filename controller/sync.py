@@ -17,7 +17,10 @@ A DRA pod that waits for capacity longer than ``SyncConfig.handoff_after``, or t
 kube-scheduler cannot bind for that long, is handed to kube-scheduler; in scheduler mode every gated
 pod is (``handoff``).
 
-Every write first checks ``is_leader()``: a replica that lost its lease stops at once.
+Every write first checks ``is_leader()``: a replica that lost its lease stops at once. The pod is
+looked at again after ``SyncConfig.not_leader_retry``: ``is_leader()`` is also False for a moment
+when a lease renew is late, and leadership then comes back without a new term, so nothing else
+would requeue it.
 """
 
 from __future__ import annotations
@@ -128,6 +131,11 @@ class PodSync:
         if not self._is_leader():
             raise NotLeaderError("not the leader")
 
+    def _not_leader(self) -> Result:
+        """A pass stopped by ``NotLeaderError``: look again soon. Waiting for an event instead
+        would lose the pod when leadership comes back without a new term (a late renew)."""
+        return Result(Outcome.RETRY_AFTER, self.config.not_leader_retry)
+
     # -- the pass ------------------------------------------------------------------------------
 
     def sync(self, pod: PodView) -> Result:
@@ -181,7 +189,7 @@ class PodSync:
             self._reporter.problem(pod, problem)
             return Result(Outcome.WAIT_CHANGE)
         except NotLeaderError:
-            return Result(Outcome.WAIT)
+            return self._not_leader()
         except ApiNotFoundError as exc:
             logger.info("pod %s/%s: %s; retrying", pod.namespace, pod.name, exc)
             return Result(Outcome.RETRY)
@@ -214,7 +222,7 @@ class PodSync:
             self._check_leader()
             ops.remove_scheduling_gate(self._api, pod=pod.raw)
         except NotLeaderError:
-            return Result(Outcome.WAIT)
+            return self._not_leader()
         except ApiNotFoundError:
             return Result(Outcome.DONE)
         except ClusterError as exc:
@@ -287,7 +295,7 @@ class PodSync:
         except (NotReady, PlacementProblem, ApiNotFoundError):
             return Result(Outcome.DONE)
         except NotLeaderError:
-            return Result(Outcome.WAIT)
+            return self._not_leader()
         except ConflictError:
             return Result(Outcome.RETRY)  # reserved or changed meanwhile: look again
         except ClusterError as exc:

@@ -288,6 +288,33 @@ def wait_for(predicate: Callable[[], Any], *, timeout: float = 10.0, what: str =
         time.sleep(0.02)
 
 
+def wait_for_progress(
+    count: Callable[[], int],
+    *,
+    target: int = 0,
+    stall: float = 60.0,
+    interval: float = 0.25,
+    what: str = "",
+) -> None:
+    """Poll ``count`` (work left: gated pods, say) until it is at most ``target``; fail only when
+    it has not gone down for ``stall`` seconds. A slow, loaded machine is not a stuck controller:
+    this waits as long as work gets done, and still catches work that is never done. ``interval``
+    is long enough that the polling (a list of every pod, say) does not starve the controllers it
+    waits for, which share this process."""
+    best = count()
+    progressed = time.monotonic()
+    while best > target:
+        time.sleep(interval)
+        now = count()
+        if now < best:
+            best, progressed = now, time.monotonic()
+        elif time.monotonic() - progressed > stall:
+            raise AssertionError(
+                f"timed out waiting for {what or count}: {best} left (target {target}), "
+                f"none done for {stall:.0f}s"
+            )
+
+
 def get_pod(api: ClusterApi, name: str) -> JsonObject:
     return api.get(PODS, name=name, namespace=NS)
 

@@ -18,9 +18,11 @@ from api.names import DELETE_PROTECTION_FINALIZER, DRIVER_NAME, SHADOW_CLAIM_LAB
 from controller import classic
 from controller.results import node_selector
 from controller.shadowrelease import PodFate, pod_fate
+from controller.sync import SyncConfig
 from driver.cluster import ops
 from driver.cluster.kube import KubeClusterApi
 from driver.cluster.port import PODS, RESOURCE_CLAIMS, RESOURCE_SLICES, JsonObject
+from driver.cluster.views import PodView
 from driver.errors import ApiNotFoundError, ConflictError
 from driver.resourceslices import complete_pools, parse_devices
 from localcluster.apiserver import LocalApiServer
@@ -324,3 +326,34 @@ def test_a_finished_pods_shadow_claim_ends_released_whichever_controller_syncs_i
     wait_for(lambda: _no_claims(api, uid), what="the finished pod's shadow claim gone")
     wait_for(lambda: ungated(api, waiting), what="the freed GPU reused")
     assert assert_no_overlap(api) == 1
+
+
+def test_a_finished_pod_looked_at_while_a_lease_renew_is_late_is_released_once_it_lands(
+    apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack
+) -> None:
+    """``is_leader()`` blinks False while a renew is overdue and comes back with no new term (no
+    ``start_leading`` to requeue anything): a finished pod looked at in the blink must be looked
+    at again, or its slices stay taken until the pod is deleted."""
+    controller = start_controller(apiserver, stack, sync=SyncConfig(not_leader_retry=0.2))
+    allocator = controller.allocator
+    api.create(PODS, pod_object("job", classic=WHOLE_GPU), namespace=NS)
+    pod = _placed(api, "job")
+    uid = pod["metadata"]["uid"]
+    renewed = [False]
+    allocator._is_leader = lambda: renewed[0]  # the renew is late: not provably the leader
+    looked_at: list[str] = []
+    release = allocator._shadows.release_finished
+
+    def recording_release(finished: PodView) -> None:
+        looked_at.append(finished.name)
+        release(finished)
+
+    allocator._shadows.release_finished = recording_release  # type: ignore[method-assign,assignment]
+    api.update_status(PODS, {**pod, "status": {**pod.get("status", {}), "phase": "Succeeded"}})
+    wait_for(lambda: looked_at, what="the finished pod looked at during the blink")
+    assert all(c["status"].get("allocation") for c in _shadow_claims(api, uid))
+    renewed[0] = True  # the late renew succeeded: leader again, same term
+    wait_for(
+        lambda: not any(c["status"].get("allocation") for c in _shadow_claims(api, uid)),
+        what="the finished pod's shadow claim released after the blink",
+    )
