@@ -28,6 +28,7 @@ from kubernetes.config.config_exception import ConfigException
 
 from driver.closing import ClosedOnExit
 from driver.cluster.clock import Clock, SystemClock
+from driver.cluster.kube_http import FastHttp
 from driver.cluster.kube_watch import KubeWatchStream
 from driver.cluster.kube_wire import status_error, with_kind
 from driver.cluster.port import (
@@ -124,6 +125,19 @@ class KubeClusterApi(ClosedOnExit):
             if configuration.proxy
             else self._client.rest_client.pool_manager.connection_from_url(self._origin)
         )
+        # Ordinary requests skip urllib3's per-request machinery too (``kube_http``); watches
+        # stream through urllib3, and a proxy keeps everything there.
+        self._fast: FastHttp | None = (
+            None
+            if self._pool is None
+            else FastHttp(
+                pool=self._pool,
+                netloc=host.netloc.rpartition("@")[2],
+                maxsize=self._settings.connection_pool_maxsize,
+                connect_timeout=self._settings.connect_timeout,
+                read_timeout=self._settings.request_timeout,
+            )
+        )
         self._bucket = TokenBucket(
             qps=self._settings.qps, burst=self._settings.burst, clock=clock or SystemClock()
         )
@@ -133,6 +147,8 @@ class KubeClusterApi(ClosedOnExit):
         return str(self._client.configuration.host)
 
     def close(self) -> None:
+        if self._fast is not None:
+            self._fast.close()
         self._client.close()  # type: ignore[no-untyped-call]
 
     # -- ClusterApi -------------------------------------------------------------------------
@@ -274,17 +290,9 @@ class KubeClusterApi(ClosedOnExit):
     ) -> bytes:
         """One request by path, the response body as it came (``/metrics`` text, a delete of a
         collection): for tools and benchmarks; daemons use the ``ClusterApi`` methods."""
-        response = self._send(
-            method,
-            path,
-            query=query,
-            body=body,
-            accept=accept,
-            timeout=(self._settings.connect_timeout, self._settings.request_timeout),
-        )
-        data = _drain(response)
-        if not 200 <= response.status <= 299:
-            raise status_error(method, path, response.status, data)
+        status, data = self._exchange(method, path, query=query, body=body, accept=accept)
+        if not 200 <= status <= 299:
+            raise status_error(method, path, status, data)
         return data
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -306,17 +314,11 @@ class KubeClusterApi(ClosedOnExit):
         body: object = None,
         content_type: str = "application/json",
     ) -> JsonObject:
-        response = self._send(
-            method,
-            path,
-            query=query,
-            body=body,
-            content_type=content_type,
-            timeout=(self._settings.connect_timeout, self._settings.request_timeout),
+        status, data = self._exchange(
+            method, path, query=query, body=body, content_type=content_type
         )
-        data = _drain(response)
-        if not 200 <= response.status <= 299:
-            raise status_error(method, path, response.status, data)
+        if not 200 <= status <= 299:
+            raise status_error(method, path, status, data)
         try:
             decoded = orjson.loads(data) if data else {}
         except ValueError as exc:
@@ -324,6 +326,48 @@ class KubeClusterApi(ClosedOnExit):
         if not isinstance(decoded, dict):
             raise ClusterError(f"{method} {path}: response is not a JSON object")
         return decoded
+
+    def _exchange(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: object = None,
+        content_type: str = "application/json",
+        accept: str = "application/json",
+    ) -> tuple[int, bytes]:
+        """(status, body) of one ordinary request, read whole."""
+        fast = self._fast
+        if fast is None:
+            response = self._send(
+                method,
+                path,
+                query=query,
+                body=body,
+                content_type=content_type,
+                accept=accept,
+                timeout=(self._settings.connect_timeout, self._settings.request_timeout),
+            )
+            return int(response.status), _drain(response)
+        self._bucket.acquire()
+        headers = {**self._client.default_headers, "Accept": accept}
+        payload = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            payload = orjson.dumps(body)
+        target = self._base_path + path
+        if query:
+            target += "?" + urlencode(query)
+        try:
+            self._client.update_params_for_auth(headers, [], ["BearerToken"], path, method, None)
+        except ApiException as exc:
+            raise ClusterError(f"{method} {path}: {exc}") from exc
+        block = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        try:
+            return fast.request(method, target, block.encode("latin-1"), payload)
+        except ClusterError as exc:
+            raise ClusterError(f"{method} {path}: {exc}") from exc
 
     def _send(
         self,
