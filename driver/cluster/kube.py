@@ -7,9 +7,11 @@ encoded by ``orjson``; responses are decoded by ``orjson`` too. The bodies stay
 the wire JSON (no round trip through generated models that drop fields they do not know, like newer
 ``resource.k8s.io/v1`` ones), one code path serves every resource, and the client's own per-request
 work — a recursive ``sanitize_for_serialization`` of the body, ``json.dumps``, the pool manager's
-URL parsing and pool lookup — is skipped: it was most of the controller's CPU per placed pod. A watch
-response is read by ``kube_watch.KubeWatchStream``; Status bodies become our errors in ``kube_wire``
-(both plain Python, no ``kubernetes`` import).
+URL parsing and pool lookup — is skipped: it was most of the controller's CPU per placed pod. Past a
+proxy-less pool, urllib3's own per-request work is skipped too: requests and watch bodies are
+exchanged on the pool's connected sockets by ``kube_http``. A watch response is read by
+``kube_watch.KubeWatchStream``; Status bodies become our errors in ``kube_wire`` (all plain Python,
+no ``kubernetes`` import).
 """
 
 from __future__ import annotations
@@ -204,6 +206,17 @@ class KubeClusterApi(ClosedOnExit):
         if allow_bookmarks:
             query.append(("allowWatchBookmarks", "true"))
         path = resource.path(namespace=namespace)
+        if self._fast is not None:
+            target, block, _ = self._prepare("GET", path, query=query)
+            try:
+                status, body = self._fast.stream(
+                    target, block, read_timeout=timeout + _WATCH_READ_SLACK_S
+                )
+            except ClusterError as exc:
+                raise ClusterError(f"GET {path}: {exc}") from exc
+            if isinstance(body, bytes):
+                raise status_error("GET", path, status, body)
+            return KubeWatchStream(resource=resource, response=body, path=path)
         response = self._send(
             "GET",
             path,
@@ -350,6 +363,26 @@ class KubeClusterApi(ClosedOnExit):
                 timeout=(self._settings.connect_timeout, self._settings.request_timeout),
             )
             return int(response.status), _drain(response)
+        target, block, payload = self._prepare(
+            method, path, query=query, body=body, content_type=content_type, accept=accept
+        )
+        try:
+            return fast.request(method, target, block, payload)
+        except ClusterError as exc:
+            raise ClusterError(f"{method} {path}: {exc}") from exc
+
+    def _prepare(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: object = None,
+        content_type: str = "application/json",
+        accept: str = "application/json",
+    ) -> tuple[str, bytes, bytes | None]:
+        """(request target, header lines, encoded body) for ``kube_http``, after the client-side
+        rate limit."""
         self._bucket.acquire()
         headers = {**self._client.default_headers, "Accept": accept}
         payload = None
@@ -360,14 +393,12 @@ class KubeClusterApi(ClosedOnExit):
         if query:
             target += "?" + urlencode(query)
         try:
+            # the client's auth (a refreshed token, when its configuration has a refresh hook)
             self._client.update_params_for_auth(headers, [], ["BearerToken"], path, method, None)
         except ApiException as exc:
             raise ClusterError(f"{method} {path}: {exc}") from exc
         block = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-        try:
-            return fast.request(method, target, block.encode("latin-1"), payload)
-        except ClusterError as exc:
-            raise ClusterError(f"{method} {path}: {exc}") from exc
+        return target, block.encode("latin-1"), payload
 
     def _send(
         self,

@@ -8,8 +8,8 @@ socket's bytes (status line, ``Content-Length`` or chunked body), nothing more.
 
 The connections themselves still come from the client's urllib3 pool (``_new_conn``), so TLS —
 CA bundle, client certificate, hostname check — is set up exactly as the ``kubernetes`` client
-configured it; we only take the connected socket. Watches and requests through a proxy keep using
-urllib3 (``kube``). Retries match the urllib3 ``Retry`` the adapter configures: connect errors up to
+configured it; we only take the connected socket. Requests through a proxy keep using urllib3
+(``kube``). Retries match the urllib3 ``Retry`` the adapter configures: connect errors up to
 three times, and a request on a connection that fails (a dropped kept-alive connection, a read
 timeout) once more on a fresh one only for idempotent methods; never on a status code.
 """
@@ -88,6 +88,52 @@ class FastHttp:
     ) -> tuple[int, bytes]:
         """(status, body) of one request; ``header_block`` is the ``Name: value\\r\\n`` lines
         beyond ``Host`` and ``Content-Length``. Network failures raise ``ClusterError``."""
+        connection, buffer, version, status, headers = self._send(
+            method, target, header_block, body, None
+        )
+        try:
+            data, keep = _read_body(connection.sock, buffer, method, version, status, headers)
+        except (OSError, ProtocolError) as exc:
+            connection.close()
+            raise ClusterError(str(exc) or type(exc).__name__) from exc
+        except BaseException:
+            connection.close()
+            raise
+        if keep:
+            self._release(connection)
+        else:
+            connection.close()
+        return status, data
+
+    def stream(
+        self, target: str, header_block: bytes, *, read_timeout: float
+    ) -> tuple[int, bytes | BodyStream]:
+        """A GET whose body is read as it comes (a watch): (status, ``BodyStream``) for a 2xx
+        answer, else (status, the whole body). The connection is the stream's from then on: it is
+        closed with it, never handed out again."""
+        connection, buffer, version, status, headers = self._send(
+            "GET", target, header_block, None, read_timeout
+        )
+        if 200 <= status <= 299:
+            return status, BodyStream(connection, buffer, headers)
+        try:
+            data, _ = _read_body(connection.sock, buffer, "GET", version, status, headers)
+        except (OSError, ProtocolError) as exc:
+            raise ClusterError(str(exc) or type(exc).__name__) from exc
+        finally:
+            connection.close()
+        return status, data
+
+    def _send(
+        self,
+        method: str,
+        target: str,
+        header_block: bytes,
+        body: bytes | None,
+        read_timeout: float | None,
+    ) -> tuple[_Connection, bytearray, str, int, dict[str, str]]:
+        """Send the request and read the response's head: (connection, bytes read past the head,
+        HTTP version, status, headers)."""
         head = b"".join(
             (
                 f"{method} {target} HTTP/1.1\r\n".encode("latin-1"),
@@ -101,9 +147,12 @@ class FastHttp:
         read_retry = method in _IDEMPOTENT
         while True:
             connection = self._acquire()
+            buffer = bytearray()
             try:
+                if read_timeout is not None:
+                    connection.sock.settimeout(read_timeout)
                 connection.sock.sendall(message)
-                status, data, keep = _read_response(connection.sock, method)
+                version, status, headers = _read_head(connection.sock, buffer)
             except (OSError, ProtocolError) as exc:
                 connection.close()
                 if read_retry:
@@ -113,11 +162,7 @@ class FastHttp:
             except BaseException:
                 connection.close()
                 raise
-            if keep:
-                self._release(connection)
-            else:
-                connection.close()
-            return status, data
+            return connection, buffer, version, status, headers
 
     def close(self) -> None:
         with self._lock:
@@ -161,10 +206,16 @@ class FastHttp:
         raise ClusterError(f"cannot connect to the API server: {error}") from error
 
 
-def _read_response(sock: socket.socket, method: str) -> tuple[int, bytes, bool]:
-    """(status, body, connection reusable) of the next response on ``sock``."""
-    buffer = bytearray()
-    version, status, headers = _read_head(sock, buffer)
+def _read_body(
+    sock: socket.socket,
+    buffer: bytearray,
+    method: str,
+    version: str,
+    status: int,
+    headers: dict[str, str],
+) -> tuple[bytes, bool]:
+    """(body, connection reusable) of a response whose head was read; ``buffer`` holds what was
+    read past the head."""
     connection = headers.get("connection", "").lower()
     keep = "keep-alive" in connection if version == "HTTP/1.0" else "close" not in connection
     if status in (204, 304) or method == "HEAD":
@@ -172,17 +223,20 @@ def _read_response(sock: socket.socket, method: str) -> tuple[int, bytes, bool]:
     elif "chunked" in headers.get("transfer-encoding", "").lower():
         body = _read_chunked(sock, buffer)
     elif "content-length" in headers:
-        try:
-            length = int(headers["content-length"].split(",")[0])
-        except ValueError as exc:
-            raise ProtocolError("malformed Content-Length") from exc
-        body = _read_exactly(sock, buffer, length)
+        body = _read_exactly(sock, buffer, _content_length(headers))
     else:  # the body runs to the end of the connection
         body = _read_to_end(sock, buffer)
         keep = False
     if buffer:
         keep = False  # bytes past the response: never hand such a connection out again
-    return status, _decoded(body, headers.get("content-encoding", "identity").lower()), keep
+    return _decoded(body, headers.get("content-encoding", "identity").lower()), keep
+
+
+def _content_length(headers: dict[str, str]) -> int:
+    try:
+        return int(headers["content-length"].split(",")[0])
+    except ValueError as exc:
+        raise ProtocolError("malformed Content-Length") from exc
 
 
 def _read_head(sock: socket.socket, buffer: bytearray) -> tuple[str, int, dict[str, str]]:
@@ -280,3 +334,97 @@ def _read_to_end(sock: socket.socket, buffer: bytearray) -> bytes:
     body = bytes(buffer)
     buffer.clear()
     return body
+
+
+class BodyStream:
+    """A response body read as it comes, for ``KubeWatchStream``: ``read1`` returns the body bytes
+    that have arrived (chunked framing removed), b"" at its end; ``shutdown`` from another thread
+    wakes a blocked reader; ``close`` drops the connection."""
+
+    def __init__(self, connection: _Connection, buffer: bytearray, headers: dict[str, str]) -> None:
+        if headers.get("content-encoding", "identity").lower() != "identity":
+            connection.close()
+            raise ClusterError(f"unsupported Content-Encoding {headers['content-encoding']!r}")
+        self._connection = connection
+        self._sock = connection.sock
+        self._raw = buffer
+        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        self._left = _content_length(headers) if "content-length" in headers else -1
+        """Chunked: bytes left in the current chunk, -1 before a size line, -2 before the CRLF
+        ending a chunk. Otherwise: body bytes left (-1: until the connection closes)."""
+        self._done = False
+        self._sock_shutdown = self.shutdown  # what KubeWatchStream looks for
+
+    def read1(self, size: int = _READ_SIZE) -> bytes:
+        while True:
+            data = self._take(size)
+            if data or self._done:
+                return data
+            chunk = self._sock.recv(_READ_SIZE)
+            if not chunk:
+                if self._chunked or self._left > 0:
+                    raise ProtocolError("connection closed in the middle of a response")
+                self._done = True
+                return b""
+            self._raw += chunk
+
+    def _take(self, size: int) -> bytes:
+        raw = self._raw
+        if not self._chunked:
+            if self._left >= 0:
+                size = min(size, self._left)
+                self._left -= min(size, len(raw))
+                self._done = self._left == 0
+            data = bytes(raw[:size])
+            del raw[:size]
+            return data
+        return self._take_chunked(raw)
+
+    def _take_chunked(self, raw: bytearray) -> bytes:
+        out: list[bytes] = []
+        pos = 0
+        while not self._done:
+            if self._left > 0:
+                take = min(self._left, len(raw) - pos)
+                if take <= 0:
+                    break
+                out.append(bytes(raw[pos : pos + take]))
+                pos += take
+                self._left -= take
+                if self._left == 0:
+                    self._left = -2
+            elif self._left == -2:
+                if len(raw) - pos < 2:
+                    break
+                if raw[pos : pos + 2] != b"\r\n":
+                    raise ProtocolError("chunk not followed by CRLF")
+                pos += 2
+                self._left = -1
+            else:
+                end = raw.find(b"\r\n", pos)
+                if end < 0:
+                    if len(raw) - pos > _MAX_HEAD:
+                        raise ProtocolError("chunk header too long")
+                    break
+                size_text = bytes(raw[pos:end]).split(b";", 1)[0].strip()
+                try:
+                    chunk_size = int(size_text, 16)
+                except ValueError as exc:
+                    raise ProtocolError(f"malformed chunk size {size_text[:20]!r}") from exc
+                pos = end + 2
+                if chunk_size == 0:
+                    self._done = True  # trailers are not read: the connection is closed anyway
+                else:
+                    self._left = chunk_size
+        del raw[:pos]
+        return b"".join(out)
+
+    def shutdown(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._connection.close()
+
+    def release_conn(self) -> None:
+        """Nothing to hand back: the connection is the stream's alone."""

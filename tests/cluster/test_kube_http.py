@@ -5,6 +5,7 @@ TLS set up by the client's urllib3 pool)."""
 from __future__ import annotations
 
 import gzip
+import itertools
 import socket
 import ssl
 import threading
@@ -16,9 +17,9 @@ import pytest
 
 from controller.certificates import generate_ca, issue_serving_certificate
 from driver.cluster.kube import KubeClusterApi, configuration_for_url
-from driver.cluster.port import NODES
+from driver.cluster.port import NODES, WatchEventType
 from driver.cluster.throttle import ClientSettings
-from driver.errors import ApiNotFoundError, ClusterError
+from driver.errors import ApiNotFoundError, ClusterError, GoneError
 
 Reply = Callable[[bytes], bytes | None]
 """Request bytes → the raw reply to send (None: close the connection without a reply)."""
@@ -226,3 +227,32 @@ def test_tls_is_set_up_by_the_clients_pool(tmp_path: Path) -> None:
             api.get(NODES, name="n1")
     finally:
         server.close()
+
+
+def test_a_watch_body_is_read_as_it_comes_across_chunk_boundaries(
+    serve: Callable[[list[Reply]], ScriptedServer],
+) -> None:
+    events = (
+        b'{"type": "ADDED", "object": {"metadata": {"name": "a", "resourceVersion": "6"}}}\n'
+        b'{"type": "MODIFIED", "object": {"metadata": {"name": "a", "resourceVersion": "7"}}}\n'
+    )
+    cuts = [0, 5, 40, 100, len(events)]  # chunks that split events mid-line
+    body = b"".join(
+        b"%x\r\n" % (b - a) + events[a:b] + b"\r\n" for a, b in itertools.pairwise(cuts)
+    )
+    gone = b'{"kind": "Status", "reason": "Expired", "message": "too old resource version"}'
+    server = serve(
+        [
+            lambda request: (
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body + b"0\r\n\r\n"
+            ),
+            _json(gone, status="410 Gone"),
+        ]
+    )
+    with _api(f"http://127.0.0.1:{server.port}") as api:
+        with api.watch(NODES, resource_version="5") as stream:
+            seen = [(e.type, e.object["metadata"]["resourceVersion"]) for e in stream]
+        assert seen == [(WatchEventType.ADDED, "6"), (WatchEventType.MODIFIED, "7")]
+        with pytest.raises(GoneError, match="too old"):
+            api.watch(NODES, resource_version="1")
+    assert b"watch=true" in server.requests[0]
