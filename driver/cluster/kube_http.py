@@ -19,9 +19,12 @@ from __future__ import annotations
 import contextlib
 import select
 import socket
+import ssl
 import threading
 import zlib
 from typing import Any
+
+import urllib3
 
 from driver.errors import ClusterError
 
@@ -39,7 +42,7 @@ class ProtocolError(ClusterError):
 class _Connection:
     """One connected socket (plain or TLS) and the urllib3 connection that set it up."""
 
-    __slots__ = ("conn", "poller", "reused", "sock")
+    __slots__ = ("conn", "poller", "sock")
 
     def __init__(self, conn: Any, read_timeout: float) -> None:
         self.conn = conn
@@ -47,7 +50,6 @@ class _Connection:
         self.sock.settimeout(read_timeout)
         self.poller = select.poll()
         self.poller.register(self.sock, select.POLLIN | select.POLLPRI)
-        self.reused = False
 
     def dropped(self) -> bool:
         """An idle kept-alive connection that has anything to read was closed by the server (or
@@ -182,7 +184,6 @@ class FastHttp:
             if connection.dropped():
                 connection.close()
                 continue
-            connection.reused = True
             return connection
 
     def _release(self, connection: _Connection) -> None:
@@ -203,6 +204,8 @@ class FastHttp:
             except Exception as exc:  # urllib3 raises its own errors and OSErrors
                 conn.close()
                 error = exc
+                if isinstance(exc, ssl.SSLError | urllib3.exceptions.SSLError):
+                    break  # a refused certificate stays refused (urllib3 does not retry it)
         raise ClusterError(f"cannot connect to the API server: {error}") from error
 
 
