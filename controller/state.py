@@ -12,9 +12,10 @@ every allocation committed before — before checking that write for overlaps.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable
 
 from controller.candidates import CandidateCache
@@ -37,8 +38,12 @@ class AllocationState:
         self.occupancy = ClaimOccupancy(engine=self.engine, inventory=self.inventory)
         self.candidates = CandidateCache(self.inventory)
         self.nodes = NodeFilter()
-        self._seen = threading.Condition()
+        self._seen = threading.Lock()
         self._claims_rv = 0
+        self._waiters: list[tuple[int, int, threading.Event]] = []
+        """Heap of (resourceVersion awaited, tie-breaker, event) of ``wait_claims_seen`` callers:
+        a claim event wakes only the workers whose write it covers, not every waiting one."""
+        self._tickets = itertools.count()
         self.generation = 0
         """Bumped by every ``rebuild``: a worker's check spans no rebuild."""
 
@@ -67,20 +72,27 @@ class AllocationState:
 
     def _advance(self, rv: int) -> None:
         with self._seen:
-            if rv > self._claims_rv:
-                self._claims_rv = rv
-                self._seen.notify_all()
+            if rv <= self._claims_rv:
+                return
+            self._claims_rv = rv
+            waiters = self._waiters
+            while waiters and waiters[0][0] <= rv:
+                heapq.heappop(waiters)[2].set()
 
     def wait_claims_seen(self, rv: int, *, timeout: float) -> bool:
         """Block until the claim informer has delivered an event at or after ``rv``."""
-        deadline = time.monotonic() + timeout
         with self._seen:
-            while self._claims_rv < rv:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._seen.wait(left)
+            if self._claims_rv >= rv:
+                return True
+            entry = (rv, next(self._tickets), threading.Event())
+            heapq.heappush(self._waiters, entry)
+        if entry[2].wait(timeout):
             return True
+        with self._seen:
+            if entry in self._waiters:  # timed out: nobody will set it
+                self._waiters.remove(entry)
+                heapq.heapify(self._waiters)
+            return self._claims_rv >= rv
 
     # -- worker side ---------------------------------------------------------------------------
 

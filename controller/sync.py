@@ -108,6 +108,9 @@ class PodSync:
         self._unbound_seen: OrderedDict[str, float] = OrderedDict()
         """Pod UID → when we first saw it ungated, unbound and unschedulable (monotonic)."""
         self._profiles: tuple[tuple[int, int], dict[str, str]] = ((0, -1), {})
+        self._beyond: tuple[object, int, dict[object, str | None]] = (None, -1, {})
+        """``beyond_every_node`` answers for one inventory version (state lock held): it walks
+        every node's GPUs, and a burst asks it the same question for each pod."""
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -339,7 +342,7 @@ class PodSync:
             first: NoFit | None = None
             permanent = True
             for alternative in alternatives:
-                beyond = beyond_every_node(alternative, state.inventory)
+                beyond = self._beyond_every_node(alternative)
                 if beyond is not None:
                     first = first or NoFit(reason=beyond, permanent=True)
                     continue
@@ -369,6 +372,21 @@ class PodSync:
         assert first is not None
         reason = Reason.UNSATISFIABLE if permanent else Reason.NO_CAPACITY
         raise PlacementProblem(reason, first.reason)
+
+    def _beyond_every_node(self, alternative: Alternative) -> str | None:
+        """``beyond_every_node``, remembered per inventory version (call with the state lock):
+        its answer depends only on the counts and profiles of the counted slots."""
+        inventory = self._state.inventory
+        owner, version, answers = self._beyond
+        if owner is not inventory or version != inventory.version:
+            answers = {}
+            self._beyond = (inventory, inventory.version, answers)
+        key = tuple(
+            (s.count, s.candidates.profiles) for s in alternative.slots if s.count is not None
+        )
+        if key not in answers:
+            answers[key] = beyond_every_node(alternative, inventory)
+        return answers[key]
 
     def _place(self, alternative: Alternative, node_ok: Callable[[str], bool]) -> Placed | NoFit:
         state = self._state

@@ -266,9 +266,9 @@ class Informer:
             self._stream = stream
         delivered = False
         try:
-            if self._stop.is_set():
-                return True
-            with stream:
+            with stream:  # closed even when stop() came while it was being opened
+                if self._stop.is_set():
+                    return True
                 for event in stream:
                     self._apply(event)
                     delivered = True

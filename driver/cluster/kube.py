@@ -7,9 +7,11 @@ encoded by ``orjson``; responses are decoded by ``orjson`` too. The bodies stay
 the wire JSON (no round trip through generated models that drop fields they do not know, like newer
 ``resource.k8s.io/v1`` ones), one code path serves every resource, and the client's own per-request
 work — a recursive ``sanitize_for_serialization`` of the body, ``json.dumps``, the pool manager's
-URL parsing and pool lookup — is skipped: it was most of the controller's CPU per placed pod. A watch
-response is read by ``kube_watch.KubeWatchStream``; Status bodies become our errors in ``kube_wire``
-(both plain Python, no ``kubernetes`` import).
+URL parsing and pool lookup — is skipped: it was most of the controller's CPU per placed pod. Past a
+proxy-less pool, urllib3's own per-request work is skipped too: requests and watch bodies are
+exchanged on the pool's connected sockets by ``kube_http``. A watch response is read by
+``kube_watch.KubeWatchStream``; Status bodies become our errors in ``kube_wire`` (all plain Python,
+no ``kubernetes`` import).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from kubernetes.config.config_exception import ConfigException
 
 from driver.closing import ClosedOnExit
 from driver.cluster.clock import Clock, SystemClock
+from driver.cluster.kube_http import FastHttp
 from driver.cluster.kube_watch import KubeWatchStream
 from driver.cluster.kube_wire import status_error, with_kind
 from driver.cluster.port import (
@@ -124,6 +127,19 @@ class KubeClusterApi(ClosedOnExit):
             if configuration.proxy
             else self._client.rest_client.pool_manager.connection_from_url(self._origin)
         )
+        # Ordinary requests skip urllib3's per-request machinery too (``kube_http``); watches
+        # stream through urllib3, and a proxy keeps everything there.
+        self._fast: FastHttp | None = (
+            None
+            if self._pool is None
+            else FastHttp(
+                pool=self._pool,
+                netloc=host.netloc.rpartition("@")[2],
+                maxsize=self._settings.connection_pool_maxsize,
+                connect_timeout=self._settings.connect_timeout,
+                read_timeout=self._settings.request_timeout,
+            )
+        )
         self._bucket = TokenBucket(
             qps=self._settings.qps, burst=self._settings.burst, clock=clock or SystemClock()
         )
@@ -133,6 +149,8 @@ class KubeClusterApi(ClosedOnExit):
         return str(self._client.configuration.host)
 
     def close(self) -> None:
+        if self._fast is not None:
+            self._fast.close()
         self._client.close()  # type: ignore[no-untyped-call]
 
     # -- ClusterApi -------------------------------------------------------------------------
@@ -188,6 +206,17 @@ class KubeClusterApi(ClosedOnExit):
         if allow_bookmarks:
             query.append(("allowWatchBookmarks", "true"))
         path = resource.path(namespace=namespace)
+        if self._fast is not None:
+            target, block, _ = self._prepare("GET", path, query=query)
+            try:
+                status, body = self._fast.stream(
+                    target, block, read_timeout=timeout + _WATCH_READ_SLACK_S
+                )
+            except ClusterError as exc:
+                raise ClusterError(f"GET {path}: {exc}") from exc
+            if isinstance(body, bytes):
+                raise status_error("GET", path, status, body)
+            return KubeWatchStream(resource=resource, response=body, path=path)
         response = self._send(
             "GET",
             path,
@@ -274,17 +303,9 @@ class KubeClusterApi(ClosedOnExit):
     ) -> bytes:
         """One request by path, the response body as it came (``/metrics`` text, a delete of a
         collection): for tools and benchmarks; daemons use the ``ClusterApi`` methods."""
-        response = self._send(
-            method,
-            path,
-            query=query,
-            body=body,
-            accept=accept,
-            timeout=(self._settings.connect_timeout, self._settings.request_timeout),
-        )
-        data = _drain(response)
-        if not 200 <= response.status <= 299:
-            raise status_error(method, path, response.status, data)
+        status, data = self._exchange(method, path, query=query, body=body, accept=accept)
+        if not 200 <= status <= 299:
+            raise status_error(method, path, status, data)
         return data
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -306,17 +327,11 @@ class KubeClusterApi(ClosedOnExit):
         body: object = None,
         content_type: str = "application/json",
     ) -> JsonObject:
-        response = self._send(
-            method,
-            path,
-            query=query,
-            body=body,
-            content_type=content_type,
-            timeout=(self._settings.connect_timeout, self._settings.request_timeout),
+        status, data = self._exchange(
+            method, path, query=query, body=body, content_type=content_type
         )
-        data = _drain(response)
-        if not 200 <= response.status <= 299:
-            raise status_error(method, path, response.status, data)
+        if not 200 <= status <= 299:
+            raise status_error(method, path, status, data)
         try:
             decoded = orjson.loads(data) if data else {}
         except ValueError as exc:
@@ -324,6 +339,66 @@ class KubeClusterApi(ClosedOnExit):
         if not isinstance(decoded, dict):
             raise ClusterError(f"{method} {path}: response is not a JSON object")
         return decoded
+
+    def _exchange(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: object = None,
+        content_type: str = "application/json",
+        accept: str = "application/json",
+    ) -> tuple[int, bytes]:
+        """(status, body) of one ordinary request, read whole."""
+        fast = self._fast
+        if fast is None:
+            response = self._send(
+                method,
+                path,
+                query=query,
+                body=body,
+                content_type=content_type,
+                accept=accept,
+                timeout=(self._settings.connect_timeout, self._settings.request_timeout),
+            )
+            return int(response.status), _drain(response)
+        target, block, payload = self._prepare(
+            method, path, query=query, body=body, content_type=content_type, accept=accept
+        )
+        try:
+            return fast.request(method, target, block, payload)
+        except ClusterError as exc:
+            raise ClusterError(f"{method} {path}: {exc}") from exc
+
+    def _prepare(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: object = None,
+        content_type: str = "application/json",
+        accept: str = "application/json",
+    ) -> tuple[str, bytes, bytes | None]:
+        """(request target, header lines, encoded body) for ``kube_http``, after the client-side
+        rate limit."""
+        self._bucket.acquire()
+        headers = {**self._client.default_headers, "Accept": accept}
+        payload = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            payload = orjson.dumps(body)
+        target = self._base_path + path
+        if query:
+            target += "?" + urlencode(query)
+        try:
+            # the client's auth (a refreshed token, when its configuration has a refresh hook)
+            self._client.update_params_for_auth(headers, [], ["BearerToken"], path, method, None)
+        except ApiException as exc:
+            raise ClusterError(f"{method} {path}: {exc}") from exc
+        block = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        return target, block.encode("latin-1"), payload
 
     def _send(
         self,

@@ -27,8 +27,8 @@ _READ_SIZE = 65536
 
 
 class KubeWatchStream(ClosedOnExit):
-    """One watch response (a urllib3 response, not preloaded) read line by line, each event decoded
-    by ``orjson``; ``close`` from any thread ends the iteration."""
+    """One watch response (a ``kube_http.BodyStream``, or a urllib3 response not preloaded) read
+    line by line, each event decoded by ``orjson``; ``close`` from any thread ends the iteration."""
 
     def __init__(self, *, resource: Resource, response: Any, path: str) -> None:
         self._resource = resource

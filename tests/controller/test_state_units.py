@@ -4,6 +4,8 @@ filter: the allocator's state pieces without an API server."""
 from __future__ import annotations
 
 import copy
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -13,6 +15,7 @@ from controller.candidates import CandidateCache
 from controller.inventory import SliceInventory, gpu_model_of
 from controller.nodefilter import NodeFilter, node_info, pod_usage, static_fit
 from controller.occupancy import ClaimOccupancy
+from controller.state import AllocationState
 from driver.mig.catalog import CATALOG
 from driver.placement import Engine, PodRequest
 from driver.resourceslices import GpuInventory, build_pool, parse_devices
@@ -287,3 +290,27 @@ def test_init_containers_count_at_their_maximum_and_sidecars_add_up() -> None:
     ]
     assert pod_usage(pod) == {"cpu": 3000, "memory": 1 << 30, "pods": 1}
     assert PodRequest.single("1g.5gb").device_count == 1
+
+
+def test_a_claim_event_wakes_only_the_workers_whose_write_it_covers() -> None:
+    state = AllocationState(policy="firstfit")
+    woken: dict[int, bool] = {}
+
+    def wait(rv: int) -> None:
+        woken[rv] = state.wait_claims_seen(rv, timeout=30)
+
+    threads = {rv: threading.Thread(target=wait, args=(rv,)) for rv in (5, 10)}
+    for thread in threads.values():
+        thread.start()
+    while len(state._waiters) < 2:  # both registered
+        time.sleep(0.001)
+    state._advance(7)
+    threads[5].join(10)
+    assert woken == {5: True}
+    assert [entry[0] for entry in state._waiters] == [10]
+    state._advance(10)
+    threads[10].join(10)
+    assert woken == {5: True, 10: True}
+    assert state.wait_claims_seen(3, timeout=0)  # already seen: no wait
+    assert not state.wait_claims_seen(11, timeout=0.01)  # timed out: its entry is gone
+    assert state._waiters == []
