@@ -17,7 +17,7 @@ indexed on first use; single-profile ones always, multi-profile ones up to a bou
 """
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 
 from driver.errors import NotFoundError
 from driver.placement.rankset import RankSet
@@ -80,6 +80,25 @@ class SignatureIndex:
         self.level_set = RankSet()
 
 
+class StateGroup:
+    """The GPUs that are in one state (``track_states``), and what policies derived from it.
+
+    ``memo`` is scratch space for policies: values that depend on the state alone (e.g. the
+    placements a profile has there and what each would cost), computed once while the state has
+    members; it goes with the group when the last GPU leaves the state.
+    """
+
+    __slots__ = ("free", "gpus", "key", "memo")
+
+    def __init__(self, key: StateKey) -> None:
+        self.key = key
+        table, mask, _, _ = key
+        self.free = table.slices - mask.bit_count()
+        """Free memory slices of each GPU in the state."""
+        self.gpus: dict[GpuState, None] = {}
+        self.memo: dict[Hashable, int] = {}
+
+
 class Inventory:
     """Mutable cluster state with incremental indexes. Not thread-safe: serialise callers.
 
@@ -97,7 +116,7 @@ class Inventory:
     ) -> None:
         self.track_levels = track_levels
         self.track_states = track_states
-        self._states: dict[StateKey, dict[GpuState, None]] = {}
+        self._states: dict[StateKey, StateGroup] = {}
         self._nodes: dict[str, NodeState] = {}
         self._by_rank: list[NodeState | None] = []
         self._ranks_dirty = False
@@ -148,7 +167,7 @@ class Inventory:
                 self._max_slices[name] = max(self._max_slices.get(name, size), size)
             gpu.levels = self._levels_for(gpu)
             if self.track_states:
-                self._states.setdefault(gpu.state_key, {})[gpu] = None
+                self._enter_state(gpu, gpu.state_key)
             for sig in self._sigs_for(gpu.table):
                 level = gpu.levels[sig.id]
                 if level >= 0:
@@ -273,8 +292,14 @@ class Inventory:
                 self._refresh(node, gpu)
                 return
 
+    def _enter_state(self, gpu: GpuState, key: StateKey) -> None:
+        group = self._states.get(key)
+        if group is None:
+            group = self._states[key] = StateGroup(key)
+        group.gpus[gpu] = None
+
     def _leave_state(self, gpu: GpuState, key: StateKey) -> None:
-        members = self._states[key]
+        members = self._states[key].gpus
         del members[gpu]
         if not members:
             del self._states[key]
@@ -287,7 +312,7 @@ class Inventory:
             new_key = gpu.state_key
             if new_key != old_key:
                 self._leave_state(gpu, old_key)
-                self._states.setdefault(new_key, {})[gpu] = None
+                self._enter_state(gpu, new_key)
         else:
             gpu.derive()
         if gpu.caps is not old_caps:
@@ -437,7 +462,11 @@ class Inventory:
 
     def gpu_states(self) -> Iterator[tuple[StateKey, Iterable[GpuState]]]:
         """Each distinct GPU state with the GPUs in it (``track_states`` only; else nothing)."""
-        return iter(self._states.items())
+        return ((key, group.gpus) for key, group in self._states.items())
+
+    def state_groups(self) -> Iterable[StateGroup]:
+        """Each distinct GPU state as its group (``track_states`` only; else nothing)."""
+        return self._states.values()
 
     def shapes(self) -> Iterator[tuple[tuple[GpuTable, ...], str]]:
         """Each distinct node shape (its GPUs' tables) with one node of that shape."""

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from driver.errors import ConfigError
-from driver.placement.inventory import Inventory, SignatureIndex
+from driver.placement.inventory import Inventory, SignatureIndex, StateGroup
 from driver.placement.rankset import RankSet
 from driver.placement.search import Candidate, CandidateOrder, NodeSearch, Plan
-from driver.placement.state import GpuState, NodeState
+from driver.placement.state import NodeState, StateKey
 from driver.placement.tables import GpuTable, TableProfile
 
 
@@ -229,6 +229,66 @@ SCARCITY_EXPONENT = 1.5
 1.0 and 2.0 each did worse on some of them)."""
 
 
+LossVector = tuple[tuple[int, int], ...]
+"""What one placement lowers on its GPU: ``(table profile index, by how many instances)`` pairs."""
+
+_VECTOR_IDS: dict[tuple[GpuTable, LossVector], int] = {}
+_VECTORS: list[tuple[GpuTable, LossVector]] = []
+_OPTION_IDS: dict[tuple[int, ...], int] = {}
+_OPTIONS: list[tuple[int, ...]] = []
+"""Loss vectors, and the sets of them one GPU state offers a request, interned process-wide:
+both are pure functions of the (shared) table and the state, so every ``Scarcity`` shares them."""
+
+
+def _vector_id(table: GpuTable, lost: LossVector) -> int:
+    key = (table, lost)
+    found = _VECTOR_IDS.get(key)
+    if found is None:
+        found = _VECTOR_IDS[key] = len(_VECTORS)
+        _VECTORS.append(key)
+    return found
+
+
+def _options_id(table: GpuTable, key: StateKey, profiles: Sequence[TableProfile]) -> int:
+    """The interned set of loss vectors the placements of ``profiles`` have in state ``key``;
+    ``-1`` if none of them can be placed there."""
+    _, mask, media_taken, counts = key
+    vectors = {
+        _vector_id(table, lost)
+        for profile in profiles
+        for _, lost in table.capacity_losses(
+            profile.index, mask=mask, media_taken=media_taken, counts=counts
+        )
+    }
+    if not vectors:
+        return -1
+    options = tuple(sorted(vectors))
+    found = _OPTION_IDS.get(options)
+    if found is None:
+        found = _OPTION_IDS[options] = len(_OPTIONS)
+        _OPTIONS.append(options)
+    return found
+
+
+_FREE_SHIFT = 16
+_FREE_MASK = (1 << _FREE_SHIFT) - 1
+"""A bucket of GPU states is ``options id << _FREE_SHIFT | free memory slices``."""
+
+_LOSS_IDS: dict[tuple[GpuTable, int, int, bool, tuple[int, ...]], tuple[tuple[int, int], ...]] = {}
+
+
+def _loss_ids(
+    table: GpuTable, profile: int, mask: int, media_taken: bool, counts: tuple[int, ...]
+) -> tuple[tuple[int, int], ...]:
+    """``table.capacity_losses`` with each loss vector as its interned id: ``(placement, id)``."""
+    key = (table, profile, mask, media_taken, counts)
+    found = _LOSS_IDS.get(key)
+    if found is None:
+        losses = table.capacity_losses(profile, mask=mask, media_taken=media_taken, counts=counts)
+        found = _LOSS_IDS[key] = tuple((i, _vector_id(table, lost)) for i, lost in losses)
+    return found
+
+
 class Scarcity:
     """The start that costs the cluster least, lost instances weighted by how scarce they are."""
 
@@ -239,6 +299,8 @@ class Scarcity:
     def __init__(self) -> None:
         self._free: Callable[[str], int] | None = None
         self._weights: dict[GpuTable, tuple[float, ...]] = {}
+        self._costs: dict[int, float] = {}
+        """Loss vector id -> its cost under the current weights (rounded), reset with them."""
 
     def _weights_for(self, table: GpuTable) -> tuple[float, ...]:
         """Cost of one lost instance per table profile, from the free instances of the decision's
@@ -254,6 +316,18 @@ class Scarcity:
             self._weights[table] = weights
         return weights
 
+    def _cost(self, vector: int) -> float:
+        """The cost of the loss vector with id ``vector``: its lost instances, weighted."""
+        cost = self._costs.get(vector)
+        if cost is None:
+            table, lost = _VECTORS[vector]
+            weights = self._weights_for(table)
+            total = 0.0
+            for q, n in lost:
+                total += weights[q] * n
+            cost = self._costs[vector] = round(total, 9)
+        return cost
+
     def nodes(
         self, inventory: Inventory, plan: Plan, conditions: Sequence[Condition]
     ) -> Iterator[NodeState]:
@@ -264,31 +338,36 @@ class Scarcity:
             return
         self._free = inventory.free_instances
         self._weights = {}
+        self._costs = {}
         primary = _largest_request(plan, inventory)
-        scored: list[tuple[float, int, Iterable[GpuState]]] = []
-        per_table: dict[GpuTable, tuple[tuple[float, ...], tuple[TableProfile, ...]]] = {}
-        # The hot loop of the policy (once per distinct GPU state per decision): kept flat.
-        for key, gpus in inventory.gpu_states():
-            table, mask, media_taken, counts = key
-            known = per_table.get(table)
-            if known is None:
-                known = per_table[table] = (
-                    self._weights_for(table),
-                    plan.profiles_for(primary, table),
-                )
-            weights, profiles = known
-            cheapest = -1.0
-            for profile in profiles:
-                for _, lost in table.capacity_losses(
-                    profile.index, mask=mask, media_taken=media_taken, counts=counts
-                ):
-                    cost = 0.0
-                    for q, n in lost:
-                        cost += weights[q] * n
-                    if cheapest < 0 or cost < cheapest:
-                        cheapest = cost
-            if cheapest >= 0:
-                scored.append((round(cheapest, 9), table.slices - mask.bit_count(), gpus))
+        wanted = plan.requests[primary].profiles
+        # The hot loop of the policy (once per distinct GPU state per decision): a state's options
+        # are memoised on its group, and states with equal options and fullness are scored once.
+        buckets: dict[int, list[StateGroup]] = {}
+        for group in inventory.state_groups():
+            options = group.memo.get(wanted)
+            if options is None:
+                table = group.key[0]
+                options = _options_id(table, group.key, plan.profiles_for(primary, table))
+                group.memo[wanted] = options
+            if options < 0:
+                continue
+            bucket = (options << _FREE_SHIFT) | group.free
+            members = buckets.get(bucket)
+            if members is None:
+                buckets[bucket] = [group]
+            else:
+                members.append(group)
+        cost = self._cost
+        cheapest: dict[int, float] = {}
+        scored: list[tuple[float, int, list[StateGroup]]] = []
+        for bucket, groups in buckets.items():
+            options = bucket >> _FREE_SHIFT
+            least = cheapest.get(options)
+            if least is None:
+                least = min([cost(v) for v in _OPTIONS[options]])
+                cheapest[options] = least
+            scored.append((least, bucket & _FREE_MASK, groups))
         scored.sort(key=lambda entry: entry[:2])
         unions = _condition_unions(conditions)
         seen: set[int] = set()
@@ -298,7 +377,15 @@ class Scarcity:
             end = start + 1
             while end < len(scored) and scored[end][:2] == scored[start][:2]:
                 end += 1
-            ranks = sorted({g.node.rank for entry in scored[start:end] for g in entry[2]} - seen)
+            ranks = sorted(
+                {
+                    g.node.rank
+                    for entry in scored[start:end]
+                    for group in entry[2]
+                    for g in group.gpus
+                }
+                - seen
+            )
             for rank in ranks:
                 seen.add(rank)
                 if all(any(rank in s for s in union) for union in unions):
@@ -314,20 +401,17 @@ class Scarcity:
         self, search: NodeSearch, request: int, positions: Sequence[int]
     ) -> Iterable[Candidate]:
         plan, gpus, masks, media = search.plan, search.gpus, search.masks, search.media
+        cost = self._cost
         scored: list[tuple[float, int, int, int, int, Candidate]] = []
         for position in positions:
             table = gpus[position].table
             mask, media_taken = masks[position], media[position]
             counts = search.counts(position)
-            weights = self._weights_for(table)
             free = table.slices - mask.bit_count()
             for profile in plan.profiles_for(request, table):
-                losses = table.capacity_losses(
-                    profile.index, mask=mask, media_taken=media_taken, counts=counts
-                )
-                for i, lost in losses:
-                    cost = round(sum(weights[q] * n for q, n in lost), 9)
-                    scored.append((cost, free, position, profile.index, i, (position, profile, i)))
+                index = profile.index
+                for i, vector in _loss_ids(table, index, mask, media_taken, counts):
+                    scored.append((cost(vector), free, position, index, i, (position, profile, i)))
         if not scored:
             return
         best = min(scored, key=lambda entry: entry[:5])
