@@ -270,6 +270,20 @@ def _options_id(table: GpuTable, key: StateKey, profiles: Sequence[TableProfile]
     return found
 
 
+_OPTIONS_OF: dict[tuple[StateKey, frozenset[str]], int] = {}
+
+
+def _options_of(key: StateKey, wanted: frozenset[str], plan: Plan, request: int) -> int:
+    """:func:`_options_id` for ``plan``'s request ``request`` (whose profiles are ``wanted``) in
+    state ``key``, remembered across the state's comings and goings."""
+    memo_key = (key, wanted)
+    found = _OPTIONS_OF.get(memo_key)
+    if found is None:
+        table = key[0]
+        found = _OPTIONS_OF[memo_key] = _options_id(table, key, plan.profiles_for(request, table))
+    return found
+
+
 _FREE_SHIFT = 16
 _FREE_MASK = (1 << _FREE_SHIFT) - 1
 """A bucket of GPU states is ``options id << _FREE_SHIFT | free memory slices``."""
@@ -287,6 +301,22 @@ def _loss_ids(
         losses = table.capacity_losses(profile, mask=mask, media_taken=media_taken, counts=counts)
         found = _LOSS_IDS[key] = tuple((i, _vector_id(table, lost)) for i, lost in losses)
     return found
+
+
+_WEIGHTS: dict[tuple[int, int, float], float] = {}
+_ROUNDED: dict[float, float] = {}
+_ROUNDED_LIMIT = 1 << 16
+"""Costs are compared rounded to 9 decimals (so sums that differ only by float error tie);
+``round`` is the slowest step of a cost and the same sums recur, so roundings are remembered."""
+
+
+def _weight(slices: int, free: int) -> float:
+    """The cost of losing one instance of a profile of ``slices`` with ``free`` instances left."""
+    key = (slices, free, SCARCITY_EXPONENT)
+    weight = _WEIGHTS.get(key)
+    if weight is None:
+        weight = _WEIGHTS[key] = slices / (free + 1) ** SCARCITY_EXPONENT
+    return weight
 
 
 class Scarcity:
@@ -309,8 +339,7 @@ class Scarcity:
         if weights is None:
             free = self._free
             weights = tuple(
-                p.profile.memory_slices
-                / ((free(p.name) if free is not None else 0) + 1) ** SCARCITY_EXPONENT
+                _weight(p.profile.memory_slices, free(p.name) if free is not None else 0)
                 for p in table.profiles
             )
             self._weights[table] = weights
@@ -325,7 +354,12 @@ class Scarcity:
             total = 0.0
             for q, n in lost:
                 total += weights[q] * n
-            cost = self._costs[vector] = round(total, 9)
+            cost = _ROUNDED.get(total)
+            if cost is None:
+                if len(_ROUNDED) >= _ROUNDED_LIMIT:
+                    _ROUNDED.clear()
+                cost = _ROUNDED[total] = round(total, 9)
+            self._costs[vector] = cost
         return cost
 
     def nodes(
@@ -339,7 +373,7 @@ class Scarcity:
         self._free = inventory.free_instances
         self._weights = {}
         self._costs = {}
-        primary = _largest_request(plan, inventory)
+        primary = _largest_request(plan, inventory) if len(plan.requests) > 1 else 0
         wanted = plan.requests[primary].profiles
         # The hot loop of the policy (once per distinct GPU state per decision): a state's options
         # are memoised on its group, and states with equal options and fullness are scored once.
@@ -347,9 +381,7 @@ class Scarcity:
         for group in inventory.state_groups():
             options = group.memo.get(wanted)
             if options is None:
-                table = group.key[0]
-                options = _options_id(table, group.key, plan.profiles_for(primary, table))
-                group.memo[wanted] = options
+                options = group.memo[wanted] = _options_of(group.key, wanted, plan, primary)
             if options < 0:
                 continue
             bucket = (options << _FREE_SHIFT) | group.free
@@ -360,15 +392,15 @@ class Scarcity:
                 members.append(group)
         cost = self._cost
         cheapest: dict[int, float] = {}
-        scored: list[tuple[float, int, list[StateGroup]]] = []
+        scored: list[tuple[float, int, int, list[StateGroup]]] = []
         for bucket, groups in buckets.items():
             options = bucket >> _FREE_SHIFT
             least = cheapest.get(options)
             if least is None:
                 least = min([cost(v) for v in _OPTIONS[options]])
                 cheapest[options] = least
-            scored.append((least, bucket & _FREE_MASK, groups))
-        scored.sort(key=lambda entry: entry[:2])
+            scored.append((least, bucket & _FREE_MASK, bucket, groups))
+        scored.sort()  # (cost, free, bucket) is unique: the groups are never compared
         unions = _condition_unions(conditions)
         seen: set[int] = set()
         start = 0
@@ -381,7 +413,7 @@ class Scarcity:
                 {
                     g.node.rank
                     for entry in scored[start:end]
-                    for group in entry[2]
+                    for group in entry[3]
                     for g in group.gpus
                 }
                 - seen
@@ -402,6 +434,58 @@ class Scarcity:
     ) -> Iterable[Candidate]:
         plan, gpus, masks, media = search.plan, search.gpus, search.masks, search.media
         cost = self._cost
+        if search.untouched:
+            # Each GPU's cheapest start costs what its state's options do (as scored by ``nodes``),
+            # so only the winning GPU's starts need costing for the first candidate.
+            wanted = plan.requests[request].profiles
+            least: list[tuple[float, int, int]] = []
+            for position in positions:
+                gpu = gpus[position]
+                options = _options_of(gpu.key, wanted, plan, request)
+                if options >= 0:
+                    cheapest = min([cost(v) for v in _OPTIONS[options]])
+                    least.append((cheapest, gpu.table.slices - gpu.used, position))
+            if not least:
+                return
+            cheapest, _, position = min(least)
+            table = gpus[position].table
+            mask, media_taken, counts = masks[position], media[position], search.counts(position)
+            first = min(
+                (index, i)
+                for index, profile in ((p.index, p) for p in plan.profiles_for(request, table))
+                for i, vector in _loss_ids(table, index, mask, media_taken, counts)
+                if cost(vector) == cheapest
+            )
+            profile = table.profiles[first[0]]
+            yield position, profile, first[1]
+            rest = self._scored(search, request, positions)
+            rest.remove(
+                (
+                    cheapest,
+                    table.slices - mask.bit_count(),
+                    position,
+                    *first,
+                    (position, profile, first[1]),
+                )
+            )
+            rest.sort()
+            for entry in rest:
+                yield entry[5]
+            return
+        scored = self._scored(search, request, positions)
+        if not scored:
+            return
+        yield min(scored)[5]
+        scored.sort()
+        for entry in scored[1:]:
+            yield entry[5]
+
+    def _scored(
+        self, search: NodeSearch, request: int, positions: Sequence[int]
+    ) -> list[tuple[float, int, int, int, int, Candidate]]:
+        """Every free candidate with its sort key (cost, fullness, position, profile, start)."""
+        plan, gpus, masks, media = search.plan, search.gpus, search.masks, search.media
+        cost = self._cost
         scored: list[tuple[float, int, int, int, int, Candidate]] = []
         for position in positions:
             table = gpus[position].table
@@ -412,13 +496,8 @@ class Scarcity:
                 index = profile.index
                 for i, vector in _loss_ids(table, index, mask, media_taken, counts):
                     scored.append((cost(vector), free, position, index, i, (position, profile, i)))
-        if not scored:
-            return
-        best = min(scored, key=lambda entry: entry[:5])
-        yield best[5]
-        scored.sort(key=lambda entry: entry[:5])
-        for entry in scored[1:]:
-            yield entry[5]
+        # (cost, free, position, profile, start) is unique, so tuples never compare candidates.
+        return scored
 
 
 def _largest_request(plan: Plan, inventory: Inventory) -> int:

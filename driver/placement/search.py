@@ -169,6 +169,7 @@ class NodeSearch:
         self.masks = [0 if empty else g.mask for g in node.gpus]
         self.media = [False if empty else g.media_taken for g in node.gpus]
         self._base_counts = None if empty else [g.counts for g in node.gpus]
+        self._empty = empty
         self._order = order
         self._budget = budget
         self._use_predicates = use_predicates
@@ -251,6 +252,12 @@ class NodeSearch:
         if not distinct:
             return base
         return [p for p in base if not any(self._distinct_used[g].get(p) for g in distinct)]
+
+    @property
+    def untouched(self) -> bool:
+        """Every GPU's mask, ``+me`` and counts here are its current state (nothing placed by this
+        search yet, not searching an empty node), so state-keyed caches apply."""
+        return not self._empty and not self._added
 
     def counts(self, position: int) -> tuple[int, ...]:
         """Instances of each table profile on the GPU at ``position``, this search's included."""
