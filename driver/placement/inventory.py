@@ -309,10 +309,12 @@ class Inventory:
         if group is None:
             group = self._states[key] = StateGroup(key)
         group.gpus[gpu] = None
+        gpu.group = group
 
     def _leave_state(self, gpu: GpuState, key: StateKey) -> None:
         members = self._states[key].gpus
         del members[gpu]
+        gpu.group = None
         if not members:
             del self._states[key]
 

@@ -303,7 +303,8 @@ def _loss_ids(
     return found
 
 
-_WEIGHTS: dict[tuple[int, int, float], float] = {}
+_WEIGHTS: dict[float, dict[int, float]] = {}
+"""Per exponent, ``free << 6 | slices`` -> the weight (see :func:`_weight`)."""
 _ROUNDED: dict[float, float] = {}
 _ROUNDED_LIMIT = 1 << 16
 """Costs are compared rounded to 9 decimals (so sums that differ only by float error tie);
@@ -312,10 +313,15 @@ _ROUNDED_LIMIT = 1 << 16
 
 def _weight(slices: int, free: int) -> float:
     """The cost of losing one instance of a profile of ``slices`` with ``free`` instances left."""
-    key = (slices, free, SCARCITY_EXPONENT)
-    weight = _WEIGHTS.get(key)
+    known = _WEIGHTS.get(SCARCITY_EXPONENT)
+    if known is None:
+        known = _WEIGHTS[SCARCITY_EXPONENT] = {}
+    key = (free << 6) | slices if slices < 64 else -1
+    weight = known.get(key) if key >= 0 else None
     if weight is None:
-        weight = _WEIGHTS[key] = slices / (free + 1) ** SCARCITY_EXPONENT
+        weight = slices / (free + 1) ** SCARCITY_EXPONENT
+        if key >= 0:
+            known[key] = weight
     return weight
 
 
@@ -339,8 +345,10 @@ class Scarcity:
         if weights is None:
             free = self._free
             weights = tuple(
-                _weight(p.profile.memory_slices, free(p.name) if free is not None else 0)
-                for p in table.profiles
+                [
+                    _weight(p.profile.memory_slices, free(p.name) if free is not None else 0)
+                    for p in table.profiles
+                ]
             )
             self._weights[table] = weights
         return weights
@@ -391,13 +399,14 @@ class Scarcity:
             else:
                 members.append(group)
         cost = self._cost
+        costs = self._costs
         cheapest: dict[int, float] = {}
         scored: list[tuple[float, int, int, list[StateGroup]]] = []
         for bucket, groups in buckets.items():
             options = bucket >> _FREE_SHIFT
             least = cheapest.get(options)
             if least is None:
-                least = min([cost(v) for v in _OPTIONS[options]])
+                least = min([costs.get(v) or cost(v) for v in _OPTIONS[options]])
                 cheapest[options] = least
             scored.append((least, bucket & _FREE_MASK, bucket, groups))
         scored.sort()  # (cost, free, bucket) is unique: the groups are never compared
@@ -439,11 +448,15 @@ class Scarcity:
             # so only the winning GPU's starts need costing for the first candidate.
             wanted = plan.requests[request].profiles
             least: list[tuple[float, int, int]] = []
+            costs = self._costs
             for position in positions:
                 gpu = gpus[position]
-                options = _options_of(gpu.key, wanted, plan, request)
+                group = gpu.group
+                options = group.memo.get(wanted) if group is not None else None
+                if options is None:
+                    options = _options_of(gpu.key, wanted, plan, request)
                 if options >= 0:
-                    cheapest = min([cost(v) for v in _OPTIONS[options]])
+                    cheapest = min([costs.get(v) or cost(v) for v in _OPTIONS[options]])
                     least.append((cheapest, gpu.table.slices - gpu.used, position))
             if not least:
                 return

@@ -6,9 +6,13 @@ the occupants and shared with the indexes in ``driver.placement.inventory``.
 """
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from driver.mig.model import GpuModel
 from driver.placement.tables import GpuTable, Signature, table_for
+
+if TYPE_CHECKING:
+    from driver.placement.inventory import StateGroup
 
 StateKey = tuple[GpuTable, int, bool, tuple[int, ...]]
 """Everything placement rules can see of one GPU: table, occupied mask, ``+me`` taken, counts."""
@@ -63,6 +67,7 @@ class GpuState:
     __slots__ = (
         "caps",
         "counts",
+        "group",
         "index",
         "key",
         "levels",
@@ -87,6 +92,8 @@ class GpuState:
         self.used = 0
         self.caps: tuple[int, ...] = (0,) * len(self.table.profiles)
         self.key: StateKey = (self.table, 0, False, self.counts)
+        self.group: StateGroup | None = None
+        """The inventory's group of GPUs in this GPU's state (``track_states`` only)."""
         # levels[sig id]: this GPU's level for the signature (lower is better), -1 if it cannot fit.
         self.levels: tuple[int, ...] = ()
         self.derive()
