@@ -134,6 +134,7 @@ class Inventory:
         self._shapes: dict[tuple[GpuTable, ...], dict[str, None]] = {}
         self._level_cache: dict[tuple[GpuTable, int, bool, tuple[int, ...]], tuple[int, ...]] = {}
         self._level_vectors: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._caps_diffs: dict[tuple[int, int], tuple[tuple[str, int], ...]] = {}
         self._level_diffs: dict[
             tuple[GpuTable, int, int], tuple[tuple[SignatureIndex, int, int], ...]
         ] = {}
@@ -330,10 +331,21 @@ class Inventory:
             self._leave_state(gpu, old_key)
             self._enter_state(gpu, gpu.key)
         if gpu.caps is not old_caps:
+            # Capacity tuples are shared per state (``GpuTable.capacities``), so what changes
+            # between two of them is worked out once per pair.
+            pair = (id(old_caps), id(gpu.caps))
+            moved = self._caps_diffs.get(pair)
+            if moved is None:
+                moved = self._caps_diffs[pair] = tuple(
+                    (profile.name, new - old)
+                    for profile, old, new in zip(
+                        gpu.table.profiles, old_caps, gpu.caps, strict=True
+                    )
+                    if new != old
+                )
             free_instances = self._free_instances
-            for profile, old, new in zip(gpu.table.profiles, old_caps, gpu.caps, strict=True):
-                if new != old:
-                    free_instances[profile.name] += new - old
+            for name, delta in moved:
+                free_instances[name] += delta
         levels = self._levels_for(gpu)
         if levels is old_levels:
             return

@@ -286,7 +286,8 @@ def _options_of(key: StateKey, wanted: frozenset[str], plan: Plan, request: int)
 
 _FREE_SHIFT = 16
 _FREE_MASK = (1 << _FREE_SHIFT) - 1
-"""A bucket of GPU states is ``options id << _FREE_SHIFT | free memory slices``."""
+"""A bucket of GPU states is ``options id << _FREE_SHIFT | free memory slices`` (what a state
+group's memo holds per requested profile set; ``-1``: the set has no placement there)."""
 
 _LOSS_IDS: dict[tuple[GpuTable, int, int, bool, tuple[int, ...]], tuple[tuple[int, int], ...]] = {}
 
@@ -358,7 +359,7 @@ class Scarcity:
         cost = self._costs.get(vector)
         if cost is None:
             table, lost = _VECTORS[vector]
-            weights = self._weights_for(table)
+            weights = self._weights.get(table) or self._weights_for(table)
             total = 0.0
             for q, n in lost:
                 total += weights[q] * n
@@ -387,12 +388,14 @@ class Scarcity:
         # are memoised on its group, and states with equal options and fullness are scored once.
         buckets: dict[int, list[StateGroup]] = {}
         for group in inventory.state_groups():
-            options = group.memo.get(wanted)
-            if options is None:
-                options = group.memo[wanted] = _options_of(group.key, wanted, plan, primary)
-            if options < 0:
+            bucket = group.memo.get(wanted)
+            if bucket is None:
+                options = _options_of(group.key, wanted, plan, primary)
+                bucket = group.memo[wanted] = (
+                    (options << _FREE_SHIFT) | group.free if options >= 0 else -1
+                )
+            if bucket < 0:
                 continue
-            bucket = (options << _FREE_SHIFT) | group.free
             members = buckets.get(bucket)
             if members is None:
                 buckets[bucket] = [group]
@@ -452,9 +455,11 @@ class Scarcity:
             for position in positions:
                 gpu = gpus[position]
                 group = gpu.group
-                options = group.memo.get(wanted) if group is not None else None
-                if options is None:
+                bucket = group.memo.get(wanted) if group is not None else None
+                if bucket is None:
                     options = _options_of(gpu.key, wanted, plan, request)
+                else:
+                    options = bucket >> _FREE_SHIFT if bucket >= 0 else -1
                 if options >= 0:
                     cheapest = min([costs.get(v) or cost(v) for v in _OPTIONS[options]])
                     least.append((cheapest, gpu.table.slices - gpu.used, position))
