@@ -553,7 +553,14 @@ def test_occupy_and_release_keep_each_gpu_state_equal_to_one_derived_from_scratc
             gpu, start, size, media, profile = record
             engine.occupy("a", gpu, start=start, size=size, media=media, profile=profile)
             held.append(record)
-        for gpu in engine.inventory.node("a").gpus:
-            kept = (gpu.mask, gpu.media_taken, gpu.counts, gpu.used, gpu.caps, gpu.key)
-            gpu.derive()
-            assert (gpu.mask, gpu.media_taken, gpu.counts, gpu.used, gpu.caps, gpu.key) == kept
+        for state in engine.inventory.node("a").gpus:
+            kept = (state.mask, state.media_taken, state.counts, state.used, state.caps, state.key)
+            state.derive()
+            assert (
+                state.mask,
+                state.media_taken,
+                state.counts,
+                state.used,
+                state.caps,
+                state.key,
+            ) == kept
