@@ -18,13 +18,16 @@ memory slices divided by (its free instances across the cluster + 1) ** 1.5. Los
 free 1g.5gb starts is cheap, losing the last free 7g.40gb is dear, whatever the GPU looks like. The
 GPU (and start) of least cost wins, the fuller on ties, then first-fit order. It reads only the
 current state (no knowledge of future requests or durations). GPUs in equal states are scored once,
-so a decision costs the number of distinct GPU states, not of GPUs. For pods of several devices the
+and states offering the same placement options at the same fullness once between them (a state's
+options are memoised on its group), so a decision costs the number of distinct GPU states, not of
+GPUs, and costs each distinct loss of instances once. For pods of several devices the
 node order follows the largest request, and each device takes the cheapest start left.
 
 Policies never decide feasibility — the search (``driver.placement.search``) does — so any order
 they produce is safe.
 """
 
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -237,15 +240,20 @@ _VECTORS: list[tuple[GpuTable, LossVector]] = []
 _OPTION_IDS: dict[tuple[int, ...], int] = {}
 _OPTIONS: list[tuple[int, ...]] = []
 """Loss vectors, and the sets of them one GPU state offers a request, interned process-wide:
-both are pure functions of the (shared) table and the state, so every ``Scarcity`` shares them."""
+both are pure functions of the (shared) table and the state, so every ``Scarcity`` shares them.
+Interning takes ``_INTERNING`` (engines in different threads may meet here); lookups need not."""
+_INTERNING = threading.Lock()
 
 
 def _vector_id(table: GpuTable, lost: LossVector) -> int:
     key = (table, lost)
     found = _VECTOR_IDS.get(key)
     if found is None:
-        found = _VECTOR_IDS[key] = len(_VECTORS)
-        _VECTORS.append(key)
+        with _INTERNING:
+            found = _VECTOR_IDS.get(key)
+            if found is None:
+                _VECTORS.append(key)
+                found = _VECTOR_IDS[key] = len(_VECTORS) - 1
     return found
 
 
@@ -265,8 +273,11 @@ def _options_id(table: GpuTable, key: StateKey, profiles: Sequence[TableProfile]
     options = tuple(sorted(vectors))
     found = _OPTION_IDS.get(options)
     if found is None:
-        found = _OPTION_IDS[options] = len(_OPTIONS)
-        _OPTIONS.append(options)
+        with _INTERNING:
+            found = _OPTION_IDS.get(options)
+            if found is None:
+                _OPTIONS.append(options)
+                found = _OPTION_IDS[options] = len(_OPTIONS) - 1
     return found
 
 
