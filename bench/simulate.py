@@ -96,20 +96,28 @@ def _speed(events: int) -> list[dict[str, Any]]:
     fleet = parse_fleet(SPEED_GPUS)
     trace = synthesize(fleet=fleet, mix=parse_mix(MIX_ISSUE), load=0.9, events=events, seed=11)
     runs = []
+    # CPU time is what the issue's goal is stated in: on a shared machine the wall clock also
+    # counts other people's work.
     for policy in POLICIES:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         result = replay(trace, fleet, policy=policy)
         runs.append(
             {
                 "policy": policy,
                 "requests": result.requests,
+                "cpu_s": round(time.process_time() - cpu, 2),
                 "wall_s": round(time.perf_counter() - started, 2),
             }
         )
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     fluid_floor(trace, fleet)
     runs.append(
-        {"policy": "floor", "requests": events, "wall_s": round(time.perf_counter() - started, 2)}
+        {
+            "policy": "floor",
+            "requests": events,
+            "cpu_s": round(time.process_time() - cpu, 2),
+            "wall_s": round(time.perf_counter() - started, 2),
+        }
     )
     return runs
 
@@ -154,7 +162,10 @@ def summary(result: dict[str, Any]) -> str:
             )
         lines.append(line)
     for s in result["speed"]:
-        lines.append(f"replay {s['requests']} requests with {s['policy']}: {s['wall_s']} s")
+        lines.append(
+            f"replay {s['requests']} requests with {s['policy']}: {s['cpu_s']} s CPU "
+            f"({s['wall_s']} s wall)"
+        )
     return "\n".join(lines)
 
 

@@ -70,6 +70,9 @@ class Engine:
         self._budget = search_budget
         self._empty_fit: dict[tuple[Hashable, tuple[GpuTable, ...]], bool] = {}
         self._plans: dict[PodRequest, tuple[int, Plan, list[Condition] | None]] = {}
+        self._plans_by_id: dict[int, tuple[PodRequest, int, Plan, list[Condition] | None]] = {}
+        """The same cache by the request's identity (callers reuse request objects; hashing a
+        request costs more than the lookup). Entries hold their request, so ids are not reused."""
         self._epoch = 0
         """Bumped when the inventory changes what is published (cached conditions depend on it)."""
 
@@ -121,6 +124,18 @@ class Engine:
         """Reserve every device of ``placed``; ``PlacementError`` (and nothing reserved) if any of
         them is no longer free — the result was computed on a state that has changed since."""
         inventory = self.inventory
+        if len(placed.assignments) == 1:
+            (a,) = placed.assignments
+            gpu = inventory.gpu(a.node, a.gpu_index)
+            if gpu.mask & (((1 << a.size) - 1) << a.start) or (gpu.media_taken and a.media):
+                raise PlacementError(
+                    f"{a.profile} at start {a.start} on GPU {a.gpu_index} of node {a.node} "
+                    "is no longer free; place the pod again"
+                )
+            inventory.occupy(
+                a.node, a.gpu_index, start=a.start, size=a.size, media=a.media, profile=a.profile
+            )
+            return
         pending: dict[tuple[str, int], tuple[int, bool]] = {}
         for a in placed.assignments:
             gpu = inventory.gpu(a.node, a.gpu_index)
@@ -185,14 +200,21 @@ class Engine:
 
     def _plan(self, pod: PodRequest) -> tuple[Plan, list[Condition] | None]:
         """The digested request and its index conditions, cached per equal request."""
+        same = self._plans_by_id.get(id(pod))
+        if same is not None and same[0] is pod and same[1] == self._epoch:
+            return same[2], same[3]
         cached = self._plans.get(pod)
         if cached is not None and cached[0] == self._epoch:
-            return cached[1], cached[2]
-        if len(self._plans) >= _PLAN_CACHE_LIMIT:
-            self._plans.clear()
-        plan = Plan(pod)
-        conditions = self._conditions(plan)
-        self._plans[pod] = (self._epoch, plan, conditions)
+            plan, conditions = cached[1], cached[2]
+        else:
+            if len(self._plans) >= _PLAN_CACHE_LIMIT:
+                self._plans.clear()
+            plan = Plan(pod)
+            conditions = self._conditions(plan)
+            self._plans[pod] = (self._epoch, plan, conditions)
+        if len(self._plans_by_id) >= _PLAN_CACHE_LIMIT:
+            self._plans_by_id.clear()
+        self._plans_by_id[id(pod)] = (pod, self._epoch, plan, conditions)
         return plan, conditions
 
     def _conditions(self, plan: Plan) -> list[Condition] | None:

@@ -17,7 +17,7 @@ indexed on first use; single-profile ones always, multi-profile ones up to a bou
 """
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 
 from driver.errors import NotFoundError
 from driver.placement.rankset import RankSet
@@ -80,6 +80,25 @@ class SignatureIndex:
         self.level_set = RankSet()
 
 
+class StateGroup:
+    """The GPUs that are in one state (``track_states``), and what policies derived from it.
+
+    ``memo`` is scratch space for policies: values that depend on the state alone (e.g. the
+    placements a profile has there and what each would cost), computed once while the state has
+    members; it goes with the group when the last GPU leaves the state.
+    """
+
+    __slots__ = ("free", "gpus", "key", "memo")
+
+    def __init__(self, key: StateKey) -> None:
+        self.key = key
+        table, mask, _, _ = key
+        self.free = table.slices - mask.bit_count()
+        """Free memory slices of each GPU in the state."""
+        self.gpus: dict[GpuState, None] = {}
+        self.memo: dict[Hashable, int] = {}
+
+
 class Inventory:
     """Mutable cluster state with incremental indexes. Not thread-safe: serialise callers.
 
@@ -97,8 +116,9 @@ class Inventory:
     ) -> None:
         self.track_levels = track_levels
         self.track_states = track_states
-        self._states: dict[StateKey, dict[GpuState, None]] = {}
+        self._states: dict[StateKey, StateGroup] = {}
         self._nodes: dict[str, NodeState] = {}
+        self._gpus: dict[tuple[str, int], GpuState] = {}
         self._by_rank: list[NodeState | None] = []
         self._ranks_dirty = False
         self._occupants: dict[tuple[str, int], list[Occupant]] = {}
@@ -114,6 +134,7 @@ class Inventory:
         self._shapes: dict[tuple[GpuTable, ...], dict[str, None]] = {}
         self._level_cache: dict[tuple[GpuTable, int, bool, tuple[int, ...]], tuple[int, ...]] = {}
         self._level_vectors: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._caps_diffs: dict[tuple[int, int], tuple[tuple[str, int], ...]] = {}
         self._level_diffs: dict[
             tuple[GpuTable, int, int], tuple[tuple[SignatureIndex, int, int], ...]
         ] = {}
@@ -134,6 +155,8 @@ class Inventory:
         for gpu_spec in sorted(spec.gpus, key=lambda g: g.index):
             occupants = self._occupants.setdefault((spec.name, gpu_spec.index), [])
             gpus.append(GpuState(node, gpu_spec, occupants))
+        for gpu in gpus:
+            self._gpus[(spec.name, gpu.index)] = gpu
         node.gpus = tuple(gpus)
         node.shape = tuple(g.table for g in gpus)
         self._nodes[spec.name] = node
@@ -148,7 +171,7 @@ class Inventory:
                 self._max_slices[name] = max(self._max_slices.get(name, size), size)
             gpu.levels = self._levels_for(gpu)
             if self.track_states:
-                self._states.setdefault(gpu.state_key, {})[gpu] = None
+                self._enter_state(gpu, gpu.key)
             for sig in self._sigs_for(gpu.table):
                 level = gpu.levels[sig.id]
                 if level >= 0:
@@ -181,11 +204,12 @@ class Inventory:
         if not shape_nodes:
             del self._shapes[node.shape]
         for gpu in node.gpus:
+            del self._gpus[(name, gpu.index)]
             for profile, cap in zip(gpu.table.profiles, gpu.caps, strict=True):
                 self._published_gpus[profile.name] -= 1
                 self._free_instances[profile.name] -= cap
             if self.track_states:
-                self._leave_state(gpu, gpu.state_key)
+                self._leave_state(gpu, gpu.key)
         if not self._ranks_dirty and node.rank >= 0:
             for sig_id, level in node.best.items():
                 self._sig_list[sig_id].discard(node.rank, level, graded=self.track_levels)
@@ -237,8 +261,14 @@ class Inventory:
         if start < 0 or size < 1:
             raise ValueError(f"bad placement start={start} size={size}")
         occupant = Occupant(start=start, size=size, media=media, profile=profile)
-        self._occupants.setdefault((node, gpu_index), []).append(occupant)
-        self._changed(node, gpu_index)
+        key = (node, gpu_index)
+        occupants = self._occupants.get(key)
+        if occupants is None:
+            occupants = self._occupants[key] = []
+        occupants.append(occupant)
+        gpu = self._gpus.get(key)
+        if gpu is not None:
+            self._refresh(gpu.node, gpu, occupant)
 
     def release(
         self,
@@ -251,50 +281,71 @@ class Inventory:
         profile: str | None = None,
     ) -> None:
         """Undo one matching :meth:`occupy`; ``NotFoundError`` if there is none."""
-        occupants = self._occupants.get((node, gpu_index), [])
-        occupant = Occupant(start=start, size=size, media=media, profile=profile)
-        try:
-            occupants.remove(occupant)
-        except ValueError:
+        key = (node, gpu_index)
+        occupants = self._occupants.get(key, [])
+        # The first equal occupant goes (what ``list.remove`` of an equal Occupant would do).
+        for at, held in enumerate(occupants):
+            if (
+                held.start == start
+                and held.size == size
+                and held.media == media
+                and held.profile == profile
+            ):
+                del occupants[at]
+                break
+        else:
+            occupant = Occupant(start=start, size=size, media=media, profile=profile)
             raise NotFoundError(
                 f"no occupied slice {occupant} on GPU {gpu_index} of node {node} to release"
-            ) from None
-        self._changed(node, gpu_index)
+            )
+        gpu = self._gpus.get(key)
+        if gpu is not None:
+            self._refresh(gpu.node, gpu)
 
     def occupants(self, node: str, gpu_index: int) -> tuple[Occupant, ...]:
         return tuple(self._occupants.get((node, gpu_index), ()))
 
-    def _changed(self, node_name: str, gpu_index: int) -> None:
-        node = self._nodes.get(node_name)
-        if node is None:
-            return
-        for gpu in node.gpus:
-            if gpu.index == gpu_index:
-                self._refresh(node, gpu)
-                return
+    def _enter_state(self, gpu: GpuState, key: StateKey) -> None:
+        group = self._states.get(key)
+        if group is None:
+            group = self._states[key] = StateGroup(key)
+        group.gpus[gpu] = None
+        gpu.group = group
 
     def _leave_state(self, gpu: GpuState, key: StateKey) -> None:
-        members = self._states[key]
+        members = self._states[key].gpus
         del members[gpu]
+        gpu.group = None
         if not members:
             del self._states[key]
 
-    def _refresh(self, node: NodeState, gpu: GpuState) -> None:
-        old_caps, old_levels = gpu.caps, gpu.levels
-        if self.track_states:
-            old_key = gpu.state_key
-            gpu.derive()
-            new_key = gpu.state_key
-            if new_key != old_key:
-                self._leave_state(gpu, old_key)
-                self._states.setdefault(new_key, {})[gpu] = None
+    def _refresh(self, node: NodeState, gpu: GpuState, added: Occupant | None = None) -> None:
+        """Bring the GPU's state and every index up to date after its occupants changed
+        (``added``: the one occupant appended since the last refresh, if that is all)."""
+        old_caps, old_levels, old_key = gpu.caps, gpu.levels, gpu.key
+        if added is not None:
+            gpu.add(added)
         else:
             gpu.derive()
+        if self.track_states and gpu.key != old_key:
+            self._leave_state(gpu, old_key)
+            self._enter_state(gpu, gpu.key)
         if gpu.caps is not old_caps:
+            # Capacity tuples are shared per state (``GpuTable.capacities``), so what changes
+            # between two of them is worked out once per pair.
+            pair = (id(old_caps), id(gpu.caps))
+            moved = self._caps_diffs.get(pair)
+            if moved is None:
+                moved = self._caps_diffs[pair] = tuple(
+                    (profile.name, new - old)
+                    for profile, old, new in zip(
+                        gpu.table.profiles, old_caps, gpu.caps, strict=True
+                    )
+                    if new != old
+                )
             free_instances = self._free_instances
-            for profile, old, new in zip(gpu.table.profiles, old_caps, gpu.caps, strict=True):
-                if new != old:
-                    free_instances[profile.name] += new - old
+            for name, delta in moved:
+                free_instances[name] += delta
         levels = self._levels_for(gpu)
         if levels is old_levels:
             return
@@ -350,7 +401,7 @@ class Inventory:
 
         Equal level vectors are one object, so a change that moves no level costs one identity test.
         """
-        key = gpu.state_key
+        key = gpu.key
         levels = self._level_cache.get(key)
         if levels is None:
             computed = [-1] * len(self._sig_list)
@@ -395,7 +446,7 @@ class Inventory:
         for node in self._nodes.values():
             best = -1
             for gpu in node.gpus:
-                key = gpu.state_key
+                key = gpu.key
                 levels = self._level_cache.get(key)
                 if levels is None:
                     level = (
@@ -437,7 +488,11 @@ class Inventory:
 
     def gpu_states(self) -> Iterator[tuple[StateKey, Iterable[GpuState]]]:
         """Each distinct GPU state with the GPUs in it (``track_states`` only; else nothing)."""
-        return iter(self._states.items())
+        return ((key, group.gpus) for key, group in self._states.items())
+
+    def state_groups(self) -> Iterable[StateGroup]:
+        """Each distinct GPU state as its group (``track_states`` only; else nothing)."""
+        return self._states.values()
 
     def shapes(self) -> Iterator[tuple[tuple[GpuTable, ...], str]]:
         """Each distinct node shape (its GPUs' tables) with one node of that shape."""
@@ -488,9 +543,10 @@ class Inventory:
         return node.name
 
     def gpu(self, node: str, gpu_index: int) -> GpuState:
-        for gpu in self.node(node).gpus:
-            if gpu.index == gpu_index:
-                return gpu
+        gpu = self._gpus.get((node, gpu_index))
+        if gpu is not None:
+            return gpu
+        self.node(node)  # NotFoundError naming the node if it is the node that is unknown
         raise NotFoundError(f"node {node!r} has no GPU {gpu_index} in the placement inventory")
 
 

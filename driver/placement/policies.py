@@ -18,22 +18,25 @@ memory slices divided by (its free instances across the cluster + 1) ** 1.5. Los
 free 1g.5gb starts is cheap, losing the last free 7g.40gb is dear, whatever the GPU looks like. The
 GPU (and start) of least cost wins, the fuller on ties, then first-fit order. It reads only the
 current state (no knowledge of future requests or durations). GPUs in equal states are scored once,
-so a decision costs the number of distinct GPU states, not of GPUs. For pods of several devices the
+and states offering the same placement options at the same fullness once between them (a state's
+options are memoised on its group), so a decision costs the number of distinct GPU states, not of
+GPUs, and costs each distinct loss of instances once. For pods of several devices the
 node order follows the largest request, and each device takes the cheapest start left.
 
 Policies never decide feasibility — the search (``driver.placement.search``) does — so any order
 they produce is safe.
 """
 
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from driver.errors import ConfigError
-from driver.placement.inventory import Inventory, SignatureIndex
+from driver.placement.inventory import Inventory, SignatureIndex, StateGroup
 from driver.placement.rankset import RankSet
 from driver.placement.search import Candidate, CandidateOrder, NodeSearch, Plan
-from driver.placement.state import GpuState, NodeState
+from driver.placement.state import NodeState, StateKey
 from driver.placement.tables import GpuTable, TableProfile
 
 
@@ -229,6 +232,111 @@ SCARCITY_EXPONENT = 1.5
 1.0 and 2.0 each did worse on some of them)."""
 
 
+LossVector = tuple[tuple[int, int], ...]
+"""What one placement lowers on its GPU: ``(table profile index, by how many instances)`` pairs."""
+
+_VECTOR_IDS: dict[tuple[GpuTable, LossVector], int] = {}
+_VECTORS: list[tuple[GpuTable, LossVector]] = []
+_OPTION_IDS: dict[tuple[int, ...], int] = {}
+_OPTIONS: list[tuple[int, ...]] = []
+"""Loss vectors, and the sets of them one GPU state offers a request, interned process-wide:
+both are pure functions of the (shared) table and the state, so every ``Scarcity`` shares them.
+Interning takes ``_INTERNING`` (engines in different threads may meet here); lookups need not."""
+_INTERNING = threading.Lock()
+
+
+def _vector_id(table: GpuTable, lost: LossVector) -> int:
+    key = (table, lost)
+    found = _VECTOR_IDS.get(key)
+    if found is None:
+        with _INTERNING:
+            found = _VECTOR_IDS.get(key)
+            if found is None:
+                _VECTORS.append(key)
+                found = _VECTOR_IDS[key] = len(_VECTORS) - 1
+    return found
+
+
+def _options_id(table: GpuTable, key: StateKey, profiles: Sequence[TableProfile]) -> int:
+    """The interned set of loss vectors the placements of ``profiles`` have in state ``key``;
+    ``-1`` if none of them can be placed there."""
+    _, mask, media_taken, counts = key
+    vectors = {
+        _vector_id(table, lost)
+        for profile in profiles
+        for _, lost in table.capacity_losses(
+            profile.index, mask=mask, media_taken=media_taken, counts=counts
+        )
+    }
+    if not vectors:
+        return -1
+    options = tuple(sorted(vectors))
+    found = _OPTION_IDS.get(options)
+    if found is None:
+        with _INTERNING:
+            found = _OPTION_IDS.get(options)
+            if found is None:
+                _OPTIONS.append(options)
+                found = _OPTION_IDS[options] = len(_OPTIONS) - 1
+    return found
+
+
+_OPTIONS_OF: dict[tuple[StateKey, frozenset[str]], int] = {}
+
+
+def _options_of(key: StateKey, wanted: frozenset[str], plan: Plan, request: int) -> int:
+    """:func:`_options_id` for ``plan``'s request ``request`` (whose profiles are ``wanted``) in
+    state ``key``, remembered across the state's comings and goings."""
+    memo_key = (key, wanted)
+    found = _OPTIONS_OF.get(memo_key)
+    if found is None:
+        table = key[0]
+        found = _OPTIONS_OF[memo_key] = _options_id(table, key, plan.profiles_for(request, table))
+    return found
+
+
+_FREE_SHIFT = 16
+_FREE_MASK = (1 << _FREE_SHIFT) - 1
+"""A bucket of GPU states is ``options id << _FREE_SHIFT | free memory slices`` (what a state
+group's memo holds per requested profile set; ``-1``: the set has no placement there)."""
+
+_LOSS_IDS: dict[tuple[GpuTable, int, int, bool, tuple[int, ...]], tuple[tuple[int, int], ...]] = {}
+
+
+def _loss_ids(
+    table: GpuTable, profile: int, mask: int, media_taken: bool, counts: tuple[int, ...]
+) -> tuple[tuple[int, int], ...]:
+    """``table.capacity_losses`` with each loss vector as its interned id: ``(placement, id)``."""
+    key = (table, profile, mask, media_taken, counts)
+    found = _LOSS_IDS.get(key)
+    if found is None:
+        losses = table.capacity_losses(profile, mask=mask, media_taken=media_taken, counts=counts)
+        found = _LOSS_IDS[key] = tuple((i, _vector_id(table, lost)) for i, lost in losses)
+    return found
+
+
+_WEIGHTS: dict[float, dict[int, float]] = {}
+"""Per exponent, ``free << 6 | slices`` -> the weight (see :func:`_weight`)."""
+_ROUNDED: dict[float, float] = {}
+_ROUNDED_LIMIT = 1 << 16
+"""Costs are compared rounded to 9 decimals (so sums that differ only by float error tie);
+``round`` is the slowest step of a cost and the same sums recur, so roundings are remembered."""
+
+
+def _weight(slices: int, free: int) -> float:
+    """The cost of losing one instance of a profile of ``slices`` with ``free`` instances left."""
+    known = _WEIGHTS.get(SCARCITY_EXPONENT)
+    if known is None:
+        known = _WEIGHTS[SCARCITY_EXPONENT] = {}
+    key = (free << 6) | slices if slices < 64 else -1
+    weight = known.get(key) if key >= 0 else None
+    if weight is None:
+        weight = slices / (free + 1) ** SCARCITY_EXPONENT
+        if key >= 0:
+            known[key] = weight
+    return weight
+
+
 class Scarcity:
     """The start that costs the cluster least, lost instances weighted by how scarce they are."""
 
@@ -239,6 +347,8 @@ class Scarcity:
     def __init__(self) -> None:
         self._free: Callable[[str], int] | None = None
         self._weights: dict[GpuTable, tuple[float, ...]] = {}
+        self._costs: dict[int, float] = {}
+        """Loss vector id -> its cost under the current weights (rounded), reset with them."""
 
     def _weights_for(self, table: GpuTable) -> tuple[float, ...]:
         """Cost of one lost instance per table profile, from the free instances of the decision's
@@ -247,12 +357,30 @@ class Scarcity:
         if weights is None:
             free = self._free
             weights = tuple(
-                p.profile.memory_slices
-                / ((free(p.name) if free is not None else 0) + 1) ** SCARCITY_EXPONENT
-                for p in table.profiles
+                [
+                    _weight(p.profile.memory_slices, free(p.name) if free is not None else 0)
+                    for p in table.profiles
+                ]
             )
             self._weights[table] = weights
         return weights
+
+    def _cost(self, vector: int) -> float:
+        """The cost of the loss vector with id ``vector``: its lost instances, weighted."""
+        cost = self._costs.get(vector)
+        if cost is None:
+            table, lost = _VECTORS[vector]
+            weights = self._weights.get(table) or self._weights_for(table)
+            total = 0.0
+            for q, n in lost:
+                total += weights[q] * n
+            cost = _ROUNDED.get(total)
+            if cost is None:
+                if len(_ROUNDED) >= _ROUNDED_LIMIT:
+                    _ROUNDED.clear()
+                cost = _ROUNDED[total] = round(total, 9)
+            self._costs[vector] = cost
+        return cost
 
     def nodes(
         self, inventory: Inventory, plan: Plan, conditions: Sequence[Condition]
@@ -264,32 +392,38 @@ class Scarcity:
             return
         self._free = inventory.free_instances
         self._weights = {}
-        primary = _largest_request(plan, inventory)
-        scored: list[tuple[float, int, Iterable[GpuState]]] = []
-        per_table: dict[GpuTable, tuple[tuple[float, ...], tuple[TableProfile, ...]]] = {}
-        # The hot loop of the policy (once per distinct GPU state per decision): kept flat.
-        for key, gpus in inventory.gpu_states():
-            table, mask, media_taken, counts = key
-            known = per_table.get(table)
-            if known is None:
-                known = per_table[table] = (
-                    self._weights_for(table),
-                    plan.profiles_for(primary, table),
+        self._costs = {}
+        primary = _largest_request(plan, inventory) if len(plan.requests) > 1 else 0
+        wanted = plan.requests[primary].profiles
+        # The hot loop of the policy (once per distinct GPU state per decision): a state's options
+        # are memoised on its group, and states with equal options and fullness are scored once.
+        buckets: dict[int, list[StateGroup]] = {}
+        for group in inventory.state_groups():
+            bucket = group.memo.get(wanted)
+            if bucket is None:
+                options = _options_of(group.key, wanted, plan, primary)
+                bucket = group.memo[wanted] = (
+                    (options << _FREE_SHIFT) | group.free if options >= 0 else -1
                 )
-            weights, profiles = known
-            cheapest = -1.0
-            for profile in profiles:
-                for _, lost in table.capacity_losses(
-                    profile.index, mask=mask, media_taken=media_taken, counts=counts
-                ):
-                    cost = 0.0
-                    for q, n in lost:
-                        cost += weights[q] * n
-                    if cheapest < 0 or cost < cheapest:
-                        cheapest = cost
-            if cheapest >= 0:
-                scored.append((round(cheapest, 9), table.slices - mask.bit_count(), gpus))
-        scored.sort(key=lambda entry: entry[:2])
+            if bucket < 0:
+                continue
+            members = buckets.get(bucket)
+            if members is None:
+                buckets[bucket] = [group]
+            else:
+                members.append(group)
+        cost = self._cost
+        costs = self._costs
+        cheapest: dict[int, float] = {}
+        scored: list[tuple[float, int, int, list[StateGroup]]] = []
+        for bucket, groups in buckets.items():
+            options = bucket >> _FREE_SHIFT
+            least = cheapest.get(options)
+            if least is None:
+                least = min([costs.get(v) or cost(v) for v in _OPTIONS[options]])
+                cheapest[options] = least
+            scored.append((least, bucket & _FREE_MASK, bucket, groups))
+        scored.sort()  # (cost, free, bucket) is unique: the groups are never compared
         unions = _condition_unions(conditions)
         seen: set[int] = set()
         start = 0
@@ -298,7 +432,15 @@ class Scarcity:
             end = start + 1
             while end < len(scored) and scored[end][:2] == scored[start][:2]:
                 end += 1
-            ranks = sorted({g.node.rank for entry in scored[start:end] for g in entry[2]} - seen)
+            ranks = sorted(
+                {
+                    g.node.rank
+                    for entry in scored[start:end]
+                    for group in entry[3]
+                    for g in group.gpus
+                }
+                - seen
+            )
             for rank in ranks:
                 seen.add(rank)
                 if all(any(rank in s for s in union) for union in unions):
@@ -314,27 +456,77 @@ class Scarcity:
         self, search: NodeSearch, request: int, positions: Sequence[int]
     ) -> Iterable[Candidate]:
         plan, gpus, masks, media = search.plan, search.gpus, search.masks, search.media
+        cost = self._cost
+        if search.untouched:
+            # Each GPU's cheapest start costs what its state's options do (as scored by ``nodes``),
+            # so only the winning GPU's starts need costing for the first candidate.
+            wanted = plan.requests[request].profiles
+            least: list[tuple[float, int, int]] = []
+            costs = self._costs
+            for position in positions:
+                gpu = gpus[position]
+                group = gpu.group
+                bucket = group.memo.get(wanted) if group is not None else None
+                if bucket is None:
+                    options = _options_of(gpu.key, wanted, plan, request)
+                else:
+                    options = bucket >> _FREE_SHIFT if bucket >= 0 else -1
+                if options >= 0:
+                    cheapest = min([costs.get(v) or cost(v) for v in _OPTIONS[options]])
+                    least.append((cheapest, gpu.table.slices - gpu.used, position))
+            if not least:
+                return
+            cheapest, _, position = min(least)
+            table = gpus[position].table
+            mask, media_taken, counts = masks[position], media[position], search.counts(position)
+            first = min(
+                (index, i)
+                for index, profile in ((p.index, p) for p in plan.profiles_for(request, table))
+                for i, vector in _loss_ids(table, index, mask, media_taken, counts)
+                if cost(vector) == cheapest
+            )
+            profile = table.profiles[first[0]]
+            yield position, profile, first[1]
+            rest = self._scored(search, request, positions)
+            rest.remove(
+                (
+                    cheapest,
+                    table.slices - mask.bit_count(),
+                    position,
+                    *first,
+                    (position, profile, first[1]),
+                )
+            )
+            rest.sort()
+            for entry in rest:
+                yield entry[5]
+            return
+        scored = self._scored(search, request, positions)
+        if not scored:
+            return
+        yield min(scored)[5]
+        scored.sort()
+        for entry in scored[1:]:
+            yield entry[5]
+
+    def _scored(
+        self, search: NodeSearch, request: int, positions: Sequence[int]
+    ) -> list[tuple[float, int, int, int, int, Candidate]]:
+        """Every free candidate with its sort key (cost, fullness, position, profile, start)."""
+        plan, gpus, masks, media = search.plan, search.gpus, search.masks, search.media
+        cost = self._cost
         scored: list[tuple[float, int, int, int, int, Candidate]] = []
         for position in positions:
             table = gpus[position].table
             mask, media_taken = masks[position], media[position]
             counts = search.counts(position)
-            weights = self._weights_for(table)
             free = table.slices - mask.bit_count()
             for profile in plan.profiles_for(request, table):
-                losses = table.capacity_losses(
-                    profile.index, mask=mask, media_taken=media_taken, counts=counts
-                )
-                for i, lost in losses:
-                    cost = round(sum(weights[q] * n for q, n in lost), 9)
-                    scored.append((cost, free, position, profile.index, i, (position, profile, i)))
-        if not scored:
-            return
-        best = min(scored, key=lambda entry: entry[:5])
-        yield best[5]
-        scored.sort(key=lambda entry: entry[:5])
-        for entry in scored[1:]:
-            yield entry[5]
+                index = profile.index
+                for i, vector in _loss_ids(table, index, mask, media_taken, counts):
+                    scored.append((cost(vector), free, position, index, i, (position, profile, i)))
+        # (cost, free, position, profile, start) is unique, so tuples never compare candidates.
+        return scored
 
 
 def _largest_request(plan: Plan, inventory: Inventory) -> int:

@@ -42,6 +42,7 @@ class Plan:
         "keys_of",
         "pod",
         "requests",
+        "single",
     )
 
     def __init__(self, pod: PodRequest) -> None:
@@ -93,6 +94,13 @@ class Plan:
             i for i, request in enumerate(pod.requests) for _ in range(request.count)
         )
         self._profiles: dict[tuple[int, GpuTable], tuple[TableProfile, ...]] = {}
+        self.single = (
+            len(self.device_requests) == 1
+            and not pod.constraints
+            and pod.requests[0].predicate is None
+        )
+        """One device, no constraints, no predicate: the first free candidate under ``max_count``
+        is the answer, so the search needs none of its backtracking state."""
 
     def profiles_for(self, request: int, table: GpuTable) -> tuple[TableProfile, ...]:
         """The request's acceptable profiles that ``table`` publishes, in the model's order."""
@@ -161,12 +169,16 @@ class NodeSearch:
         self.masks = [0 if empty else g.mask for g in node.gpus]
         self.media = [False if empty else g.media_taken for g in node.gpus]
         self._base_counts = None if empty else [g.counts for g in node.gpus]
-        self._added: dict[tuple[int, int], int] = {}
+        self._empty = empty
         self._order = order
         self._budget = budget
         self._use_predicates = use_predicates
         self.steps = 0
         self.predicate_rejections = 0
+        self._added: dict[tuple[int, int], int] = {}
+        self._refs: dict[tuple[int, int, int], DeviceRef] = {}
+        if plan.single:
+            return
         self._slots = tuple(order.device_order(plan, node))
         self._group_gpu: dict[int, list[int]] = {}
         self._distinct_used: list[dict[int, int]] = [{} for _ in plan.distinct_groups]
@@ -175,11 +187,12 @@ class NodeSearch:
         self._chosen: dict[int, Candidate] = {}
         self._failed: set[Hashable] = set()
         self._predicate_cache: dict[tuple[int, int, int, int], bool] = {}
-        self._refs: dict[tuple[int, int, int], DeviceRef] = {}
         self._memo = len(self._slots) > 1
 
     def run(self) -> tuple[DeviceAssignment, ...] | None:
         """Every device placed on this node, in request order; ``None`` if impossible."""
+        if self.plan.single:
+            return self._run_single()
         if not self._place(0):
             return None
         node = self.node.name
@@ -200,6 +213,33 @@ class NodeSearch:
             )
         return tuple(result)
 
+    def _run_single(self) -> tuple[DeviceAssignment, ...] | None:
+        """:meth:`run` for a :attr:`Plan.single` plan: the same answer (and steps), no state."""
+        plan = self.plan
+        request = plan.device_requests[0]
+        counts = self._base_counts
+        for position, profile, i in self._order.candidates(self, request, range(len(self.gpus))):
+            self.steps += 1
+            if self.steps > self._budget:
+                raise SearchBudgetExceededError
+            if counts is not None and counts[position][profile.index] >= profile.profile.max_count:
+                continue
+            if counts is None and profile.profile.max_count <= 0:
+                continue
+            placement = profile.placements[i]
+            return (
+                DeviceAssignment(
+                    request=plan.requests[request].name,
+                    node=self.node.name,
+                    gpu_index=self.gpus[position].index,
+                    profile=profile.name,
+                    start=placement.start,
+                    size=placement.size,
+                    media=profile.media,
+                ),
+            )
+        return None
+
     def positions(self, request: int) -> Sequence[int]:
         """GPU positions the request's next device may use under the GPU constraints."""
         group = self.plan.gpu_group[request]
@@ -212,6 +252,12 @@ class NodeSearch:
         if not distinct:
             return base
         return [p for p in base if not any(self._distinct_used[g].get(p) for g in distinct)]
+
+    @property
+    def untouched(self) -> bool:
+        """Every GPU's mask, ``+me`` and counts here are its current state (nothing placed by this
+        search yet, not searching an empty node), so state-keyed caches apply."""
+        return not self._empty and not self._added
 
     def counts(self, position: int) -> tuple[int, ...]:
         """Instances of each table profile on the GPU at ``position``, this search's included."""

@@ -6,9 +6,13 @@ the occupants and shared with the indexes in ``driver.placement.inventory``.
 """
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from driver.mig.model import GpuModel
 from driver.placement.tables import GpuTable, Signature, table_for
+
+if TYPE_CHECKING:
+    from driver.placement.inventory import StateGroup
 
 StateKey = tuple[GpuTable, int, bool, tuple[int, ...]]
 """Everything placement rules can see of one GPU: table, occupied mask, ``+me`` taken, counts."""
@@ -63,7 +67,9 @@ class GpuState:
     __slots__ = (
         "caps",
         "counts",
+        "group",
         "index",
+        "key",
         "levels",
         "mask",
         "media_taken",
@@ -85,6 +91,9 @@ class GpuState:
         self.counts: tuple[int, ...] = (0,) * len(self.table.profiles)
         self.used = 0
         self.caps: tuple[int, ...] = (0,) * len(self.table.profiles)
+        self.key: StateKey = (self.table, 0, False, self.counts)
+        self.group: StateGroup | None = None
+        """The inventory's group of GPUs in this GPU's state (``track_states`` only)."""
         # levels[sig id]: this GPU's level for the signature (lower is better), -1 if it cannot fit.
         self.levels: tuple[int, ...] = ()
         self.derive()
@@ -93,27 +102,51 @@ class GpuState:
         """Recompute mask, media and per-profile counts from the occupants."""
         table = self.table
         model_media = table.media_names
+        by_name = table.profile_by_name
         mask = 0
         media = False
         counts = [0] * len(table.profiles)
         for occupant in self.occupants:
             mask |= occupant.mask
-            if occupant.media or occupant.profile in model_media:
+            name = occupant.profile
+            if occupant.media or name in model_media:
                 media = True
-            if occupant.profile is not None:
-                profile = table.profile_by_name.get(occupant.profile)
+            if name is not None:
+                profile = by_name.get(name)
                 if profile is not None:
                     counts[profile.index] += 1
-        self.mask = mask & table.full_mask
+        self._set(mask & table.full_mask, media, tuple(counts))
+
+    def add(self, occupant: Occupant) -> None:
+        """What :meth:`derive` gives after ``occupant`` was appended to the occupants, without
+        going over them all (a release, which may uncover slices, needs :meth:`derive`)."""
+        table = self.table
+        name = occupant.profile
+        counts = self.counts
+        if name is not None:
+            profile = table.profile_by_name.get(name)
+            if profile is not None:
+                index = profile.index
+                counts = (*counts[:index], counts[index] + 1, *counts[index + 1 :])
+        self._set(
+            (self.mask | occupant.mask) & table.full_mask,
+            self.media_taken or occupant.media or name in table.media_names,
+            counts,
+        )
+
+    def _set(self, mask: int, media: bool, counts: tuple[int, ...]) -> None:
+        table = self.table
+        self.mask = mask
         self.media_taken = media
-        self.counts = tuple(counts)
-        self.used = self.mask.bit_count()
-        self.caps = table.capacities(mask=self.mask, media_taken=media, counts=self.counts)
+        self.counts = counts
+        self.used = mask.bit_count()
+        self.caps = table.capacities(mask=mask, media_taken=media, counts=counts)
+        self.key = (table, mask, media, counts)
 
     @property
     def state_key(self) -> StateKey:
         """Everything placement rules can see of this GPU: equal keys, equal answers."""
-        return (self.table, self.mask, self.media_taken, self.counts)
+        return self.key
 
     def level(self, signature: Signature, *, graded: bool) -> int:
         """-1 if ``signature`` cannot fit; else 0, or with ``graded`` its (loss, fullness) code."""

@@ -519,8 +519,48 @@ def test_churn_over_many_nodes_matches_a_linear_scan(policy: str) -> None:
         for n in engine.inventory.nodes():
             for gpu in n.gpus:
                 fresh.setdefault(gpu.state_key, set()).add(n.name)
+                # Each GPU points at the group of its current state (policies read memos there).
+                assert gpu.group is not None
+                assert gpu.group.key == gpu.state_key
+                assert gpu in gpu.group.gpus
         assert groups == fresh
+        assert {g.key for g in engine.inventory.state_groups()} == set(fresh)
 
 
 def _view(occupants: dict[int, list[Occupant]]) -> dict[int, Sequence[Occupant]]:
     return dict(occupants)
+
+
+def test_occupy_and_release_keep_each_gpu_state_equal_to_one_derived_from_scratch() -> None:
+    """An occupy updates a GPU from the new occupant alone and a release re-derives it; with
+    overlapping records, unknown profiles and ``+me`` records both must equal a fresh derivation."""
+    rng = random.Random(11)
+    engine = engine_with(node("a", "A100-40GB", "H100-80GB"), policy="scarcity")
+    held: list[tuple[int, int, int, bool, str | None]] = []
+    profiles = [None, "1g.5gb", "1g.5gb+me", "2g.10gb", "1g.10gb", "3g.40gb", "unknown"]
+    for _ in range(300):
+        if held and rng.random() < 0.45:
+            gpu, start, size, media, profile = held.pop(rng.randrange(len(held)))
+            engine.release("a", gpu, start=start, size=size, media=media, profile=profile)
+        else:
+            record = (
+                rng.randrange(2),
+                rng.randrange(8),
+                rng.choice([1, 1, 2, 4]),
+                rng.random() < 0.1,
+                rng.choice(profiles),
+            )
+            gpu, start, size, media, profile = record
+            engine.occupy("a", gpu, start=start, size=size, media=media, profile=profile)
+            held.append(record)
+        for state in engine.inventory.node("a").gpus:
+            kept = (state.mask, state.media_taken, state.counts, state.used, state.caps, state.key)
+            state.derive()
+            assert (
+                state.mask,
+                state.media_taken,
+                state.counts,
+                state.used,
+                state.caps,
+                state.key,
+            ) == kept
