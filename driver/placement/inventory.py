@@ -17,7 +17,7 @@ indexed on first use; single-profile ones always, multi-profile ones up to a bou
 """
 
 import logging
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 
 from driver.errors import NotFoundError
 from driver.placement.rankset import RankSet
@@ -84,8 +84,9 @@ class StateGroup:
     """The GPUs that are in one state (``track_states``), and what policies derived from it.
 
     ``memo`` is scratch space for policies: values that depend on the state alone (e.g. the
-    placements a profile has there and what each would cost), computed once while the state has
-    members; it goes with the group when the last GPU leaves the state.
+    placements a profile has there and what each would cost), computed once per state. A group
+    outlives its last GPU (GPUs come back to the same states all the time, and would otherwise
+    recompute its memo), up to ``MAX_KNOWN_STATES`` groups.
     """
 
     __slots__ = ("free", "gpus", "key", "memo")
@@ -97,6 +98,42 @@ class StateGroup:
         """Free memory slices of each GPU in the state."""
         self.gpus: dict[GpuState, None] = {}
         self.memo: dict[Hashable, int] = {}
+
+
+class StateBuckets:
+    """The live state groups sorted into buckets by a policy's ``bucket_of`` (a pure function of
+    the state, memoised on the group; ``-1``: in no bucket), kept up to date as states gain their
+    first or lose their last GPU, so a decision reads the buckets instead of regrouping the states."""
+
+    __slots__ = ("bucket_of", "buckets")
+
+    def __init__(self, bucket_of: Callable[[StateGroup], int]) -> None:
+        self.bucket_of = bucket_of
+        self.buckets: dict[int, dict[StateGroup, None]] = {}
+        """Bucket -> its live groups (never empty)."""
+
+    def add(self, group: StateGroup) -> None:
+        bucket = self.bucket_of(group)
+        if bucket < 0:
+            return
+        members = self.buckets.get(bucket)
+        if members is None:
+            self.buckets[bucket] = {group: None}
+        else:
+            members[group] = None
+
+    def discard(self, group: StateGroup) -> None:
+        bucket = self.bucket_of(group)
+        if bucket < 0:
+            return
+        members = self.buckets[bucket]
+        del members[group]
+        if not members:
+            del self.buckets[bucket]
+
+
+MAX_KNOWN_STATES = 1 << 16
+"""State groups kept (with their memos) while no GPU is in their state; past it the empty ones go."""
 
 
 class Inventory:
@@ -117,6 +154,10 @@ class Inventory:
         self.track_levels = track_levels
         self.track_states = track_states
         self._states: dict[StateKey, StateGroup] = {}
+        """Every state group known, live or not (``track_states``)."""
+        self._live: dict[StateGroup, None] = {}
+        """The groups with at least one GPU."""
+        self._buckets: dict[Hashable, StateBuckets] = {}
         self._nodes: dict[str, NodeState] = {}
         self._gpus: dict[tuple[str, int], GpuState] = {}
         self._by_rank: list[NodeState | None] = []
@@ -209,7 +250,7 @@ class Inventory:
                 self._published_gpus[profile.name] -= 1
                 self._free_instances[profile.name] -= cap
             if self.track_states:
-                self._leave_state(gpu, gpu.key)
+                self._leave_state(gpu)
         if not self._ranks_dirty and node.rank >= 0:
             for sig_id, level in node.best.items():
                 self._sig_list[sig_id].discard(node.rank, level, graded=self.track_levels)
@@ -308,16 +349,28 @@ class Inventory:
     def _enter_state(self, gpu: GpuState, key: StateKey) -> None:
         group = self._states.get(key)
         if group is None:
+            if len(self._states) >= MAX_KNOWN_STATES:
+                self._states = {k: g for k, g in self._states.items() if g.gpus}
             group = self._states[key] = StateGroup(key)
-        group.gpus[gpu] = None
+        members = group.gpus
+        if not members:
+            self._live[group] = None
+            for partition in self._buckets.values():
+                partition.add(group)
+        members[gpu] = None
         gpu.group = group
 
-    def _leave_state(self, gpu: GpuState, key: StateKey) -> None:
-        members = self._states[key].gpus
+    def _leave_state(self, gpu: GpuState) -> None:
+        group = gpu.group
+        if group is None:
+            return
+        members = group.gpus
         del members[gpu]
         gpu.group = None
         if not members:
-            del self._states[key]
+            del self._live[group]
+            for partition in self._buckets.values():
+                partition.discard(group)
 
     def _refresh(self, node: NodeState, gpu: GpuState, added: Occupant | None = None) -> None:
         """Bring the GPU's state and every index up to date after its occupants changed
@@ -328,7 +381,7 @@ class Inventory:
         else:
             gpu.derive()
         if self.track_states and gpu.key != old_key:
-            self._leave_state(gpu, old_key)
+            self._leave_state(gpu)
             self._enter_state(gpu, gpu.key)
         if gpu.caps is not old_caps:
             # Capacity tuples are shared per state (``GpuTable.capacities``), so what changes
@@ -488,11 +541,24 @@ class Inventory:
 
     def gpu_states(self) -> Iterator[tuple[StateKey, Iterable[GpuState]]]:
         """Each distinct GPU state with the GPUs in it (``track_states`` only; else nothing)."""
-        return ((key, group.gpus) for key, group in self._states.items())
+        return ((group.key, group.gpus) for group in self._live)
 
     def state_groups(self) -> Iterable[StateGroup]:
         """Each distinct GPU state as its group (``track_states`` only; else nothing)."""
-        return self._states.values()
+        return self._live.keys()
+
+    def state_buckets(
+        self, name: Hashable, bucket_of: Callable[[StateGroup], int]
+    ) -> dict[int, dict[StateGroup, None]]:
+        """The state groups by ``bucket_of(group)`` (``track_states`` only), kept up to date from
+        the first call for ``name`` on; ``bucket_of`` must depend on the group's state alone (the
+        first one given for ``name`` is kept)."""
+        partition = self._buckets.get(name)
+        if partition is None:
+            partition = self._buckets[name] = StateBuckets(bucket_of)
+            for group in self._live:
+                partition.add(group)
+        return partition.buckets
 
     def shapes(self) -> Iterator[tuple[tuple[GpuTable, ...], str]]:
         """Each distinct node shape (its GPUs' tables) with one node of that shape."""

@@ -284,14 +284,16 @@ def _options_id(table: GpuTable, key: StateKey, profiles: Sequence[TableProfile]
 _OPTIONS_OF: dict[tuple[StateKey, frozenset[str]], int] = {}
 
 
-def _options_of(key: StateKey, wanted: frozenset[str], plan: Plan, request: int) -> int:
-    """:func:`_options_id` for ``plan``'s request ``request`` (whose profiles are ``wanted``) in
-    state ``key``, remembered across the state's comings and goings."""
+def _options_of(key: StateKey, wanted: frozenset[str]) -> int:
+    """:func:`_options_id` for a request whose acceptable profiles are ``wanted`` in state ``key``,
+    remembered across the state's comings and goings."""
     memo_key = (key, wanted)
     found = _OPTIONS_OF.get(memo_key)
     if found is None:
         table = key[0]
-        found = _OPTIONS_OF[memo_key] = _options_id(table, key, plan.profiles_for(request, table))
+        # What ``Plan.profiles_for`` gives: the wanted profiles the table publishes, in its order.
+        profiles = tuple(p for p in table.profiles if p.name in wanted)
+        found = _OPTIONS_OF[memo_key] = _options_id(table, key, profiles)
     return found
 
 
@@ -299,6 +301,28 @@ _FREE_SHIFT = 16
 _FREE_MASK = (1 << _FREE_SHIFT) - 1
 """A bucket of GPU states is ``options id << _FREE_SHIFT | free memory slices`` (what a state
 group's memo holds per requested profile set; ``-1``: the set has no placement there)."""
+
+_BUCKET_OF: dict[frozenset[str], Callable[[StateGroup], int]] = {}
+
+
+def _bucket_of(wanted: frozenset[str]) -> Callable[[StateGroup], int]:
+    """The bucket of a state group for requests whose profiles are ``wanted`` (memoised on the
+    group): what the inventory keeps its groups sorted by for ``scarcity``."""
+    found = _BUCKET_OF.get(wanted)
+    if found is None:
+
+        def bucket_of(group: StateGroup) -> int:
+            bucket = group.memo.get(wanted)
+            if bucket is None:
+                options = _options_of(group.key, wanted)
+                bucket = group.memo[wanted] = (
+                    (options << _FREE_SHIFT) | group.free if options >= 0 else -1
+                )
+            return bucket
+
+        found = _BUCKET_OF[wanted] = bucket_of
+    return found
+
 
 _LOSS_IDS: dict[tuple[GpuTable, int, int, bool, tuple[int, ...]], tuple[tuple[int, int], ...]] = {}
 
@@ -395,35 +419,21 @@ class Scarcity:
         self._costs = {}
         primary = _largest_request(plan, inventory) if len(plan.requests) > 1 else 0
         wanted = plan.requests[primary].profiles
-        # The hot loop of the policy (once per distinct GPU state per decision): a state's options
-        # are memoised on its group, and states with equal options and fullness are scored once.
-        buckets: dict[int, list[StateGroup]] = {}
-        for group in inventory.state_groups():
-            bucket = group.memo.get(wanted)
-            if bucket is None:
-                options = _options_of(group.key, wanted, plan, primary)
-                bucket = group.memo[wanted] = (
-                    (options << _FREE_SHIFT) | group.free if options >= 0 else -1
-                )
-            if bucket < 0:
-                continue
-            members = buckets.get(bucket)
-            if members is None:
-                buckets[bucket] = [group]
-            else:
-                members.append(group)
+        # States are kept in buckets of equal options and fullness by the inventory (updated as
+        # states come and go), so a decision scores each bucket once and regroups nothing.
+        buckets = inventory.state_buckets((self.name, wanted), _bucket_of(wanted))
         cost = self._cost
         costs = self._costs
         cheapest: dict[int, float] = {}
-        scored: list[tuple[float, int, int, list[StateGroup]]] = []
-        for bucket, groups in buckets.items():
+        scored: list[tuple[float, int, int]] = []
+        for bucket in buckets:
             options = bucket >> _FREE_SHIFT
             least = cheapest.get(options)
             if least is None:
                 least = min([costs.get(v) or cost(v) for v in _OPTIONS[options]])
                 cheapest[options] = least
-            scored.append((least, bucket & _FREE_MASK, bucket, groups))
-        scored.sort()  # (cost, free, bucket) is unique: the groups are never compared
+            scored.append((least, bucket & _FREE_MASK, bucket))
+        scored.sort()  # (cost, free, bucket) is unique
         unions = _condition_unions(conditions)
         seen: set[int] = set()
         start = 0
@@ -436,7 +446,7 @@ class Scarcity:
                 {
                     g.node.rank
                     for entry in scored[start:end]
-                    for group in entry[3]
+                    for group in buckets.get(entry[2], ())
                     for g in group.gpus
                 }
                 - seen
@@ -468,7 +478,7 @@ class Scarcity:
                 group = gpu.group
                 bucket = group.memo.get(wanted) if group is not None else None
                 if bucket is None:
-                    options = _options_of(gpu.key, wanted, plan, request)
+                    options = _options_of(gpu.key, wanted)
                 else:
                     options = bucket >> _FREE_SHIFT if bucket >= 0 else -1
                 if options >= 0:
