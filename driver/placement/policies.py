@@ -239,6 +239,8 @@ _VECTOR_IDS: dict[tuple[GpuTable, LossVector], int] = {}
 _VECTORS: list[tuple[GpuTable, LossVector]] = []
 _OPTION_IDS: dict[tuple[int, ...], int] = {}
 _OPTIONS: list[tuple[int, ...]] = []
+_OPTION_LOSSES: list[tuple[GpuTable, tuple[LossVector, ...]]] = []
+"""Per options id, its table and its loss vectors themselves (appended before ``_OPTIONS``)."""
 """Loss vectors, and the sets of them one GPU state offers a request, interned process-wide:
 both are pure functions of the (shared) table and the state, so every ``Scarcity`` shares them.
 Interning takes ``_INTERNING`` (engines in different threads may meet here); lookups need not."""
@@ -276,6 +278,7 @@ def _options_id(table: GpuTable, key: StateKey, profiles: Sequence[TableProfile]
         with _INTERNING:
             found = _OPTION_IDS.get(options)
             if found is None:
+                _OPTION_LOSSES.append((table, tuple(_VECTORS[v][1] for v in options)))
                 _OPTIONS.append(options)
                 found = _OPTION_IDS[options] = len(_OPTIONS) - 1
     return found
@@ -361,6 +364,17 @@ def _weight(slices: int, free: int) -> float:
     return weight
 
 
+_SIZES: dict[GpuTable, tuple[tuple[str, int], ...]] = {}
+
+
+def _sizes(table: GpuTable) -> tuple[tuple[str, int], ...]:
+    """Each of the table's profiles as (name, memory slices), in table order."""
+    found = _SIZES.get(table)
+    if found is None:
+        found = _SIZES[table] = tuple((p.name, p.profile.memory_slices) for p in table.profiles)
+    return found
+
+
 class Scarcity:
     """The start that costs the cluster least, lost instances weighted by how scarce they are."""
 
@@ -373,6 +387,8 @@ class Scarcity:
         self._weights: dict[GpuTable, tuple[float, ...]] = {}
         self._costs: dict[int, float] = {}
         """Loss vector id -> its cost under the current weights (rounded), reset with them."""
+        self._cheapest: dict[int, float] = {}
+        """Options id -> :meth:`_least` under the current weights, reset with them."""
 
     def _weights_for(self, table: GpuTable) -> tuple[float, ...]:
         """Cost of one lost instance per table profile, from the free instances of the decision's
@@ -380,13 +396,16 @@ class Scarcity:
         weights = self._weights.get(table)
         if weights is None:
             free = self._free
-            weights = tuple(
-                [
-                    _weight(p.profile.memory_slices, free(p.name) if free is not None else 0)
-                    for p in table.profiles
-                ]
-            )
-            self._weights[table] = weights
+            known = _WEIGHTS.get(SCARCITY_EXPONENT)
+            computed: list[float] = []
+            for name, slices in _sizes(table):
+                left = free(name) if free is not None else 0
+                # ``_weight``, its remembered answers looked up inline (this runs every decision).
+                weight = (
+                    known.get((left << 6) | slices) if known is not None and slices < 64 else None
+                )
+                computed.append(_weight(slices, left) if weight is None else weight)
+            weights = self._weights[table] = tuple(computed)
         return weights
 
     def _cost(self, vector: int) -> float:
@@ -406,6 +425,20 @@ class Scarcity:
             self._costs[vector] = cost
         return cost
 
+    def _least(self, options: int) -> float:
+        """The cost of the cheapest loss vector of the options set ``options`` (what the least of
+        their :meth:`_cost` is: rounding is monotonic, so the least sum is rounded alone)."""
+        table, losses = _OPTION_LOSSES[options]
+        weights = self._weights.get(table) or self._weights_for(table)
+        least = -1.0
+        for lost in losses:
+            total = 0.0
+            for q, n in lost:  # the same sum, in the same order, as ``_cost``
+                total += weights[q] * n
+            if least < 0.0 or total < least:
+                least = total
+        return round(least, 9)  # least sums seldom recur: ``_ROUNDED`` would rarely know it
+
     def nodes(
         self, inventory: Inventory, plan: Plan, conditions: Sequence[Condition]
     ) -> Iterator[NodeState]:
@@ -417,21 +450,20 @@ class Scarcity:
         self._free = inventory.free_instances
         self._weights = {}
         self._costs = {}
+        cheapest: dict[int, float] = {}
+        self._cheapest = cheapest
         primary = _largest_request(plan, inventory) if len(plan.requests) > 1 else 0
         wanted = plan.requests[primary].profiles
         # States are kept in buckets of equal options and fullness by the inventory (updated as
         # states come and go), so a decision scores each bucket once and regroups nothing.
         buckets = inventory.state_buckets((self.name, wanted), _bucket_of(wanted))
-        cost = self._cost
-        costs = self._costs
-        cheapest: dict[int, float] = {}
+        least_of = self._least
         scored: list[tuple[float, int, int]] = []
         for bucket in buckets:
             options = bucket >> _FREE_SHIFT
             least = cheapest.get(options)
             if least is None:
-                least = min([costs.get(v) or cost(v) for v in _OPTIONS[options]])
-                cheapest[options] = least
+                least = cheapest[options] = least_of(options)
             scored.append((least, bucket & _FREE_MASK, bucket))
         scored.sort()  # (cost, free, bucket) is unique
         unions = _condition_unions(conditions)
@@ -472,7 +504,7 @@ class Scarcity:
             # so only the winning GPU's starts need costing for the first candidate.
             wanted = plan.requests[request].profiles
             least: list[tuple[float, int, int]] = []
-            costs = self._costs
+            known = self._cheapest
             for position in positions:
                 gpu = gpus[position]
                 group = gpu.group
@@ -482,7 +514,9 @@ class Scarcity:
                 else:
                     options = bucket >> _FREE_SHIFT if bucket >= 0 else -1
                 if options >= 0:
-                    cheapest = min([costs.get(v) or cost(v) for v in _OPTIONS[options]])
+                    cheapest = known.get(options)
+                    if cheapest is None:
+                        cheapest = known[options] = self._least(options)
                     least.append((cheapest, gpu.table.slices - gpu.used, position))
             if not least:
                 return
