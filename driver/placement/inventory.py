@@ -100,36 +100,8 @@ class StateGroup:
         self.memo: dict[Hashable, int] = {}
 
 
-class StateBuckets:
-    """The live state groups sorted into buckets by a policy's ``bucket_of`` (a pure function of
-    the state, memoised on the group; ``-1``: in no bucket), kept up to date as states gain their
-    first or lose their last GPU, so a decision reads the buckets instead of regrouping the states."""
-
-    __slots__ = ("bucket_of", "buckets")
-
-    def __init__(self, bucket_of: Callable[[StateGroup], int]) -> None:
-        self.bucket_of = bucket_of
-        self.buckets: dict[int, dict[StateGroup, None]] = {}
-        """Bucket -> its live groups (never empty)."""
-
-    def add(self, group: StateGroup) -> None:
-        bucket = self.bucket_of(group)
-        if bucket < 0:
-            return
-        members = self.buckets.get(bucket)
-        if members is None:
-            self.buckets[bucket] = {group: None}
-        else:
-            members[group] = None
-
-    def discard(self, group: StateGroup) -> None:
-        bucket = self.bucket_of(group)
-        if bucket < 0:
-            return
-        members = self.buckets[bucket]
-        del members[group]
-        if not members:
-            del self.buckets[bucket]
+Buckets = dict[int, dict[StateGroup, None]]
+"""State groups by a policy's bucket of them (see :meth:`Inventory.state_buckets`)."""
 
 
 MAX_KNOWN_STATES = 1 << 16
@@ -157,7 +129,8 @@ class Inventory:
         """Every state group known, live or not (``track_states``)."""
         self._live: dict[StateGroup, None] = {}
         """The groups with at least one GPU."""
-        self._buckets: dict[Hashable, StateBuckets] = {}
+        self._buckets: list[tuple[Hashable, Callable[[StateGroup], int], Buckets]] = []
+        self._buckets_named: dict[Hashable, Buckets] = {}
         self._nodes: dict[str, NodeState] = {}
         self._gpus: dict[tuple[str, int], GpuState] = {}
         self._by_rank: list[NodeState | None] = []
@@ -355,8 +328,18 @@ class Inventory:
         members = group.gpus
         if not members:
             self._live[group] = None
-            for partition in self._buckets.values():
-                partition.add(group)
+            memo = group.memo
+            # Inline (twice per GPU change and per bucketing): the group joins its buckets.
+            for name, bucket_of, buckets in self._buckets:
+                bucket = memo.get(name)
+                if bucket is None:
+                    bucket = bucket_of(group)
+                if bucket >= 0:
+                    bucketed = buckets.get(bucket)
+                    if bucketed is None:
+                        buckets[bucket] = {group: None}
+                    else:
+                        bucketed[group] = None
         members[gpu] = None
         gpu.group = group
 
@@ -369,8 +352,14 @@ class Inventory:
         gpu.group = None
         if not members:
             del self._live[group]
-            for partition in self._buckets.values():
-                partition.discard(group)
+            memo = group.memo
+            for name, _, buckets in self._buckets:
+                bucket = memo[name]  # set when the group joined its buckets
+                if bucket >= 0:
+                    bucketed = buckets[bucket]
+                    del bucketed[group]
+                    if not bucketed:
+                        del buckets[bucket]
 
     def _refresh(self, node: NodeState, gpu: GpuState, added: Occupant | None = None) -> None:
         """Bring the GPU's state and every index up to date after its occupants changed
@@ -547,18 +536,25 @@ class Inventory:
         """Each distinct GPU state as its group (``track_states`` only; else nothing)."""
         return self._live.keys()
 
-    def state_buckets(
-        self, name: Hashable, bucket_of: Callable[[StateGroup], int]
-    ) -> dict[int, dict[StateGroup, None]]:
-        """The state groups by ``bucket_of(group)`` (``track_states`` only), kept up to date from
-        the first call for ``name`` on; ``bucket_of`` must depend on the group's state alone (the
-        first one given for ``name`` is kept)."""
-        partition = self._buckets.get(name)
-        if partition is None:
-            partition = self._buckets[name] = StateBuckets(bucket_of)
+    def state_buckets(self, name: Hashable, bucket_of: Callable[[StateGroup], int]) -> Buckets:
+        """The live state groups by their bucket (``track_states`` only), kept up to date from the
+        first call for ``name`` on, as states gain their first or lose their last GPU, so a
+        decision reads buckets instead of regrouping the states.
+
+        ``bucket_of(group)`` must depend on the group's state alone and store its answer in
+        ``group.memo[name]`` (``-1``: in no bucket); the first one given for ``name`` is kept.
+        """
+        buckets = self._buckets_named.get(name)
+        if buckets is None:
+            buckets = self._buckets_named[name] = {}
+            self._buckets.append((name, bucket_of, buckets))
             for group in self._live:
-                partition.add(group)
-        return partition.buckets
+                bucket = group.memo.get(name)
+                if bucket is None:
+                    bucket = bucket_of(group)
+                if bucket >= 0:
+                    buckets.setdefault(bucket, {})[group] = None
+        return buckets
 
     def shapes(self) -> Iterator[tuple[tuple[GpuTable, ...], str]]:
         """Each distinct node shape (its GPUs' tables) with one node of that shape."""

@@ -310,7 +310,7 @@ _BUCKET_OF: dict[frozenset[str], Callable[[StateGroup], int]] = {}
 
 def _bucket_of(wanted: frozenset[str]) -> Callable[[StateGroup], int]:
     """The bucket of a state group for requests whose profiles are ``wanted`` (memoised on the
-    group): what the inventory keeps its groups sorted by for ``scarcity``."""
+    group under ``wanted``): what the inventory keeps its groups sorted by for ``scarcity``."""
     found = _BUCKET_OF.get(wanted)
     if found is None:
 
@@ -456,7 +456,7 @@ class Scarcity:
         wanted = plan.requests[primary].profiles
         # States are kept in buckets of equal options and fullness by the inventory (updated as
         # states come and go), so a decision scores each bucket once and regroups nothing.
-        buckets = inventory.state_buckets((self.name, wanted), _bucket_of(wanted))
+        buckets = inventory.state_buckets(wanted, _bucket_of(wanted))
         least_of = self._least
         scored: list[tuple[float, int, int]] = []
         for bucket in buckets:
