@@ -467,6 +467,8 @@ class Scarcity:
             scored.append((least, bucket & _FREE_MASK, bucket))
         scored.sort()  # (cost, free, bucket) is unique
         unions = _condition_unions(conditions)
+        # One condition of one signature (most pods): its rank set alone says whether a node fits.
+        only = unions[0][0] if len(unions) == 1 and len(unions[0]) == 1 else None
         seen: set[int] = set()
         start = 0
         while start < len(scored):
@@ -485,7 +487,7 @@ class Scarcity:
             )
             for rank in ranks:
                 seen.add(rank)
-                if all(any(rank in s for s in union) for union in unions):
+                if (rank in only) if only is not None else _in_all(unions, rank):
                     node = inventory.node_at(rank)
                     if node is not None:
                         yield node
@@ -523,12 +525,16 @@ class Scarcity:
             cheapest, _, position = min(least)
             table = gpus[position].table
             mask, media_taken, counts = masks[position], media[position], search.counts(position)
-            first = min(
-                (index, i)
-                for index, profile in ((p.index, p) for p in plan.profiles_for(request, table))
-                for i, vector in _loss_ids(table, index, mask, media_taken, counts)
-                if cost(vector) == cheapest
-            )
+            # The least (profile, start) among the starts that cost ``cheapest`` (loops, not a
+            # generator in ``min``: this runs on every decision).
+            first: tuple[int, int] | None = None
+            for profile in plan.profiles_for(request, table):
+                index = profile.index
+                for i, vector in _loss_ids(table, index, mask, media_taken, counts):
+                    if (first is None or (index, i) < first) and cost(vector) == cheapest:
+                        first = (index, i)
+            if first is None:
+                raise AssertionError("the cheapest GPU has no start of the cheapest cost")
             profile = table.profiles[first[0]]
             yield position, profile, first[1]
             rest = self._scored(search, request, positions)
@@ -571,6 +577,11 @@ class Scarcity:
                     scored.append((cost(vector), free, position, index, i, (position, profile, i)))
         # (cost, free, position, profile, start) is unique, so tuples never compare candidates.
         return scored
+
+
+def _in_all(unions: Sequence[Sequence[RankSet]], rank: int) -> bool:
+    """Whether ``rank`` is in some set of every union."""
+    return all(any(rank in s for s in union) for union in unions)
 
 
 def _largest_request(plan: Plan, inventory: Inventory) -> int:
