@@ -13,7 +13,8 @@ its best GPU's *level* — the free placements that fitting the signature there 
 how full the GPU is — so "the node whose GPU loses least" is a successor query too. Signatures are
 indexed on first use; single-profile ones always, multi-profile ones up to a bound. With
 ``track_states`` (for the scarcity-aware policy) GPUs are also grouped by their state (table, mask,
-``+me``, counts), so a policy scores each distinct state once instead of every GPU.
+``+me``, counts), so a policy scores each distinct state once instead of every GPU, and the groups
+are kept sorted into a policy's buckets (``state_buckets``) as states gain or lose their GPUs.
 """
 
 import logging

@@ -18,9 +18,10 @@ memory slices divided by (its free instances across the cluster + 1) ** 1.5. Los
 free 1g.5gb starts is cheap, losing the last free 7g.40gb is dear, whatever the GPU looks like. The
 GPU (and start) of least cost wins, the fuller on ties, then first-fit order. It reads only the
 current state (no knowledge of future requests or durations). GPUs in equal states are scored once,
-and states offering the same placement options at the same fullness once between them (a state's
-options are memoised on its group), so a decision costs the number of distinct GPU states, not of
-GPUs, and costs each distinct loss of instances once. For pods of several devices the
+and states offering the same placement options at the same fullness once between them: the
+inventory keeps the states in such buckets as GPUs change state (a state's options are memoised on
+its group), so a decision costs the number of buckets (about 6 on the speed trace), not of states or
+GPUs, and costs each distinct set of options once. For pods of several devices the
 node order follows the largest request, and each device takes the cheapest start left.
 
 Policies never decide feasibility — the search (``driver.placement.search``) does — so any order
