@@ -24,6 +24,7 @@ from driver.placement import (
     policy_named,
     same_gpu,
 )
+from driver.placement import inventory as inventory_module
 from tests.placement import reference
 
 A100 = gpu_model("A100-40GB")
@@ -476,9 +477,13 @@ def test_free_instances_is_maintained_incrementally() -> None:
 
 
 @pytest.mark.parametrize("policy", ["firstfit", "bestfit", "scarcity"])
-def test_churn_over_many_nodes_matches_a_linear_scan(policy: str) -> None:
+def test_churn_over_many_nodes_matches_a_linear_scan(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """150 nodes (three rank-set words), random single-slice churn: firstfit's answer is the
     first node in name order that fits; both policies' answers are valid; no fit means none fits."""
+    # Few known GPU states, so the empty ones are forgotten (and met again) during the churn.
+    monkeypatch.setattr(inventory_module, "MAX_KNOWN_STATES", 40)
     rng = random.Random(7)
     names = [f"n{i:03d}" for i in range(150)]
     rng.shuffle(names)
@@ -525,6 +530,15 @@ def test_churn_over_many_nodes_matches_a_linear_scan(policy: str) -> None:
                 assert gpu in gpu.group.gpus
         assert groups == fresh
         assert {g.key for g in engine.inventory.state_groups()} == set(fresh)
+        # The incrementally kept buckets of each requested profile set equal a fresh bucketing.
+        for name, bucket_of, buckets in engine.inventory._buckets:
+            regrouped: dict[int, set[object]] = {}
+            for group in engine.inventory.state_groups():
+                bucket = bucket_of(group)
+                if bucket >= 0:
+                    regrouped.setdefault(bucket, set()).add(group.key)
+            kept = {b: {g.key for g in members} for b, members in buckets.items()}
+            assert kept == regrouped, name
 
 
 def _view(occupants: dict[int, list[Occupant]]) -> dict[int, Sequence[Occupant]]:
