@@ -383,6 +383,24 @@ class KubeClusterApi(ClosedOnExit):
     ) -> tuple[str, bytes, bytes | None]:
         """(request target, header lines, encoded body) for ``kube_http``, after the client-side
         rate limit."""
+        target, headers, payload = self._request_parts(
+            method, path, query=query, body=body, content_type=content_type, accept=accept
+        )
+        block = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        return target, block.encode("latin-1"), payload
+
+    def _request_parts(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None,
+        body: object,
+        content_type: str,
+        accept: str,
+    ) -> tuple[str, dict[str, str], bytes | None]:
+        """(request target, headers with the client's auth, encoded body), after the client-side
+        rate limit: what both request paths send."""
         self._bucket.acquire()
         headers = {**self._client.default_headers, "Accept": accept}
         payload = None
@@ -397,8 +415,7 @@ class KubeClusterApi(ClosedOnExit):
             self._client.update_params_for_auth(headers, [], ["BearerToken"], path, method, None)
         except ApiException as exc:
             raise ClusterError(f"{method} {path}: {exc}") from exc
-        block = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-        return target, block.encode("latin-1"), payload
+        return target, headers, payload
 
     def _send(
         self,
@@ -411,18 +428,10 @@ class KubeClusterApi(ClosedOnExit):
         accept: str = "application/json",
         timeout: tuple[float, float],
     ) -> Any:
-        self._bucket.acquire()
-        headers = {**self._client.default_headers, "Accept": accept}
-        payload = None
-        if body is not None:
-            headers["Content-Type"] = content_type
-            payload = orjson.dumps(body)
-        target = self._base_path + path
-        if query:
-            target += "?" + urlencode(query)
+        target, headers, payload = self._request_parts(
+            method, path, query=query, body=body, content_type=content_type, accept=accept
+        )
         try:
-            # the client's auth (a refreshed token, when its configuration has a refresh hook)
-            self._client.update_params_for_auth(headers, [], ["BearerToken"], path, method, None)
             timeouts = urllib3.Timeout(connect=timeout[0], read=timeout[1])
             if self._pool is not None:
                 return self._pool.urlopen(
