@@ -246,17 +246,14 @@ def _read_head(sock: socket.socket, buffer: bytearray) -> tuple[str, int, dict[s
     """(HTTP version, status, headers by lower-case name) of the next final response; interim
     (1xx) responses are skipped. What follows the head stays in ``buffer``."""
     while True:
-        end = buffer.find(b"\r\n\r\n")
-        while end < 0:
-            if len(buffer) > _MAX_HEAD:
-                raise ProtocolError("response headers too large")
-            chunk = sock.recv(_READ_SIZE)
-            if not chunk:
-                raise ProtocolError("connection closed before a response")
-            buffer += chunk
-            end = buffer.find(b"\r\n\r\n", max(0, len(buffer) - len(chunk) - 3))
-        lines = bytes(buffer[:end]).decode("latin-1").split("\r\n")
-        del buffer[: end + 4]
+        head = _read_until(
+            sock,
+            buffer,
+            b"\r\n\r\n",
+            too_long="response headers too large",
+            closed="connection closed before a response",
+        )
+        lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ", 2)
         if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
             raise ProtocolError(f"not an HTTP/1.x status line: {lines[0][:100]!r}")
@@ -300,18 +297,32 @@ def _read_exactly(sock: socket.socket, buffer: bytearray, length: int) -> bytes:
 
 
 def _read_line(sock: socket.socket, buffer: bytearray) -> bytes:
-    end = buffer.find(b"\r\n")
+    return _read_until(
+        sock,
+        buffer,
+        b"\r\n",
+        too_long="chunk header too long",
+        closed="connection closed in the middle of a response",
+    )
+
+
+def _read_until(
+    sock: socket.socket, buffer: bytearray, delimiter: bytes, *, too_long: str, closed: str
+) -> bytes:
+    """The bytes before the next ``delimiter`` (read from ``sock`` as needed, at most
+    ``_MAX_HEAD``), taken out of ``buffer`` with the delimiter."""
+    end = buffer.find(delimiter)
     while end < 0:
         if len(buffer) > _MAX_HEAD:
-            raise ProtocolError("chunk header too long")
+            raise ProtocolError(too_long)
         chunk = sock.recv(_READ_SIZE)
         if not chunk:
-            raise ProtocolError("connection closed in the middle of a response")
+            raise ProtocolError(closed)
         buffer += chunk
-        end = buffer.find(b"\r\n")
-    line = bytes(buffer[:end])
-    del buffer[: end + 2]
-    return line
+        end = buffer.find(delimiter, max(0, len(buffer) - len(chunk) - len(delimiter) + 1))
+    found = bytes(buffer[:end])
+    del buffer[: end + len(delimiter)]
+    return found
 
 
 def _read_chunked(sock: socket.socket, buffer: bytearray) -> bytes:
