@@ -16,6 +16,11 @@ Paths, one round each per repeat, alternating:
   process serving ``https://127.0.0.1:<port>`` through the MutatingWebhookConfiguration of
   ``deploy/base/webhook.yaml``): the webhook gates each pod at creation, the controller allocates
   and ungates, kube-scheduler binds.
+* ``stubhook`` (with ``--webhook-stub``): as ``controller``, but kube-apiserver calls a stand-in
+  webhook instead of ours — ``bench/webhookstub``, a few lines of Go that add the gate to every pod
+  and do nothing else. Not a product path: a yardstick. Alternated with ``controller``, it shows
+  how much of the webhook latency kube-apiserver measures is ours and how much any webhook would
+  get on the same machine under the same burst.
 
 Figures per round: ``pods_per_s`` = pods / (last bound - first create sent); create→bound latency
 (create call sent → ``spec.nodeName`` seen by a pod informer here) p50/p99/max; ``overlaps`` (two
@@ -112,7 +117,7 @@ WEBHOOKS = ("pod-gate.instaslice.dev", "claim-gate.instaslice.dev")
 """Our webhooks of deploy/base/webhook.yaml: classic pods go to the first, pods with claims (every
 pod of this benchmark) to the second."""
 WEBHOOK_CONFIG = "instaslice-pod-gate"
-PATHS = ("scheduler", "controller", "pregated")
+PATHS = ("scheduler", "controller", "pregated", "stubhook")
 DEFAULT_PATHS = ("scheduler", "controller")
 FULL = {"nodes": 20, "pods": 1000}
 QUICK = {"nodes": 2, "pods": 10}
@@ -152,6 +157,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="sample the controller and its webhook process with py-spy during each burst "
         "(folded stacks and the top functions written to DIR)",
+    )
+    group.add_argument(
+        "--webhook-stub",
+        metavar="EXE",
+        help="the stand-in webhook for the stubhook path (build: cd bench/webhookstub && "
+        "go build -o /tmp/webhookstub .); it gets -addr, -cert and -key",
     )
     group.add_argument(
         "--scheduler-qps",
@@ -320,14 +331,31 @@ class _Controller:
     """``instaslice-controller`` for one round, its webhook registered with kube-apiserver."""
 
     def __init__(
-        self, api: KubeClusterApi, tmp: Path, *, workers: int, extra: list[str], webhook: bool
+        self,
+        api: KubeClusterApi,
+        tmp: Path,
+        *,
+        workers: int,
+        extra: list[str],
+        webhook: bool,
+        stub: str | None = None,
     ) -> None:
         self._api = api
         self._webhook = webhook
         self.port = _free_port() if webhook else 0
         self.health = _free_port()
         ca = write_webhook_certificates(tmp / "certs")
-        url = f"https://127.0.0.1:{self.port}{WEBHOOK_PATH}"
+        self.stub: subprocess.Popen[bytes] | None = None
+        self.stub_port = 0
+        if stub is not None:  # kube-apiserver calls the stand-in; ours serves nobody
+            self.stub_port = _free_port()
+            self.stub = subprocess.Popen(
+                [stub, "-addr", f"127.0.0.1:{self.stub_port}",
+                 "-cert", str(tmp / "certs" / "tls.crt"), "-key", str(tmp / "certs" / "tls.key")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        hook_port = self.stub_port or self.port
+        url = f"https://127.0.0.1:{hook_port}{WEBHOOK_PATH}"
         self._log = (tmp / "controller.log").open("ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "controller", "--kubeconfig", str(stack_dir() / "kubeconfig"),
@@ -402,6 +430,9 @@ class _Controller:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        if self.stub is not None:
+            self.stub.kill()
+            self.stub.wait()
         self._log.close()
 
 
@@ -564,9 +595,10 @@ def _round(
                 Path(tmp),
                 workers=options.workers,
                 extra=options.controller_args.split(),
-                webhook=path == "controller",
+                webhook=path in ("controller", "stubhook"),
+                stub=_stub(options) if path == "stubhook" else None,
             )
-            if path in ("controller", "pregated")
+            if path in ("controller", "pregated", "stubhook")
             else None
         )
         try:
@@ -606,7 +638,8 @@ def _round(
             burst_s = time.monotonic() - burst_started
             load = _load()
             profile = profiler.stop() if profiler is not None else {}
-            sockets = tcp_states(controller.port) if controller and controller.port else {}
+            port = controller and (controller.stub_port or controller.port)
+            sockets = tcp_states(port) if port else {}
             apiserver_after = api.request("GET", "/metrics", accept="text/plain").decode()
             metrics_after = webhook_histogram(apiserver_after, WEBHOOKS)
             flow: dict[str, Any] = counters_delta(
@@ -656,7 +689,7 @@ def _round(
     }
     if profile:
         result["profile"] = profile
-    if path == "controller":
+    if path in ("controller", "stubhook"):
         result["webhook"] = histogram_delta(metrics_before, metrics_after)
         result["webhook_sockets"] = sockets
     if controller is not None:
@@ -669,6 +702,16 @@ def _round(
     return result
 
 
+def _stub(options: argparse.Namespace) -> str:
+    stub = getattr(options, "webhook_stub", None)
+    if not stub or not os.access(stub, os.X_OK):
+        raise SystemExit(
+            "bench real: the stubhook path needs --webhook-stub EXE (build it: cd "
+            "bench/webhookstub && go build -o /tmp/webhookstub .)"
+        )
+    return str(stub)
+
+
 def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, Any]:
     reason = missing()
     if reason is not None:
@@ -678,7 +721,7 @@ def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, 
         options = argparse.Namespace(
             nodes=None, pods=None, repeat=1, paths=",".join(DEFAULT_PATHS), clients=16,
             workers=DEFAULT_WORKERS,
-            controller_args="", scheduler_qps=0.0, profile=None,
+            controller_args="", scheduler_qps=0.0, profile=None, webhook_stub=None,
             burst_timeout=BURST_TIMEOUT_S,
         )  # fmt: skip
     size = QUICK if quick else FULL
@@ -687,6 +730,8 @@ def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, 
     paths = [p for p in options.paths.split(",") if p]
     if any(p not in PATHS for p in paths):
         raise SystemExit(f"bench real: --paths takes {PATHS}, got {paths}")
+    if "stubhook" in paths:
+        _stub(options)  # before the stack starts
     started = datetime.now(UTC)
     # SIGTERM (a `timeout` around the run) unwinds like an exception: the controller, in a session
     # of its own, is stopped and the stack too, instead of being left running against the next run
@@ -740,7 +785,8 @@ def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, 
     return {
         "benchmark": "real",
         "result_name": f"real-{pods}pods-{nodes}nodes"
-        + (f"-schedqps{options.scheduler_qps:g}" if options.scheduler_qps else ""),
+        + (f"-schedqps{options.scheduler_qps:g}" if options.scheduler_qps else "")
+        + ("-stubhook" if "stubhook" in paths else ""),
         "date": started.strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{os.cpu_count()} CPUs, {_kubernetes_version()}, load before {_load()}",
         "quick": quick,

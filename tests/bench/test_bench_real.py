@@ -4,6 +4,7 @@ benchmark itself needs the stack and runs by hand)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -127,3 +128,14 @@ def test_by_label_sums_one_metric_per_label_value() -> None:
         "exempt": 3.0,
         "kube-scheduler": 4.0,
     }
+
+
+def test_the_stub_webhook_path_needs_an_executable_stand_in(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="go build -o /tmp/webhookstub"):
+        real._stub(argparse.Namespace(webhook_stub=None))
+    script = tmp_path / "stub"
+    script.write_text("#!/bin/sh\n")
+    with pytest.raises(SystemExit, match="--webhook-stub EXE"):
+        real._stub(argparse.Namespace(webhook_stub=str(script)))  # not executable
+    script.chmod(0o755)
+    assert real._stub(argparse.Namespace(webhook_stub=str(script))) == str(script)

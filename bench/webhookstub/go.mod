@@ -1,0 +1,3 @@
+module webhookstub
+
+go 1.22
