@@ -159,6 +159,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(folded stacks and the top functions written to DIR)",
     )
     group.add_argument(
+        "--control-plane-nice",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the nice value (-20..19) of the control plane's scheduling groups (etcd, "
+        "kube-apiserver, kube-scheduler, kube-controller-manager: one autogroup each, from "
+        "start.sh's setsid) for the whole run, both paths alike; negative values stand in for "
+        "a control plane on cores of its own. Default 0: the kernel's fair share",
+    )
+    group.add_argument(
+        "--controller-nice",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the same for the controller's session (it and its webhook process), e.g. to "
+        "stand in for a controller pod with CPU of its own on a worker node",
+    )
+    group.add_argument(
         "--webhook-stub",
         metavar="EXE",
         help="the stand-in webhook for the stubhook path (build: cd bench/webhookstub && "
@@ -339,6 +357,7 @@ class _Controller:
         extra: list[str],
         webhook: bool,
         stub: str | None = None,
+        nice: int = 0,
     ) -> None:
         self._api = api
         self._webhook = webhook
@@ -370,6 +389,8 @@ class _Controller:
             # 16 creating threads — a cluster runs the controller in a pod (cgroup) of its own.
             start_new_session=True,
         )  # fmt: skip
+        if nice:  # the session's autogroup: this process and the webhook process it starts
+            Path(f"/proc/{self.process.pid}/autogroup").write_text(f"{nice}\n")
         self._wait_ready()
         if webhook:
             apply_object(api, webhook_configuration(url=url, ca_bundle=ca))
@@ -597,6 +618,7 @@ def _round(
                 extra=options.controller_args.split(),
                 webhook=path in ("controller", "stubhook"),
                 stub=_stub(options) if path == "stubhook" else None,
+                nice=getattr(options, "controller_nice", 0),
             )
             if path in ("controller", "pregated", "stubhook")
             else None
@@ -702,6 +724,19 @@ def _round(
     return result
 
 
+def _renice_control_plane(nice: int) -> None:
+    """With autogroups (``/proc/sys/kernel/sched_autogroup_enabled``), busy sessions share the
+    CPUs equally whatever their threads' nice values; a session's weight is set through any of its
+    processes' ``/proc/PID/autogroup``."""
+    for name, pid in _component_pids().items():
+        if pid is None:
+            raise SystemExit(f"bench real: --control-plane-nice: no pid for {name}")
+        try:
+            Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
+        except OSError as error:
+            raise SystemExit(f"bench real: --control-plane-nice: {name}: {error}") from None
+
+
 def _stub(options: argparse.Namespace) -> str:
     stub = getattr(options, "webhook_stub", None)
     if not stub or not os.access(stub, os.X_OK):
@@ -722,6 +757,7 @@ def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, 
             nodes=None, pods=None, repeat=1, paths=",".join(DEFAULT_PATHS), clients=16,
             workers=DEFAULT_WORKERS,
             controller_args="", scheduler_qps=0.0, profile=None, webhook_stub=None,
+            control_plane_nice=0, controller_nice=0,
             burst_timeout=BURST_TIMEOUT_S,
         )  # fmt: skip
     size = QUICK if quick else FULL
@@ -751,6 +787,8 @@ def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, 
             stderr=out,
             env=environment,
         )
+    if options.control_plane_nice:
+        _renice_control_plane(options.control_plane_nice)
     rounds: list[dict[str, Any]] = []
     fake: ReadyNodes | None = None
     try:
@@ -786,10 +824,14 @@ def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, 
         "benchmark": "real",
         "result_name": f"real-{pods}pods-{nodes}nodes"
         + (f"-schedqps{options.scheduler_qps:g}" if options.scheduler_qps else "")
-        + ("-stubhook" if "stubhook" in paths else ""),
+        + ("-stubhook" if "stubhook" in paths else "")
+        + (f"-cpnice{options.control_plane_nice}" if options.control_plane_nice else "")
+        + (f"-ctlnice{options.controller_nice}" if options.controller_nice else ""),
         "date": started.strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{os.cpu_count()} CPUs, {_kubernetes_version()}, load before {_load()}",
         "quick": quick,
+        "control_plane_nice": options.control_plane_nice,
+        "controller_nice": options.controller_nice,
         "nodes": nodes,
         "gpus_per_node": GPUS_PER_NODE,
         "model": MODEL,
