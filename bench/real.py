@@ -26,7 +26,9 @@ Figures per round: ``pods_per_s`` = pods / (last bound - first create sent); cre
 (create call sent → ``spec.nodeName`` seen by a pod informer here) p50/p99/max; ``overlaps`` (two
 allocations sharing a memory slice of one GPU; must be 0); the webhook's latency as kube-apiserver
 measured it (``apiserver_admission_webhook_admission_duration_seconds``, the difference over the
-burst: mean, share within 25 ms, p99 interpolated in its buckets); CPU seconds of every process
+burst: mean, share within 25 ms, p99 interpolated in its buckets) beside our webhook server's own
+histogram of the same calls (``instaslice_webhook_request_duration_seconds``, read from the
+controller's /metrics); CPU seconds of every process
 during the burst (controller, its webhook process, kube-apiserver, etcd, kube-scheduler,
 kube-controller-manager) and the controller's peak RSS. Where the time goes: each pod's stages
 (``STAGES``: create, allocate, ungate, bind) with the slowest 1%'s mean per stage; kube-scheduler's
@@ -63,10 +65,12 @@ from bench.realmetrics import (
     APISERVER_COUNTERS,
     FLOW_WAIT,
     SCHEDULER_COUNTERS,
+    SERVER_WEBHOOK_DURATION,
     Profiler,
     by_label,
     counters,
     counters_delta,
+    histogram,
     histogram_delta,
     scheduler_metrics,
     webhook_histogram,
@@ -363,6 +367,7 @@ class _Controller:
         self._webhook = webhook
         self.port = _free_port() if webhook else 0
         self.health = _free_port()
+        self.metrics = _free_port()
         ca = write_webhook_certificates(tmp / "certs")
         self.stub: subprocess.Popen[bytes] | None = None
         self.stub_port = 0
@@ -380,7 +385,8 @@ class _Controller:
             [sys.executable, "-m", "controller", "--kubeconfig", str(stack_dir() / "kubeconfig"),
              "--no-leader-elect", "--webhook-port", str(self.port),
              "--webhook-cert-dir", str(tmp / "certs"), "--cert-mode", "files",
-             "--metrics-address", "", "--healthz-address", f"127.0.0.1:{self.health}",
+             "--metrics-address", f"127.0.0.1:{self.metrics}",
+             "--healthz-address", f"127.0.0.1:{self.health}",
              "--workers", str(workers), "--log-level", "WARNING", *extra],
             cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
             # A session of its own, like the control plane's processes (start.sh's setsid): with
@@ -436,6 +442,15 @@ class _Controller:
                     time.sleep(0.1)
             time.sleep(0.5)
         raise RuntimeError("kube-apiserver does not call the webhook")
+
+    def scrape(self) -> str:
+        """The controller's /metrics (with its webhook process's); empty if unreadable."""
+        try:
+            url = f"http://127.0.0.1:{self.metrics}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as reply:
+                return str(reply.read().decode())
+        except OSError:
+            return ""
 
     def pids(self) -> tuple[int, int | None]:
         webhook = children(self.process.pid)
@@ -629,6 +644,9 @@ def _round(
                 pids["controller"], pids["webhook"] = controller.pids()
             apiserver_before = api.request("GET", "/metrics", accept="text/plain").decode()
             metrics_before = webhook_histogram(apiserver_before, WEBHOOKS)
+            served_before = histogram(
+                controller.scrape() if controller else "", SERVER_WEBHOOK_DURATION
+            )
             flow_before = counters(apiserver_before, APISERVER_COUNTERS)
             waits_before = by_label(apiserver_before, FLOW_WAIT, "flow_schema")
             scheduler_before = counters(scheduler_metrics(stack_dir() / "pki"), SCHEDULER_COUNTERS)
@@ -664,6 +682,9 @@ def _round(
             sockets = tcp_states(port) if port else {}
             apiserver_after = api.request("GET", "/metrics", accept="text/plain").decode()
             metrics_after = webhook_histogram(apiserver_after, WEBHOOKS)
+            served_after = histogram(
+                controller.scrape() if controller else "", SERVER_WEBHOOK_DURATION
+            )
             flow: dict[str, Any] = counters_delta(
                 flow_before, counters(apiserver_after, APISERVER_COUNTERS)
             )
@@ -713,6 +734,8 @@ def _round(
         result["profile"] = profile
     if path in ("controller", "stubhook"):
         result["webhook"] = histogram_delta(metrics_before, metrics_after)
+    if path == "controller":  # the same calls as our webhook's server timed them
+        result["webhook_server"] = histogram_delta(served_before, served_after)
         result["webhook_sockets"] = sockets
     if controller is not None:
         for name in ("controller", "webhook"):
@@ -888,6 +911,12 @@ def _line(r: dict[str, Any]) -> str:
         text += (
             f"; webhook (kube-apiserver) mean {hook['mean_ms']} ms p99 ~{hook['p99_ms']} ms, "
             f"{100 * hook['within_25ms']:.1f}% <= 25 ms, its sockets after {r.get('webhook_sockets')}"
+        )
+    if r.get("webhook_server", {}).get("calls"):
+        served = r["webhook_server"]
+        text += (
+            f"; webhook (its server) mean {served['mean_ms']} ms p50 ~{served['p50_ms']} ms "
+            f"p99 ~{served['p99_ms']} ms"
         )
     if "to_ungated_p99_s" in r:
         text += (

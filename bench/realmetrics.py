@@ -14,32 +14,44 @@ import ssl
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 _LE = re.compile(r'le="([^"]+)"')
 
 
+APISERVER_WEBHOOK_DURATION = "apiserver_admission_webhook_admission_duration_seconds"
+SERVER_WEBHOOK_DURATION = "instaslice_webhook_request_duration_seconds"
+"""Our webhook's own histogram of the same calls (server side), in the controller's /metrics."""
+
+
 def webhook_histogram(metrics: str, webhooks: Iterable[str]) -> dict[str, Any]:
     """kube-apiserver's admission-duration histogram of ``webhooks`` (summed over label sets)."""
     names = {f'name="{webhook}"' for webhook in webhooks}
+    return histogram(
+        metrics, APISERVER_WEBHOOK_DURATION, keep=lambda line: any(n in line for n in names)
+    )
+
+
+def histogram(
+    metrics: str, name: str, *, keep: Callable[[str], bool] = lambda line: True
+) -> dict[str, Any]:
+    """The histogram ``name`` (its series whose line ``keep`` accepts, summed over label sets)."""
     buckets: dict[float, float] = {}
     total = count = 0.0
     for line in metrics.splitlines():
-        if not line.startswith("apiserver_admission_webhook_admission_duration_seconds"):
-            continue
-        if not any(name in line for name in names):
+        if not line.startswith(name) or not keep(line):
             continue
         series, _, value = line.rpartition(" ")
-        if series.startswith("apiserver_admission_webhook_admission_duration_seconds_bucket"):
+        if series.startswith(f"{name}_bucket"):
             match = _LE.search(series)
             if match:
                 le = float(match.group(1))
                 buckets[le] = buckets.get(le, 0.0) + float(value)
-        elif series.startswith("apiserver_admission_webhook_admission_duration_seconds_sum"):
+        elif series.startswith(f"{name}_sum"):
             total += float(value)
-        elif series.startswith("apiserver_admission_webhook_admission_duration_seconds_count"):
+        elif series.startswith(f"{name}_count"):
             count += float(value)
     return {"buckets": buckets, "sum": total, "count": count}
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from controller.allocator import AllocatorConfig
 from controller.app import COMPONENT, Controller
 from controller.logs import FIELDS as LOG_FIELDS
-from controller.metrics import CONTENT_TYPE
+from controller.metrics import CONTENT_TYPE, WebhookMetrics
 from controller.outcome import SyncConfig
 from controller.settings import Settings, build_parser, parse_settings, split_address
 from controller.webhook import WebhookRunner
@@ -75,7 +75,13 @@ def endpoints(
     """The metrics and probe servers; with ``settled``, ``/readyz`` also waits for it."""
 
     def metrics() -> tuple[int, str, bytes]:
-        return 200, CONTENT_TYPE, controller.metrics.exposition()
+        own = controller.metrics.exposition()
+        # the webhook process's figures (instaslice_webhook_*), when it runs apart
+        return (
+            200,
+            CONTENT_TYPE,
+            own + webhook.scrape() if isinstance(webhook, WebhookChild) else own,
+        )
 
     def ready() -> bool:
         return (settled is None or settled.is_set()) and controller.ready() and webhook.ready()
@@ -121,7 +127,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         webhook = WebhookChild(argv=sys.argv[1:] if argv is None else argv, stop=stop)
     else:
         webhook = WebhookRunner(
-            settings=settings, api=api, admission=controller.admission, stop=stop
+            settings=settings,
+            api=api,
+            admission=controller.admission,
+            stop=stop,
+            metrics=WebhookMetrics(controller.metrics.registry),
         )
     settled = threading.Event()
     """Set once the caches as first listed are out of the collector's reach (below)."""

@@ -164,3 +164,68 @@ class ControllerMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+WEBHOOK_NAMESPACE: Final = "instaslice_webhook"
+_ANSWER_BUCKETS: Final = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+)  # fmt: skip
+ADMISSION_DECISIONS: Final = ("gated", "allowed", "refused")
+"""``gated``: the scheduling gate added (the controller places the pod); ``allowed``: admitted
+unchanged (not ours, or gated already); ``refused``: a classic request we cannot serve."""
+
+
+def admission_decision(answer: Mapping[str, object]) -> str:
+    """Which of ``ADMISSION_DECISIONS`` an answering ``AdmissionReview`` carries."""
+    response = answer.get("response")
+    if not isinstance(response, Mapping) or response.get("allowed") is not True:
+        return "refused"
+    return "gated" if response.get("patch") else "allowed"
+
+
+class WebhookMetrics:
+    """The pod webhook's own figures, as its server sees them. kube-apiserver's
+    ``apiserver_admission_webhook_admission_duration_seconds`` measures the same calls from its
+    side: the difference is the network, TLS and kube-apiserver's own wait for a CPU."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self._duration = Histogram(
+            "request_duration_seconds",
+            "Time from a webhook request's headers read to its answer written, server side.",
+            namespace=WEBHOOK_NAMESPACE,
+            registry=self.registry,
+            buckets=_ANSWER_BUCKETS,
+        )
+        requests = Counter(
+            "requests",
+            "Webhook requests answered, by HTTP status (400: not an AdmissionReview; 500: the "
+            "decision failed and kube-apiserver applied the failurePolicy).",
+            ["code"],
+            namespace=WEBHOOK_NAMESPACE,
+            registry=self.registry,
+        )
+        self._requests = requests
+        self._ok = requests.labels(code="200")  # the common case, without a label lookup
+        admissions = Counter(
+            "admissions",
+            "Pod admissions answered, by decision: gated (scheduling gate added), allowed "
+            "(unchanged), refused.",
+            ["decision"],
+            namespace=WEBHOOK_NAMESPACE,
+            registry=self.registry,
+        )
+        self._decisions = {
+            decision: admissions.labels(decision) for decision in ADMISSION_DECISIONS
+        }
+
+    def answered(self, code: int, seconds: float, answer: Mapping[str, object] | None) -> None:
+        """One request answered with HTTP ``code`` after ``seconds``; ``answer`` is the
+        ``AdmissionReview`` sent back (None for an error answer)."""
+        self._duration.observe(max(0.0, seconds))
+        (self._ok if code == 200 else self._requests.labels(code=str(code))).inc()
+        if answer is not None:
+            self._decisions[admission_decision(answer)].inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -22,6 +22,7 @@ from controller.certificates import (
     CertMode,
     ClusterCertificateStore,
 )
+from controller.metrics import WebhookMetrics
 from controller.settings import Settings
 from controller.webhook_server import WebhookServer
 from driver.cluster.clock import Clock, SystemClock
@@ -43,8 +44,10 @@ class WebhookRunner:
         admission: AdmissionContext,
         stop: threading.Event,
         clock: Clock | None = None,
+        metrics: WebhookMetrics | None = None,
     ) -> None:
         self._settings = settings
+        self._metrics = metrics
         self._api = api
         self._admission = admission
         self._stop = stop
@@ -100,7 +103,8 @@ class WebhookRunner:
                 review=lambda review: review_pod(review, self._admission),
                 cert_file=cert_file,
                 key_file=key_file,
-                port=settings.webhook_port,
+                address=("0.0.0.0", settings.webhook_port),  # noqa: S104 (the pod IP)
+                observe=self._metrics.answered if self._metrics is not None else None,
             )
             try:
                 server.start()

@@ -1,9 +1,10 @@
 """The controller's side of the webhook process: start it, watch it, restart it, stop it.
 
 The child runs ``python -m controller.webhook_process`` with the controller's own arguments (the
-environment, and with it every ``INSTASLICE_*`` variable, is inherited), minus the metrics and
-health endpoints, which stay the controller's. It reports ``READY_LINE`` on its stdout once it
-serves; ``ready`` is true from then until it exits. A child that exits while the controller runs is
+environment, and with it every ``INSTASLICE_*`` variable, is inherited), minus the health endpoint,
+which stays the controller's, and with its ``/metrics`` on a loopback port it announces
+(``METRICS_LINE``): ``scrape`` reads them there for the controller's ``/metrics``, so one scrape
+target shows both processes. It reports ``READY_LINE`` on its stdout once it serves; ``ready`` is true from then until it exits. A child that exits while the controller runs is
 started again after a back-off (0.5 s, doubling up to 30 s; reset after a child lived a minute),
 and the controller's readiness probe reports the gap. The child ends with the controller, even one
 killed with ``SIGKILL`` (``driver.daemon.lifeline``).
@@ -17,10 +18,11 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Sequence
 from typing import Final
 
-from controller.webhook_process import PARENT_PID_ENV, READY_LINE
+from controller.webhook_process import METRICS_LINE, PARENT_PID_ENV, READY_LINE
 
 logger = logging.getLogger(__name__)
 
@@ -29,18 +31,20 @@ STOP_TIMEOUT_S: Final = 10.0
 INITIAL_BACKOFF_S: Final = 0.5
 MAX_BACKOFF_S: Final = 30.0
 HEALTHY_AFTER_S: Final = 60.0
+SCRAPE_TIMEOUT_S: Final = 2.0
 
 
 class WebhookChild:
     def __init__(self, *, argv: Sequence[str], stop: threading.Event) -> None:
         self._argv = [
             sys.executable, "-m", MODULE, *argv,
-            "--metrics-address", "", "--healthz-address", "",
+            "--metrics-address", "127.0.0.1:0", "--healthz-address", "",
         ]  # fmt: skip
         self._stop = stop
         self._ready = threading.Event()
         self._lock = threading.Lock()
         self._process: subprocess.Popen[str] | None = None
+        self._metrics_port: int | None = None
         self._thread: threading.Thread | None = None
         self.starts = 0
         """How many times the child was started (restarts included)."""
@@ -52,6 +56,21 @@ class WebhookChild:
     def pid(self) -> int | None:
         with self._lock:
             return self._process.pid if self._process is not None else None
+
+    def scrape(self) -> bytes:
+        """The running child's metrics (Prometheus text); empty while there is no child serving
+        them, or if it does not answer in time (a scrape of the controller must not fail for it)."""
+        with self._lock:
+            port = self._metrics_port
+        if port is None:
+            return b""
+        try:
+            url = f"http://127.0.0.1:{port}/metrics"
+            with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as reply:
+                return bytes(reply.read())
+        except OSError as exc:
+            logger.debug("webhook process metrics unreadable: %s", exc)
+            return b""
 
     def start(self) -> None:
         if self._thread is not None:
@@ -99,10 +118,16 @@ class WebhookChild:
         logger.info("webhook process started (pid %d)", process.pid)
         assert process.stdout is not None
         for line in process.stdout:  # ends when the child exits
-            if line.strip() == READY_LINE:
+            text = line.strip()
+            if text == READY_LINE:
                 self._ready.set()
+            elif text.startswith(METRICS_LINE) and text.removeprefix(METRICS_LINE).isdigit():
+                with self._lock:
+                    self._metrics_port = int(text.removeprefix(METRICS_LINE))
         status = process.wait()
         self._ready.clear()
+        with self._lock:
+            self._metrics_port = None
         process.stdout.close()
         return status
 

@@ -10,8 +10,11 @@ so allocation work cannot delay an answer.
 The controller starts it (``webhook_child``) with its own arguments, and the environment carries
 the same ``INSTASLICE_*`` variables, so both read one configuration: this process uses the
 webhook, certificate, client and log settings and ignores the rest. It can also run on its own
-(its ``--healthz-address`` then serves ``/readyz``). The server opens its port only once the
-caches are synced and the slice inventory is built (at hundreds of nodes that takes seconds: never
+(its ``--healthz-address`` then serves ``/readyz``, its ``--metrics-address`` ``/metrics``). Its
+figures (``metrics.WebhookMetrics``: answers by status and decision, the server-side time of each)
+are served on 127.0.0.1 when the controller started it, and the controller's ``/metrics`` adds
+them to its own: one scrape target per pod, as before the webhook had a process of its own.
+The server opens its port only once the caches are synced and the slice inventory is built (at hundreds of nodes that takes seconds: never
 on an admission's path; later slice changes are applied by a thread of their own), then
 ``gc.freeze()`` moves everything loaded so far out of the collector's reach, so the cached objects
 are not scanned again on every collection.
@@ -33,19 +36,20 @@ from typing import Final
 from controller.context import CacheAdmissionContext
 from controller.informers import WebhookInformers
 from controller.logs import FIELDS as LOG_FIELDS
+from controller.metrics import CONTENT_TYPE, WebhookMetrics
 from controller.settings import Settings, parse_settings, split_address
 from controller.state import AllocationState
 from controller.webhook import WebhookRunner
 from driver.cluster.kube import connect
 from driver.cluster.port import ClusterApi, JsonObject
 from driver.cluster.throttle import ClientSettings
-from driver.daemon.http import HttpEndpoint, probe
+from driver.daemon.http import HttpEndpoint, Route, probe
 from driver.daemon.lifeline import die_with_parent
 from driver.daemon.logs import configure_logging
 from driver.daemon.signals import stop_on_signals
 from driver.errors import DriverError
 
-__all__ = ["PARENT_PID_ENV", "READY_LINE", "WebhookProcess", "main"]
+__all__ = ["METRICS_LINE", "PARENT_PID_ENV", "READY_LINE", "WebhookProcess", "main"]
 
 logger = logging.getLogger("controller.webhook_process")
 
@@ -55,6 +59,9 @@ USER_AGENT: Final = "instaslice-controller/webhook"
 PARENT_PID_ENV: Final = "INSTASLICE_WEBHOOK_PARENT_PID"
 """Set by the controller to its pid: this process then ends with it and announces readiness."""
 READY_LINE: Final = "instaslice-webhook serving"
+METRICS_LINE: Final = "instaslice-webhook metrics on port "
+"""Followed by the port: where a child serves ``/metrics`` (on 127.0.0.1, a port of the kernel's
+choosing), announced before ``READY_LINE``, so the controller can add them to its own."""
 SYNC_POLL_S: Final = 0.5
 SHUTDOWN_GRACE_S: Final = 10.0
 INVENTORY_REFRESH_S: Final = 0.5
@@ -76,8 +83,9 @@ class WebhookProcess:
             on_delete=self.state.slice_deleted,
         )
         self.admission = CacheAdmissionContext(informers=self.informers, state=self.state)
+        self.metrics = WebhookMetrics()
         self.webhook = WebhookRunner(
-            settings=settings, api=api, admission=self.admission, stop=stop
+            settings=settings, api=api, admission=self.admission, stop=stop, metrics=self.metrics
         )
         self._refresher: threading.Thread | None = None
 
@@ -155,26 +163,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("cannot configure the Kubernetes client: %s", exc)
         return 1
     process = WebhookProcess(settings=settings, api=api, stop=stop)
-    endpoint = (
-        HttpEndpoint(
-            address=split_address(settings.healthz_address),
-            routes={
-                "/healthz": probe(lambda: not stop.is_set(), what="webhook"),
-                "/readyz": probe(process.ready, what="webhook"),
-            },
-            name="http /healthz+/readyz",
-        )
-        if settings.healthz_address
-        else None
-    )
+    endpoints = _endpoints(settings, process, stop)
     try:
-        if endpoint is not None:
+        for endpoint in endpoints.values():
             endpoint.start()
+        metrics = endpoints.get(settings.metrics_address)
+        if child_of_controller and metrics is not None:
+            _announce(f"{METRICS_LINE}{metrics.port}")
         if process.start() and process.wait_serving():
             logger.info("%s serving on port %d", COMPONENT, settings.webhook_port)
             if child_of_controller:
-                sys.stdout.write(READY_LINE + "\n")
-                sys.stdout.flush()
+                _announce(READY_LINE)
         stop.wait()
         return 0
     except (DriverError, OSError) as exc:
@@ -187,9 +186,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         deadline.daemon = True
         deadline.start()
         process.stop()
-        if endpoint is not None:
+        for endpoint in endpoints.values():
             endpoint.stop()
         api.close()
+
+
+def _endpoints(
+    settings: Settings, process: WebhookProcess, stop: threading.Event
+) -> dict[str, HttpEndpoint]:
+    """``/metrics`` on ``--metrics-address`` and the probes on ``--healthz-address`` (one server
+    when they are the same), by address."""
+
+    def metrics() -> tuple[int, str, bytes]:
+        return 200, CONTENT_TYPE, process.metrics.exposition()
+
+    served: dict[str, dict[str, Route]] = {}
+    if settings.metrics_address:
+        served.setdefault(settings.metrics_address, {})["/metrics"] = metrics
+    if settings.healthz_address:
+        served.setdefault(settings.healthz_address, {}).update(
+            {
+                "/healthz": probe(lambda: not stop.is_set(), what="webhook"),
+                "/readyz": probe(process.ready, what="webhook"),
+            }
+        )
+    return {
+        address: HttpEndpoint(
+            address=split_address(address), routes=routes, name=f"http {'+'.join(sorted(routes))}"
+        )
+        for address, routes in served.items()
+    }
+
+
+def _announce(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def _exit_now() -> None:

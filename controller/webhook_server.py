@@ -35,6 +35,9 @@ _log = logging.getLogger(__name__)
 
 ReviewHandler = Callable[[Mapping[str, Any]], dict[str, Any]]
 """An ``AdmissionReview`` in, the answering ``AdmissionReview`` out (``admission.review_pod``)."""
+AnswerObserver = Callable[[int, float, "Mapping[str, Any] | None"], None]
+"""Told of every answered POST: HTTP status, seconds from headers read to answer written, and the
+answering ``AdmissionReview`` (None for an error answer) — ``metrics.WebhookMetrics.answered``."""
 
 DEFAULT_PATHS: Final = ("/mutate-pods", "/mutate-v1-pod")
 """``/mutate-v1-pod`` is what deploy/base/webhook.yaml names; ``/mutate-pods`` is the short form."""
@@ -111,9 +114,11 @@ class _Server(ThreadingHTTPServer):
         review: ReviewHandler,
         paths: frozenset[str],
         connection_timeout: float,
+        observe: AnswerObserver | None,
     ) -> None:
         self.reloader = reloader
         self.review = review
+        self.observe = observe
         self.paths = paths
         self.connection_timeout = connection_timeout
         self._open: set[socket.socket] = set()
@@ -172,23 +177,31 @@ class _Handler(BaseHTTPRequestHandler):
             self._status(HTTPStatus.NOT_FOUND, f"no such path {urlsplit(self.path).path}")
 
     def do_POST(self) -> None:
+        started = time.perf_counter()
+        code, answer = self._answer_post()
+        if self.server.observe is not None:
+            self.server.observe(int(code), time.perf_counter() - started, answer)
+
+    def _answer_post(self) -> tuple[HTTPStatus, dict[str, Any] | None]:
+        """Answer the POST; what was sent: its status and, for a 200, the AdmissionReview."""
+        # Refused before its body is read: the connection closes after the answer, or the unread
+        # body would be taken for the next request on it.
         # kube-apiserver appends ?timeout=<n>s to the configured path
         if urlsplit(self.path).path not in self.server.paths:
-            self._status(HTTPStatus.NOT_FOUND, f"no webhook at {urlsplit(self.path).path}")
-            return
+            self.close_connection = True
+            return self._status(HTTPStatus.NOT_FOUND, f"no webhook at {urlsplit(self.path).path}")
         length_header = self.headers.get("Content-Length")
         if length_header is None:
-            self._status(HTTPStatus.LENGTH_REQUIRED, "Content-Length is required")
-            return
+            self.close_connection = True
+            return self._status(HTTPStatus.LENGTH_REQUIRED, "Content-Length is required")
         try:
             length = int(length_header)
         except ValueError:
-            self._status(HTTPStatus.BAD_REQUEST, "bad Content-Length")
-            return
-        if not 0 <= length <= MAX_BODY_BYTES:
-            self._status(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "body too large")
             self.close_connection = True
-            return
+            return self._status(HTTPStatus.BAD_REQUEST, "bad Content-Length")
+        if not 0 <= length <= MAX_BODY_BYTES:
+            self.close_connection = True
+            return self._status(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "body too large")
         body = self.rfile.read(length)
         try:
             review = orjson.loads(body)
@@ -196,15 +209,16 @@ class _Handler(BaseHTTPRequestHandler):
                 raise MalformedReviewError("body is not a JSON object")
             answer = self.server.review(review)
         except (ValueError, MalformedReviewError) as exc:  # JSONDecodeError is a ValueError
-            self._status(HTTPStatus.BAD_REQUEST, f"not an AdmissionReview: {exc}")
-            return
+            return self._status(HTTPStatus.BAD_REQUEST, f"not an AdmissionReview: {exc}")
         except Exception as exc:  # one bad request must never stop the webhook
             _log.exception("admission review failed")
-            self._status(HTTPStatus.INTERNAL_SERVER_ERROR, f"InstaSlice webhook failed: {exc}")
-            return
+            return self._status(
+                HTTPStatus.INTERNAL_SERVER_ERROR, f"InstaSlice webhook failed: {exc}"
+            )
         self._send(HTTPStatus.OK, orjson.dumps(answer), content_type="application/json")
+        return HTTPStatus.OK, answer
 
-    def _status(self, code: HTTPStatus, message: str) -> None:
+    def _status(self, code: HTTPStatus, message: str) -> tuple[HTTPStatus, None]:
         status = {
             "apiVersion": "v1",
             "kind": "Status",
@@ -214,13 +228,17 @@ class _Handler(BaseHTTPRequestHandler):
             "code": int(code),
         }
         self._send(code, orjson.dumps(status), content_type="application/json")
+        return code, None
 
     def _send(self, code: HTTPStatus, body: bytes, *, content_type: str) -> None:
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
+        self.wfile.flush()  # the whole answer in one write, now (and timed with it)
 
     def log_message(self, format: str, *args: Any) -> None:
         _log.debug("webhook %s: " + format, self.client_address[0], *args)
@@ -235,16 +253,17 @@ class WebhookServer:
         review: ReviewHandler,
         cert_file: Path,
         key_file: Path,
-        host: str = "0.0.0.0",  # noqa: S104 (kube-apiserver reaches the pod IP)
-        port: int = 9443,
+        address: tuple[str, int] = ("0.0.0.0", 9443),  # noqa: S104 (kube-apiserver: pod IP)
         paths: Sequence[str] = DEFAULT_PATHS,
         reload_interval: float = 10.0,
         connection_timeout: float = IDLE_TIMEOUT_S,
+        observe: AnswerObserver | None = None,
     ) -> None:
         self._review = review
+        self._observe = observe
         self._cert_file = cert_file
         self._key_file = key_file
-        self._address = (host, port)
+        self._address = address
         self._paths = frozenset(paths)
         self._reload_interval = reload_interval
         self._connection_timeout = connection_timeout
@@ -266,6 +285,7 @@ class WebhookServer:
             review=self._review,
             paths=self._paths,
             connection_timeout=self._connection_timeout,
+            observe=self._observe,
         )
         self._thread = threading.Thread(
             target=self._server.serve_forever,

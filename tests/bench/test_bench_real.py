@@ -12,6 +12,7 @@ import pytest
 
 from bench import real, realmetrics
 from bench.__main__ import main
+from controller.metrics import WebhookMetrics
 
 SERIES = "apiserver_admission_webhook_admission_duration_seconds"
 LABELS = 'name="claim-gate.instaslice.dev",operation="CREATE",rejected="false",type="admit"'
@@ -139,3 +140,20 @@ def test_the_stub_webhook_path_needs_an_executable_stand_in(tmp_path: Path) -> N
         real._stub(argparse.Namespace(webhook_stub=str(script)))  # not executable
     script.chmod(0o755)
     assert real._stub(argparse.Namespace(webhook_stub=str(script))) == str(script)
+
+
+def test_our_webhook_servers_histogram_is_read_from_the_controllers_metrics() -> None:
+    metrics = WebhookMetrics()
+    before = realmetrics.histogram(
+        metrics.exposition().decode(), realmetrics.SERVER_WEBHOOK_DURATION
+    )
+    for seconds in (0.0004, 0.0004, 0.003, 0.2):
+        metrics.answered(200, seconds, {"response": {"allowed": True, "patch": "W10="}})
+    after = realmetrics.histogram(
+        metrics.exposition().decode(), realmetrics.SERVER_WEBHOOK_DURATION
+    )
+    figures = realmetrics.histogram_delta(before, after)
+    assert figures["calls"] == 4
+    assert figures["mean_ms"] == 50.95
+    assert figures["within_25ms"] == 0.75
+    assert figures["p50_ms"] <= 0.5  # half the calls within the first bucket (0.5 ms)

@@ -7,13 +7,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from functools import partial
 from pathlib import Path
 
 import pytest
 
 from api.names import SCHEDULING_GATE
+from controller.metrics import ControllerMetrics, WebhookMetrics
 from controller.settings import parse_settings
+from controller.webhook_child import WebhookChild
 from controller.webhook_process import main as webhook_main
 from driver.cluster.port import PODS, RESOURCE_CLAIMS, gate_names
 from localcluster.apiserver import LocalApiServer
@@ -34,6 +37,14 @@ from tests.controller.harness import (
     publish_node,
     wait_for,
 )
+
+GATED_ONCE = 'instaslice_webhook_admissions_total{decision="gated"} 1.0'
+
+
+def _scrape_with(port: int, line: str) -> str | None:
+    """The controller's /metrics if it holds ``line``."""
+    text = http_get(f"http://127.0.0.1:{port}/metrics")[1]
+    return text if line in text else None
 
 
 def _children(pid: int) -> list[tuple[int, str]]:
@@ -91,14 +102,15 @@ def test_the_controller_runs_restarts_and_takes_down_its_webhook_process(
         # Fail: a pod created while no webhook answers is refused, never let through ungated, so
         # each create below proves an answer.
         api.create(WEBHOOK_CONFIGURATIONS, webhook_configuration(failure_policy="Fail"))
-        health = free_port()
+        health, metrics = free_port(), free_port()
         process = subprocess.Popen(
             controller_command(
                 gated_server.url,
                 webhook_port=webhook_port,
                 cert_dir=tmp_path / "certs",
                 healthz_port=health,
-                extra=["--no-leader-elect", "--metrics-address", "", "--log-level", "WARNING"],
+                extra=["--no-leader-elect", "--metrics-address", f"127.0.0.1:{metrics}",
+                       "--log-level", "WARNING"],
             ),
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
@@ -117,6 +129,12 @@ def test_the_controller_runs_restarts_and_takes_down_its_webhook_process(
             api.create(RESOURCE_CLAIMS, claim_object("c1"), namespace=NS)
             created = api.create(PODS, pod_object("p1", claims=["c1"], gates=()), namespace=NS)
             assert gate_names(created) == [SCHEDULING_GATE]
+            # one scrape target: the controller's /metrics carries the webhook process's figures
+            # (counted just after the answer is sent: it may lag the create's return)
+            scraped = wait_for(
+                partial(_scrape_with, metrics, GATED_ONCE), timeout=10, what="webhook metrics"
+            )
+            assert "instaslice_controller_pods_ungated_total" in scraped
 
             os.kill(first, signal.SIGKILL)
             wait_for(lambda: not _alive(first), timeout=30, what="the first webhook process gone")
@@ -132,8 +150,22 @@ def test_the_controller_runs_restarts_and_takes_down_its_webhook_process(
             api.create(RESOURCE_CLAIMS, claim_object("c2"), namespace=NS)
             created = api.create(PODS, pod_object("p2", claims=["c2"], gates=()), namespace=NS)
             assert gate_names(created) == [SCHEDULING_GATE]  # answered by the new process
+            # ... read from the new process (its counters start again)
+            wait_for(partial(_scrape_with, metrics, GATED_ONCE), timeout=10, what="new metrics")
         finally:
             process.kill()  # as a crash or an OOM kill would end it
             process.wait()
         for child in children:
             wait_for(partial(_gone, child), timeout=30, what="the child ended")
+
+
+def test_no_webhook_process_running_means_no_figures_of_its_own() -> None:
+    assert WebhookChild(argv=[], stop=threading.Event()).scrape() == b""
+
+
+def test_a_webhook_served_in_the_controller_counts_in_the_controllers_registry() -> None:
+    controller = ControllerMetrics()
+    WebhookMetrics(controller.registry).answered(200, 0.002, {"response": {"allowed": True}})
+    text = controller.exposition().decode()
+    assert "instaslice_controller_pods_ungated_total" in text
+    assert 'instaslice_webhook_admissions_total{decision="allowed"} 1.0' in text

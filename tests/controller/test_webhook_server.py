@@ -24,6 +24,7 @@ from controller.certificates import (
     CertificateManager,
     CertificateSettings,
 )
+from controller.metrics import WebhookMetrics, admission_decision
 from controller.webhook_server import WebhookServer
 from driver.errors import ConfigError
 from tests.controller.certfakes import InMemoryCertificateStore, StepClock
@@ -61,8 +62,7 @@ def server(cert_dir: Path) -> Iterator[WebhookServer]:
         review=review_handler,
         cert_file=cert_dir / CERT_FILE,
         key_file=cert_dir / KEY_FILE,
-        host="127.0.0.1",
-        port=0,
+        address=("127.0.0.1", 0),
         reload_interval=0.0,
         connection_timeout=5.0,
     ) as running:
@@ -269,8 +269,7 @@ def test_missing_certificate_files_fail_at_start(tmp_path: Path) -> None:
         review=review_handler,
         cert_file=tmp_path / "tls.crt",
         key_file=tmp_path / "tls.key",
-        host="127.0.0.1",
-        port=0,
+        address=("127.0.0.1", 0),
     )
     with pytest.raises(ConfigError, match="unreadable"):
         server.start()
@@ -285,8 +284,7 @@ def test_stop_closes_idle_keep_alive_connections(cert_dir: Path) -> None:
         review=review_handler,
         cert_file=cert_dir / CERT_FILE,
         key_file=cert_dir / KEY_FILE,
-        host="127.0.0.1",
-        port=0,
+        address=("127.0.0.1", 0),
         connection_timeout=60.0,
     )
     server.start()
@@ -297,3 +295,62 @@ def test_stop_closes_idle_keep_alive_connections(cert_dir: Path) -> None:
         server.stop()  # idempotent
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", connection.port), timeout=1).close()
+
+
+def test_every_answer_is_told_with_its_status_time_and_decision(cert_dir: Path) -> None:
+    metrics = WebhookMetrics()
+    seen: list[tuple[int, float, Mapping[str, Any] | None]] = []
+
+    def observe(code: int, seconds: float, answer: Mapping[str, Any] | None) -> None:
+        seen.append((code, seconds, answer))
+        metrics.answered(code, seconds, answer)
+
+    with (
+        WebhookServer(
+            review=review_handler,
+            cert_file=cert_dir / CERT_FILE,
+            key_file=cert_dir / KEY_FILE,
+            address=("127.0.0.1", 0),
+            observe=observe,
+        ) as running,
+        closing(connect(running, cert_dir)) as connection,
+        closing(connect(running, cert_dir)) as another,
+    ):
+        gated = review(pod(limits={"nvidia.com/mig-1g.5gb": "1"}))
+        assert post(connection, "/mutate-pods", json.dumps(gated).encode())[0] == 200
+        refused = review(pod(limits={"nvidia.com/mig-9g.99gb": "1"}))
+        assert post(connection, "/mutate-pods", json.dumps(refused).encode())[0] == 200
+        assert post(connection, "/mutate-pods", json.dumps(review(pod())).encode())[0] == 200
+        assert post(connection, "/mutate-pods", b"not json")[0] == 400
+        assert post(connection, "/elsewhere", b"{}")[0] == 404  # closes: its body is unread
+        assert post(another, "/mutate-pods", b'{"explode": true}')[0] == 500
+    assert [code for code, _, _ in seen] == [200, 200, 200, 400, 404, 500]
+    assert all(seconds >= 0 for _, seconds, _ in seen)
+    assert [answer is None for _, _, answer in seen] == [False] * 3 + [True] * 3
+    text = metrics.exposition().decode()
+    for decision, count in (("gated", 1), ("refused", 1), ("allowed", 1)):
+        assert f'instaslice_webhook_admissions_total{{decision="{decision}"}} {count}.0' in text
+    for code, count in (("200", 3), ("400", 1), ("404", 1), ("500", 1)):
+        assert f'instaslice_webhook_requests_total{{code="{code}"}} {count}.0' in text
+    assert "instaslice_webhook_request_duration_seconds_count 6.0" in text
+
+
+def test_an_answer_is_classed_by_what_it_allows_and_patches() -> None:
+    assert admission_decision({"response": {"allowed": True, "patch": "W10="}}) == "gated"
+    assert admission_decision({"response": {"allowed": True}}) == "allowed"
+    assert admission_decision({"response": {"allowed": False, "status": {}}}) == "refused"
+    assert admission_decision({"kind": "AdmissionReview"}) == "refused"  # no verdict: not allowed
+
+
+def test_a_request_refused_before_its_body_is_read_closes_the_connection(
+    server: WebhookServer, cert_dir: Path
+) -> None:
+    """Kept open, the unread body would be parsed as the next request (501 for ``{}``)."""
+    with closing(connect(server, cert_dir)) as connection:
+        connection.request("POST", "/elsewhere", body=b"{}")
+        response = connection.getresponse()
+        assert (response.status, response.getheader("Connection")) == (404, "close")
+        response.read()
+        status, answer = post(connection, "/mutate-pods", json.dumps(review(pod())).encode())
+        assert status == 200  # http.client reconnected: a clean connection, not the stale body
+        assert answer["response"]["allowed"] is True
