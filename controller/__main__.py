@@ -27,7 +27,7 @@ from driver.cluster.kube import connect
 from driver.cluster.leader import LeaderElectionConfig
 from driver.cluster.port import ClusterApi
 from driver.cluster.throttle import ClientSettings
-from driver.daemon.http import HttpEndpoint, Route, probe
+from driver.daemon.http import HttpEndpoint, Route, endpoints_by_address, probe
 from driver.daemon.logs import configure_logging
 from driver.daemon.signals import stop_on_signals
 from driver.errors import DriverError
@@ -90,17 +90,8 @@ def endpoints(
         "/healthz": probe(controller.healthy, what="controller"),
         "/readyz": probe(ready, what="controller"),
     }
-    served: dict[str, dict[str, Route]] = {}
-    if settings.metrics_address:
-        served.setdefault(settings.metrics_address, {})["/metrics"] = metrics
-    if settings.healthz_address:
-        served.setdefault(settings.healthz_address, {}).update(health)
-    return [
-        HttpEndpoint(
-            address=split_address(address), routes=routes, name=f"http {'+'.join(sorted(routes))}"
-        )
-        for address, routes in served.items()
-    ]
+    served = [(settings.metrics_address, {"/metrics": metrics}), (settings.healthz_address, health)]
+    return list(endpoints_by_address(served, split=split_address).values())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -43,7 +43,7 @@ from controller.webhook import WebhookRunner
 from driver.cluster.kube import connect
 from driver.cluster.port import ClusterApi, JsonObject
 from driver.cluster.throttle import ClientSettings
-from driver.daemon.http import HttpEndpoint, Route, probe
+from driver.daemon.http import HttpEndpoint, Route, endpoints_by_address, probe
 from driver.daemon.lifeline import die_with_parent
 from driver.daemon.logs import configure_logging
 from driver.daemon.signals import stop_on_signals
@@ -200,22 +200,12 @@ def _endpoints(
     def metrics() -> tuple[int, str, bytes]:
         return 200, CONTENT_TYPE, process.metrics.exposition()
 
-    served: dict[str, dict[str, Route]] = {}
-    if settings.metrics_address:
-        served.setdefault(settings.metrics_address, {})["/metrics"] = metrics
-    if settings.healthz_address:
-        served.setdefault(settings.healthz_address, {}).update(
-            {
-                "/healthz": probe(lambda: not stop.is_set(), what="webhook"),
-                "/readyz": probe(process.ready, what="webhook"),
-            }
-        )
-    return {
-        address: HttpEndpoint(
-            address=split_address(address), routes=routes, name=f"http {'+'.join(sorted(routes))}"
-        )
-        for address, routes in served.items()
+    health: dict[str, Route] = {
+        "/healthz": probe(lambda: not stop.is_set(), what="webhook"),
+        "/readyz": probe(process.ready, what="webhook"),
     }
+    served = [(settings.metrics_address, {"/metrics": metrics}), (settings.healthz_address, health)]
+    return endpoints_by_address(served, split=split_address)
 
 
 def _announce(line: str) -> None:

@@ -25,7 +25,7 @@ from driver.cluster.events import EventRecorder
 from driver.cluster.informer import Informer, ListWatch
 from driver.cluster.port import RESOURCE_SLICES, ClusterApi, JsonObject
 from driver.cluster.views import SliceView
-from driver.daemon.http import HttpEndpoint
+from driver.daemon.http import endpoints_by_address
 from driver.errors import DriverError
 from driver.gpu.backend import GpuBackend
 from driver.taints import EFFECT_NO_SCHEDULE
@@ -180,23 +180,12 @@ class KubeletPlugin:
             max_workers=2,
             name="registration",
         )
-        self._http: list[HttpEndpoint] = []
-        if config.healthz_address:
-            self._http.append(
-                HttpEndpoint(
-                    address=split_address(config.healthz_address),
-                    routes={"/healthz": self.health.route},
-                    name="healthz",
-                )
-            )
-        if config.metrics_address:
-            self._http.append(
-                HttpEndpoint(
-                    address=split_address(config.metrics_address),
-                    routes={"/metrics": self._metrics_route},
-                    name="metrics",
-                )
-            )
+        served = [
+            (config.healthz_address, {"/healthz": self.health.route}),
+            (config.metrics_address, {"/metrics": self._metrics_route}),
+        ]
+        # one server when both flags name the same port
+        self._http = list(endpoints_by_address(served, split=split_address).values())
         self._started = False
 
     def start(self) -> RecoveryReport:
@@ -260,9 +249,9 @@ class KubeletPlugin:
         add_health_service(server, self.health_service)
 
     def endpoint_port(self, name: str) -> int:
-        """Port of the ``healthz`` or ``metrics`` endpoint (after start)."""
+        """Port serving ``/healthz`` or ``/metrics`` (``name`` without the slash; after start)."""
         for endpoint in self._http:
-            if endpoint.name == name:
+            if f"/{name}" in endpoint.paths:
                 return endpoint.port
         raise KeyError(name)
 

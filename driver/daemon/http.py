@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -74,6 +74,11 @@ class HttpEndpoint:
         self._thread: threading.Thread | None = None
 
     @property
+    def paths(self) -> frozenset[str]:
+        """The paths it serves."""
+        return frozenset(self._routes)
+
+    @property
     def port(self) -> int:
         if self._server is None:
             raise RuntimeError(f"{self.name} endpoint is not started")
@@ -97,3 +102,21 @@ class HttpEndpoint:
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join()
+
+
+def endpoints_by_address(
+    routes: Iterable[tuple[str, Mapping[str, Route]]], *, split: Callable[[str], tuple[str, int]]
+) -> dict[str, HttpEndpoint]:
+    """One endpoint per distinct ``host:port`` (``split`` parses it; an empty address is off)
+    serving every route given for that address: e.g. ``/metrics`` and the probes share a port
+    when their flags name the same one."""
+    served: dict[str, dict[str, Route]] = {}
+    for address, paths in routes:
+        if address:
+            served.setdefault(address, {}).update(paths)
+    return {
+        address: HttpEndpoint(
+            address=split(address), routes=paths, name=f"http {'+'.join(sorted(paths))}"
+        )
+        for address, paths in served.items()
+    }

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from driver.daemon.http import HttpEndpoint, Route, probe
+from driver.daemon.http import HttpEndpoint, Route, endpoints_by_address, probe
 
 
 def _get(url: str) -> tuple[int, str, str]:
@@ -84,3 +84,38 @@ def test_port_is_known_only_while_started() -> None:
     server.stop()  # a second stop is harmless
     with pytest.raises(RuntimeError, match="not started"):
         _ = server.port
+
+
+def test_routes_for_one_address_share_a_server_and_an_empty_address_is_off() -> None:
+    def metrics() -> tuple[int, str, bytes]:
+        return 200, "text/plain", b"m\n"
+
+    def healthy() -> bool:
+        return True
+
+    def split(address: str) -> tuple[str, int]:
+        host, _, port = address.rpartition(":")
+        return host, int(port)
+
+    shared = endpoints_by_address(
+        [
+            ("127.0.0.1:0", {"/metrics": metrics}),
+            ("127.0.0.1:0", {"/healthz": probe(healthy, what="x")}),
+        ],
+        split=split,
+    )
+    assert list(shared) == ["127.0.0.1:0"]
+    assert shared["127.0.0.1:0"].paths == {"/metrics", "/healthz"}
+    apart = endpoints_by_address(
+        [("127.0.0.1:1", {"/metrics": metrics}), ("", {"/healthz": probe(healthy, what="x")})],
+        split=split,
+    )
+    assert list(apart) == ["127.0.0.1:1"]
+    assert apart["127.0.0.1:1"].paths == {"/metrics"}
+    server = shared["127.0.0.1:0"]
+    server.start()
+    try:
+        assert _get(f"http://127.0.0.1:{server.port}/metrics")[2] == "m\n"
+        assert _get(f"http://127.0.0.1:{server.port}/healthz")[0] == 200
+    finally:
+        server.stop()
