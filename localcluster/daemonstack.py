@@ -14,6 +14,7 @@ import copy
 import socket
 import ssl
 import time
+import urllib.request
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -110,15 +111,17 @@ def controller_args(
     leader_elect: bool,
     lease_duration_s: int,
     extra: Sequence[str] = (),
+    metrics_port: int = 0,
 ) -> list[str]:
     """``instaslice-controller``'s flags: the webhook on ``webhook_port`` with the certificate files
-    in ``cert_dir``, ``extra`` flags, and leader election with short timings (or none)."""
+    in ``cert_dir``, ``/metrics`` on 127.0.0.1:``metrics_port`` (0: none), ``extra`` flags, and
+    leader election with short timings (or none)."""
     args = [
         *connection,
         "--webhook-port", str(webhook_port),
         "--webhook-cert-dir", str(cert_dir),
         "--cert-mode", "files",
-        "--metrics-address", "",
+        "--metrics-address", f"127.0.0.1:{metrics_port}" if metrics_port else "",
         "--healthz-address", "",
         "--log-level", log_level,
         *extra,
@@ -183,7 +186,18 @@ class DaemonStack(ABC):
     """How often ``wait_for`` asks by default."""
 
     webhook_port: int
+    controller_metrics_port: int
+    """Where the controller whose webhook kube-apiserver calls serves ``/metrics`` (127.0.0.1)."""
     _ca_bundle: bytes
+
+    def controller_metrics(self) -> str:
+        """That controller's ``/metrics`` (with its webhook process's figures); empty if down."""
+        try:
+            url = f"http://127.0.0.1:{self.controller_metrics_port}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as reply:
+                return str(reply.read().decode())
+        except OSError:
+            return ""
 
     @property
     @abstractmethod

@@ -319,6 +319,7 @@ class RealStack(DaemonStack):
         self.cdi = CdiValidator(self.paths.cdi_validate)
         self._api: KubeClusterApi | None = None
         self.webhook_port = 0
+        self.controller_metrics_port = 0
         self.controllers: list[ManagedProcess] = []
         self.plugins: dict[str, ManagedProcess] = {}
         self._kubelets = {
@@ -405,6 +406,7 @@ class RealStack(DaemonStack):
             self.start_node(node)
         self._make_certificates()
         self.webhook_port = free_port()
+        self.controller_metrics_port = free_port()
         self._register_webhook()
         for node in self.node_names:
             # a DaemonSet pod's token is bound to its pod, and so to its node: the 1.36
@@ -530,6 +532,7 @@ class RealStack(DaemonStack):
             leader_elect=self.config.leader_elect,
             lease_duration_s=self.config.lease_duration_s,
             extra=[*self.config.controller_args, *self._controller_mode_args],
+            metrics_port=self.controller_metrics_port if index == 0 else 0,
         )
         suffix = "" if index == 0 else f"-{index}"
         return ManagedProcess(

@@ -104,6 +104,7 @@ class InstaSliceStack(DaemonStack):
             self.root / "cluster",
         )
         self.webhook_port = 0
+        self.controller_metrics_port = 0
         self.controller: ManagedProcess | None = None
         self.plugins: dict[str, ManagedProcess] = {}
         self._ca_bundle = b""
@@ -177,6 +178,7 @@ class InstaSliceStack(DaemonStack):
             apply_object(self.api, obj)
         cert_dir = self._make_certificates()
         self.webhook_port = free_port()
+        self.controller_metrics_port = free_port()
         self._register_webhook()
         for node in self.node_names:
             self.plugins[node] = self._plugin_process(node)
@@ -244,6 +246,7 @@ class InstaSliceStack(DaemonStack):
             log_level=self.config.log_level,
             leader_elect=self.config.leader_elect,
             lease_duration_s=self.config.lease_duration_s,
+            metrics_port=self.controller_metrics_port,
         )
         return ManagedProcess(
             name="controller",

@@ -223,3 +223,36 @@ def test_the_claims_opaque_config_reaches_the_container(cluster: InstaSliceStack
     assert env["MIG_TEAM"] == "vision"
     (held,) = slices_of_pod(cluster.view(), E2E_NS, "configured")
     assert visible_devices(cluster, pod) == {held[2].mig_uuid}
+
+
+GATED = 'instaslice_webhook_admissions_total{decision="gated"} '
+
+
+def _gated_count(cluster: InstaSliceStack) -> float | None:
+    """How many pods our webhook gated, as the controller's /metrics tells (None: unreadable)."""
+    for line in cluster.controller_metrics().splitlines():
+        if line.startswith(GATED):
+            return float(line.removeprefix(GATED))
+    return None
+
+
+def test_the_controllers_metrics_count_the_pods_our_webhook_gated(
+    cluster: InstaSliceStack,
+) -> None:
+    """The webhook runs in a process of its own; its figures reach the controller's /metrics."""
+    before = wait_for(
+        cluster,
+        lambda: (_gated_count(cluster),) if _gated_count(cluster) is not None else None,
+        timeout=30,
+        message="the webhook's figures in the controller's /metrics",
+    )[0]
+    assert before is not None
+    apply(cluster, [claim_template("counted", profile="1g.5gb", namespace=E2E_NS)])
+    apply(cluster, [dra_pod("counted", template="counted", namespace=E2E_NS)])
+    wait_pod_running(cluster, E2E_NS, "counted")
+    wait_for(
+        cluster,
+        lambda: (_gated_count(cluster) or 0.0) >= before + 1 or None,
+        timeout=30,
+        message="one more gated pod counted",
+    )

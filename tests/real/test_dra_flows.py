@@ -11,6 +11,7 @@ from tests.e2e.test_dra_flows import (
     test_one_pod_gets_three_slices_on_one_gpu_and_sees_all_three,
     test_pods_of_one_profile_fill_the_cluster_and_one_more_runs_after_a_deletion,
     test_the_claims_opaque_config_reaches_the_container,
+    test_the_controllers_metrics_count_the_pods_our_webhook_gated,
     test_the_node_a_pod_is_bound_to_was_nominated_while_it_was_gated,
     test_two_whole_gpu_pods_land_on_two_gpus,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "test_one_pod_gets_three_slices_on_one_gpu_and_sees_all_three",
     "test_pods_of_one_profile_fill_the_cluster_and_one_more_runs_after_a_deletion",
     "test_the_claims_opaque_config_reaches_the_container",
+    "test_the_controllers_metrics_count_the_pods_our_webhook_gated",
     "test_the_node_a_pod_is_bound_to_was_nominated_while_it_was_gated",
     "test_two_whole_gpu_pods_land_on_two_gpus",
 ]
