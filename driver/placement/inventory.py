@@ -18,7 +18,7 @@ are kept sorted into a policy's buckets (``state_buckets``) as states gain or lo
 """
 
 import logging
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 
 from driver.errors import NotFoundError
 from driver.placement.rankset import RankSet
@@ -570,6 +570,11 @@ class Inventory:
         """Instances of ``profile`` that could still be created, counted per GPU for that profile
         alone (a GPU with 3 free slices counts 3 for 1g.5gb and 1 for 2g.10gb)."""
         return self._free_instances.get(profile, 0)
+
+    @property
+    def free_instance_counts(self) -> Mapping[str, int]:
+        """:meth:`free_instances` of every profile ever published, as a live read-only mapping."""
+        return self._free_instances
 
     def profile_slices(self, profile: str) -> tuple[int, int]:
         """Fewest and most memory slices ``profile`` takes on any GPU model ever published."""
