@@ -27,6 +27,8 @@ from driver.placement.tables import GpuTable, Signature
 
 logger = logging.getLogger(__name__)
 
+_OCCUPANT_CACHE_LIMIT = 4096
+
 MAX_MULTI_SIGNATURES = 64
 """Multi-profile signatures indexed at most; later ones fall back to per-profile conditions."""
 
@@ -137,6 +139,8 @@ class Inventory:
         self._by_rank: list[NodeState | None] = []
         self._ranks_dirty = False
         self._occupants: dict[tuple[str, int], list[Occupant]] = {}
+        self._occupant_of: dict[tuple[int, int, bool, str | None], Occupant] = {}
+        """Occupants are immutable, so equal ones are one object (built once, not per occupy)."""
         self._signatures: dict[Signature, SignatureIndex] = {}
         self._sig_list: list[SignatureIndex] = []
         self._multi = 0
@@ -275,7 +279,13 @@ class Inventory:
         """
         if start < 0 or size < 1:
             raise ValueError(f"bad placement start={start} size={size}")
-        occupant = Occupant(start=start, size=size, media=media, profile=profile)
+        described = (start, size, media, profile)
+        occupant = self._occupant_of.get(described)
+        if occupant is None:
+            if len(self._occupant_of) >= _OCCUPANT_CACHE_LIMIT:
+                self._occupant_of.clear()
+            occupant = Occupant(start=start, size=size, media=media, profile=profile)
+            self._occupant_of[described] = occupant
         key = (node, gpu_index)
         occupants = self._occupants.get(key)
         if occupants is None:
