@@ -679,18 +679,24 @@ def _first_tier(
     cost: just those are rounded."""
     least = min(scored)[0]
     near = least + _NEAR if least < _NEAR_LIMIT else float("inf")
-    key = min((round(raw, 9), free) for raw, free, _ in scored if raw <= near)
-    cost, free = key
+    key: tuple[float, int] | None = None
+    tier: list[int] = []
+    for raw, free, bucket in scored:
+        if raw <= near:
+            entry = (round(raw, 9), free)
+            if key is None or entry < key:
+                key, tier = entry, [bucket]
+            elif entry == key:
+                tier.append(bucket)
     gpu: GpuState | None = None
     rank = index = -1
-    for raw, bucket_free, bucket in scored:
-        if raw <= near and bucket_free == free and round(raw, 9) == cost:
-            for group in buckets[bucket]:
-                for g in group.gpus:
-                    r = g.node.rank
-                    if gpu is None or r < rank or (r == rank and g.index < index):
-                        gpu, rank, index = g, r, g.index
-    if gpu is None:
+    for bucket in tier:
+        for group in buckets[bucket]:
+            for g in group.gpus:
+                r = g.node.rank
+                if gpu is None or r < rank or (r == rank and g.index < index):
+                    gpu, rank, index = g, r, g.index
+    if gpu is None or key is None:
         raise AssertionError("the first tier has no GPU")
     return key, gpu
 
