@@ -142,6 +142,11 @@ class BestFit:
     needs_levels = True
     needs_states = False
 
+    def __init__(self) -> None:
+        self._first: tuple[NodeState, int, int] | None = None
+        """While ``nodes`` offers a node for a one-signature pod: that node, the signature's id
+        and the node's best level for it (``candidates`` starts at a GPU of that level)."""
+
     def nodes(
         self, inventory: Inventory, plan: Plan, conditions: Sequence[Condition]
     ) -> Iterator[NodeState]:
@@ -162,7 +167,11 @@ class BestFit:
                 while rank >= 0:
                     node = inventory.node_at(rank)
                     if node is not None:
-                        yield node
+                        self._first = (node, sig.id, level)
+                        try:
+                            yield node
+                        finally:
+                            self._first = None
                     rank = at_level.next_at_or_after(rank + 1)
                 level = sig.level_set.next_at_or_after(level + 1)
             return
@@ -201,6 +210,33 @@ class BestFit:
     def candidates(
         self, search: NodeSearch, request: int, positions: Sequence[int]
     ) -> Iterable[Candidate]:
+        plan, gpus, masks, media = search.plan, search.gpus, search.masks, search.media
+        first = self._first
+        if first is not None and first[0] is search.node and plan.single and search.untouched:
+            # A one-device pod of one profile on the node ``nodes`` offers: the node is filed
+            # under its best GPU's level (least destroyed, then fullest), so the first GPU at that
+            # level and its first ranked start are the best candidate, and one that fits (a level
+            # counts ``max_count``). The rest only if the search goes on (it does not).
+            _, sig_id, level = first
+            for position in positions:
+                if gpus[position].levels[sig_id] == level:
+                    table = gpus[position].table
+                    (profile,) = plan.profiles_for(request, table)
+                    ranked = table.ranked_starts(
+                        profile.index, mask=masks[position], media_taken=media[position]
+                    )
+                    best_i = ranked[0][1]
+                    yield position, profile, best_i
+                    for candidate in self._ranked(search, request, positions):
+                        if candidate[0] != position or candidate[2] != best_i:
+                            yield candidate
+                    return
+        yield from self._ranked(search, request, positions)
+
+    def _ranked(
+        self, search: NodeSearch, request: int, positions: Sequence[int]
+    ) -> Iterator[Candidate]:
+        """Free candidates, least destroyed first, then the fuller GPU, then first-fit order."""
         plan, gpus, masks, media = search.plan, search.gpus, search.masks, search.media
         # Each (GPU, profile) list is already in score order, so the best candidate is the best
         # head; the full order is built only if the search backtracks past it (rare).
