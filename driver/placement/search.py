@@ -169,10 +169,16 @@ class NodeSearch:
     ) -> None:
         self.plan = plan
         self.node = node
-        self.gpus = node.gpus
-        self.masks = [0 if empty else g.mask for g in node.gpus]
-        self.media = [False if empty else g.media_taken for g in node.gpus]
-        self._base_counts = None if empty else [g.counts for g in node.gpus]
+        gpus = self.gpus = node.gpus
+        self.masks: list[int]
+        self.media: list[bool]
+        self._base_counts: list[tuple[int, ...]] | None
+        if empty:
+            self.masks, self.media, self._base_counts = [0] * len(gpus), [False] * len(gpus), None
+        else:
+            self.masks = [g.mask for g in gpus]
+            self.media = [g.media_taken for g in gpus]
+            self._base_counts = [g.counts for g in gpus]
         self._empty = empty
         self._order = order
         self._budget = budget
