@@ -653,14 +653,18 @@ class Scarcity:
         cost = self._cost
         table = search.gpus[position].table
         mask, media_taken, counts = masks[position], media[position], search.counts(position)
-        # The least (profile, start) among the starts that cost ``cheapest`` (loops, not a
-        # generator in ``min``: this runs on every decision).
+        # The least (profile, start) among the starts that cost ``cheapest``: profiles come in
+        # table order and their starts in increasing order, so the first found (this runs on
+        # every decision).
         first: tuple[int, int] | None = None
         for profile in plan.profiles_for(request, table):
             index = profile.index
             for i, vector in _loss_ids(table, index, mask, media_taken, counts):
-                if (first is None or (index, i) < first) and cost(vector) == cheapest:
+                if cost(vector) == cheapest:
                     first = (index, i)
+                    break
+            if first is not None:
+                break
         if first is None:
             raise AssertionError("the cheapest GPU has no start of the cheapest cost")
         profile = table.profiles[first[0]]
