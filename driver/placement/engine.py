@@ -28,6 +28,7 @@ symmetry pruning, pods of a few devices never come near it)."""
 
 _EMPTY_FIT_CACHE_LIMIT = 4096
 _PLAN_CACHE_LIMIT = 1024
+_PLACED_CACHE_LIMIT = 4096
 
 
 def _plural(count: int, word: str) -> str:
@@ -73,6 +74,10 @@ class Engine:
         self._plans_by_id: dict[int, tuple[PodRequest, int, Plan, list[Condition] | None]] = {}
         """The same cache by the request's identity (callers reuse request objects; hashing a
         request costs more than the lookup). Entries hold their request, so ids are not reused."""
+        self._placed: dict[int, Placed] = {}
+        """Results by the identity of their assignments (one-device searches answer with one
+        remembered tuple per device, see ``NodeState.assigned``): results are immutable, so equal
+        ones are one object. Each entry holds its tuple, so ids are not reused."""
         self._epoch = 0
         """Bumped when the inventory changes what is published (cached conditions depend on it)."""
 
@@ -194,7 +199,13 @@ class Engine:
                 finally:
                     stats.predicate_rejections += search.predicate_rejections
                 if found is not None:
-                    return Placed(node=node.name, assignments=found)
+                    known = self._placed.get(id(found))
+                    if known is not None and known.assignments is found:
+                        return known
+                    if len(self._placed) >= _PLACED_CACHE_LIMIT:
+                        self._placed.clear()
+                    placed = self._placed[id(found)] = Placed(node=node.name, assignments=found)
+                    return placed
                 stats.failed += 1
         return self._no_fit(plan, conditions or [], stats)
 

@@ -18,7 +18,7 @@ are kept sorted into a policy's buckets (``state_buckets``) as states gain or lo
 """
 
 import logging
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 
 from driver.errors import NotFoundError
 from driver.placement.rankset import RankSet
@@ -26,6 +26,8 @@ from driver.placement.state import GpuState, NodeSpec, NodeState, Occupant, Stat
 from driver.placement.tables import GpuTable, Signature
 
 logger = logging.getLogger(__name__)
+
+_OCCUPANT_CACHE_LIMIT = 4096
 
 MAX_MULTI_SIGNATURES = 64
 """Multi-profile signatures indexed at most; later ones fall back to per-profile conditions."""
@@ -81,6 +83,10 @@ class SignatureIndex:
         self.level_set = RankSet()
 
 
+Buckets = dict[int, dict["StateGroup", None]]
+"""State groups by a policy's bucket of them (see :meth:`Inventory.state_buckets`)."""
+
+
 class StateGroup:
     """The GPUs that are in one state (``track_states``), and what policies derived from it.
 
@@ -90,7 +96,7 @@ class StateGroup:
     recompute its memo), up to ``MAX_KNOWN_STATES`` groups.
     """
 
-    __slots__ = ("free", "gpus", "key", "memo")
+    __slots__ = ("free", "gpus", "joined", "joins", "key", "memo")
 
     def __init__(self, key: StateKey) -> None:
         self.key = key
@@ -99,10 +105,11 @@ class StateGroup:
         """Free memory slices of each GPU in the state."""
         self.gpus: dict[GpuState, None] = {}
         self.memo: dict[Hashable, int] = {}
-
-
-Buckets = dict[int, dict[StateGroup, None]]
-"""State groups by a policy's bucket of them (see :meth:`Inventory.state_buckets`)."""
+        self.joins: list[tuple[Buckets, int]] = []
+        """The inventory's buckets this group belongs in while it has GPUs, and its bucket in each
+        (worked out once per bucketing, not on every first GPU)."""
+        self.joined = 0
+        """How many of the inventory's bucketings ``joins`` covers (all of them while live)."""
 
 
 MAX_KNOWN_STATES = 1 << 16
@@ -137,6 +144,8 @@ class Inventory:
         self._by_rank: list[NodeState | None] = []
         self._ranks_dirty = False
         self._occupants: dict[tuple[str, int], list[Occupant]] = {}
+        self._occupant_of: dict[tuple[int, int, bool, str | None], Occupant] = {}
+        """Occupants are immutable, so equal ones are one object (built once, not per occupy)."""
         self._signatures: dict[Signature, SignatureIndex] = {}
         self._sig_list: list[SignatureIndex] = []
         self._multi = 0
@@ -275,7 +284,13 @@ class Inventory:
         """
         if start < 0 or size < 1:
             raise ValueError(f"bad placement start={start} size={size}")
-        occupant = Occupant(start=start, size=size, media=media, profile=profile)
+        described = (start, size, media, profile)
+        occupant = self._occupant_of.get(described)
+        if occupant is None:
+            if len(self._occupant_of) >= _OCCUPANT_CACHE_LIMIT:
+                self._occupant_of.clear()
+            occupant = Occupant(start=start, size=size, media=media, profile=profile)
+            self._occupant_of[described] = occupant
         key = (node, gpu_index)
         occupants = self._occupants.get(key)
         if occupants is None:
@@ -329,18 +344,23 @@ class Inventory:
         members = group.gpus
         if not members:
             self._live[group] = None
-            memo = group.memo
-            # Inline (twice per GPU change and per bucketing): the group joins its buckets.
-            for name, bucket_of, buckets in self._buckets:
-                bucket = memo.get(name)
-                if bucket is None:
-                    bucket = bucket_of(group)
-                if bucket >= 0:
-                    bucketed = buckets.get(bucket)
-                    if bucketed is None:
-                        buckets[bucket] = {group: None}
-                    else:
-                        bucketed[group] = None
+            joins = group.joins
+            if group.joined < len(self._buckets):
+                memo = group.memo
+                for name, bucket_of, buckets in self._buckets[group.joined :]:
+                    bucket = memo.get(name)
+                    if bucket is None:
+                        bucket = bucket_of(group)
+                    if bucket >= 0:
+                        joins.append((buckets, bucket))
+                group.joined = len(self._buckets)
+            # Inline (twice per GPU change): the group joins its buckets.
+            for buckets, bucket in joins:
+                bucketed = buckets.get(bucket)
+                if bucketed is None:
+                    buckets[bucket] = {group: None}
+                else:
+                    bucketed[group] = None
         members[gpu] = None
         gpu.group = group
 
@@ -353,14 +373,11 @@ class Inventory:
         gpu.group = None
         if not members:
             del self._live[group]
-            memo = group.memo
-            for name, _, buckets in self._buckets:
-                bucket = memo[name]  # set when the group joined its buckets
-                if bucket >= 0:
-                    bucketed = buckets[bucket]
-                    del bucketed[group]
-                    if not bucketed:
-                        del buckets[bucket]
+            for buckets, bucket in group.joins:
+                bucketed = buckets[bucket]
+                del bucketed[group]
+                if not bucketed:
+                    del buckets[bucket]
 
     def _refresh(self, node: NodeState, gpu: GpuState, added: Occupant | None = None) -> None:
         """Bring the GPU's state and every index up to date after its occupants changed
@@ -550,11 +567,14 @@ class Inventory:
             buckets = self._buckets_named[name] = {}
             self._buckets.append((name, bucket_of, buckets))
             for group in self._live:
+                # Live groups cover every earlier bucketing (they caught up when they filled).
                 bucket = group.memo.get(name)
                 if bucket is None:
                     bucket = bucket_of(group)
                 if bucket >= 0:
                     buckets.setdefault(bucket, {})[group] = None
+                    group.joins.append((buckets, bucket))
+                group.joined = len(self._buckets)
         return buckets
 
     def shapes(self) -> Iterator[tuple[tuple[GpuTable, ...], str]]:
@@ -570,6 +590,11 @@ class Inventory:
         """Instances of ``profile`` that could still be created, counted per GPU for that profile
         alone (a GPU with 3 free slices counts 3 for 1g.5gb and 1 for 2g.10gb)."""
         return self._free_instances.get(profile, 0)
+
+    @property
+    def free_instance_counts(self) -> Mapping[str, int]:
+        """:meth:`free_instances` of every profile ever published, as a live read-only mapping."""
+        return self._free_instances
 
     def profile_slices(self, profile: str) -> tuple[int, int]:
         """Fewest and most memory slices ``profile`` takes on any GPU model ever published."""

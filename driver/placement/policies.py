@@ -29,15 +29,15 @@ they produce is safe.
 """
 
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from driver.errors import ConfigError
-from driver.placement.inventory import Inventory, SignatureIndex, StateGroup
+from driver.placement.inventory import Buckets, Inventory, SignatureIndex, StateGroup
 from driver.placement.rankset import RankSet
 from driver.placement.search import Candidate, CandidateOrder, NodeSearch, Plan
-from driver.placement.state import NodeState, StateKey
+from driver.placement.state import GpuState, NodeState, StateKey
 from driver.placement.tables import GpuTable, TableProfile
 
 
@@ -142,6 +142,11 @@ class BestFit:
     needs_levels = True
     needs_states = False
 
+    def __init__(self) -> None:
+        self._first: tuple[NodeState, int, int] | None = None
+        """While ``nodes`` offers a node for a one-signature pod: that node, the signature's id
+        and the node's best level for it (``candidates`` starts at a GPU of that level)."""
+
     def nodes(
         self, inventory: Inventory, plan: Plan, conditions: Sequence[Condition]
     ) -> Iterator[NodeState]:
@@ -162,7 +167,11 @@ class BestFit:
                 while rank >= 0:
                     node = inventory.node_at(rank)
                     if node is not None:
-                        yield node
+                        self._first = (node, sig.id, level)
+                        try:
+                            yield node
+                        finally:
+                            self._first = None
                     rank = at_level.next_at_or_after(rank + 1)
                 level = sig.level_set.next_at_or_after(level + 1)
             return
@@ -201,6 +210,33 @@ class BestFit:
     def candidates(
         self, search: NodeSearch, request: int, positions: Sequence[int]
     ) -> Iterable[Candidate]:
+        plan, gpus, masks, media = search.plan, search.gpus, search.masks, search.media
+        first = self._first
+        if first is not None and first[0] is search.node and plan.single and search.untouched:
+            # A one-device pod of one profile on the node ``nodes`` offers: the node is filed
+            # under its best GPU's level (least destroyed, then fullest), so the first GPU at that
+            # level and its first ranked start are the best candidate, and one that fits (a level
+            # counts ``max_count``). The rest only if the search goes on (it does not).
+            _, sig_id, level = first
+            for position in positions:
+                if gpus[position].levels[sig_id] == level:
+                    table = gpus[position].table
+                    (profile,) = plan.profiles_for(request, table)
+                    ranked = table.ranked_starts(
+                        profile.index, mask=masks[position], media_taken=media[position]
+                    )
+                    best_i = ranked[0][1]
+                    yield position, profile, best_i
+                    for candidate in self._ranked(search, request, positions):
+                        if candidate[0] != position or candidate[2] != best_i:
+                            yield candidate
+                    return
+        yield from self._ranked(search, request, positions)
+
+    def _ranked(
+        self, search: NodeSearch, request: int, positions: Sequence[int]
+    ) -> Iterator[Candidate]:
+        """Free candidates, least destroyed first, then the fuller GPU, then first-fit order."""
         plan, gpus, masks, media = search.plan, search.gpus, search.masks, search.media
         # Each (GPU, profile) list is already in score order, so the best candidate is the best
         # head; the full order is built only if the search backtracks past it (rare).
@@ -241,7 +277,9 @@ _VECTORS: list[tuple[GpuTable, LossVector]] = []
 _OPTION_IDS: dict[tuple[int, ...], int] = {}
 _OPTIONS: list[tuple[int, ...]] = []
 _OPTION_LOSSES: list[tuple[GpuTable, tuple[LossVector, ...]]] = []
-"""Per options id, its table and its loss vectors themselves (appended before ``_OPTIONS``)."""
+"""Per options id, its table and the loss vectors that can be its least (appended before
+``_OPTIONS``): a vector that loses at least as much of every profile as another of the set is left
+out, since its weighted sum is never the smaller (see :func:`_undominated`)."""
 """Loss vectors, and the sets of them one GPU state offers a request, interned process-wide:
 both are pure functions of the (shared) table and the state, so every ``Scarcity`` shares them.
 Interning takes ``_INTERNING`` (engines in different threads may meet here); lookups need not."""
@@ -279,10 +317,26 @@ def _options_id(table: GpuTable, key: StateKey, profiles: Sequence[TableProfile]
         with _INTERNING:
             found = _OPTION_IDS.get(options)
             if found is None:
-                _OPTION_LOSSES.append((table, tuple(_VECTORS[v][1] for v in options)))
+                _OPTION_LOSSES.append((table, _undominated([_VECTORS[v][1] for v in options])))
                 _OPTIONS.append(options)
                 found = _OPTION_IDS[options] = len(_OPTIONS) - 1
     return found
+
+
+def _undominated(vectors: Sequence[LossVector]) -> tuple[LossVector, ...]:
+    """``vectors`` less each one that loses at least as much of every profile as another kept one.
+
+    Its weighted sum is never the least: weights are positive and the sums add their terms in
+    profile order, so with floats too a sum only grows by a larger term or an extra one (float
+    multiplication and addition are monotonic)."""
+    kept: list[LossVector] = []
+    for vector in vectors:
+        lost = dict(vector)
+        if not any(
+            other != vector and all(lost.get(q, 0) >= n for q, n in other) for other in vectors
+        ):
+            kept.append(vector)
+    return tuple(kept)
 
 
 _OPTIONS_OF: dict[tuple[StateKey, frozenset[str]], int] = {}
@@ -384,23 +438,31 @@ class Scarcity:
     needs_states = True
 
     def __init__(self) -> None:
-        self._free: Callable[[str], int] | None = None
+        self._free: Mapping[str, int] = {}
+        """Free instances per profile across the decision's inventory (none before any ``nodes``
+        call, e.g. on an empty cluster: weights are then memory slices alone)."""
         self._weights: dict[GpuTable, tuple[float, ...]] = {}
         self._costs: dict[int, float] = {}
         """Loss vector id -> its cost under the current weights (rounded), reset with them."""
         self._cheapest: dict[int, float] = {}
         """Options id -> :meth:`_least` under the current weights, reset with them."""
+        self._raw: dict[int, float] = {}
+        """Options id -> its least sum before rounding (``nodes``), reset with the weights."""
+        self._first: tuple[NodeState, GpuState, float, frozenset[str]] | None = None
+        """While ``nodes`` offers the first node of its first tier: that node, its GPU of least
+        (cost, fullness, position), that cost and the profiles it was scored for (``candidates``
+        starts there)."""
 
     def _weights_for(self, table: GpuTable) -> tuple[float, ...]:
         """Cost of one lost instance per table profile, from the free instances of the decision's
         inventory (memory slices alone before any ``nodes`` call, e.g. on an empty cluster)."""
         weights = self._weights.get(table)
         if weights is None:
-            free = self._free
+            free = self._free.get
             known = _WEIGHTS.get(SCARCITY_EXPONENT)
             computed: list[float] = []
             for name, slices in _sizes(table):
-                left = free(name) if free is not None else 0
+                left = free(name, 0)
                 # ``_weight``, its remembered answers looked up inline (this runs every decision).
                 weight = (
                     known.get((left << 6) | slices) if known is not None and slices < 64 else None
@@ -448,29 +510,41 @@ class Scarcity:
         if not inventory.track_states:
             yield from FirstFit().nodes(inventory, plan, conditions)
             return
-        self._free = inventory.free_instances
+        self._free = inventory.free_instance_counts
         self._weights = {}
         self._costs = {}
         cheapest: dict[int, float] = {}
         self._cheapest = cheapest
+        self._first = None
+        self._raw = {}
         primary = _largest_request(plan, inventory) if len(plan.requests) > 1 else 0
         wanted = plan.requests[primary].profiles
         # States are kept in buckets of equal options and fullness by the inventory (updated as
         # states come and go), so a decision scores each bucket once and regroups nothing.
         buckets = inventory.state_buckets(wanted, _bucket_of(wanted))
-        least_of = self._least
-        scored: list[tuple[float, int, int]] = []
-        for bucket in buckets:
-            options = bucket >> _FREE_SHIFT
-            least = cheapest.get(options)
-            if least is None:
-                least = cheapest[options] = least_of(options)
-            scored.append((least, bucket & _FREE_MASK, bucket))
-        scored.sort()  # (cost, free, bucket) is unique
+        scored = self._scored_buckets(buckets)
         unions = _condition_unions(conditions)
         # One condition of one signature (most pods): its rank set alone says whether a node fits.
         only = unions[0][0] if len(unions) == 1 and len(unions[0]) == 1 else None
-        seen: set[int] = set()
+        if not scored:
+            return
+        # The first tier's first node (usually the answer) without rounding every cost nor
+        # sorting every rank of every tier: the least (cost, free) key, then the GPU of least
+        # (rank, index) in its buckets.
+        key, gpu = _first_tier(scored, buckets)
+        rank = gpu.node.rank
+        seen = {rank}
+        if (rank in only) if only is not None else _in_all(unions, rank):
+            node = inventory.node_at(rank)
+            if node is not None:
+                # ``candidates`` starts from this GPU when it searches this node first.
+                self._first = (node, gpu, key[0], wanted) if gpu.node is node else None
+                try:
+                    yield node
+                finally:
+                    self._first = None
+        scored = [(round(raw, 9), free, bucket) for raw, free, bucket in scored]
+        scored.sort()  # (cost, free, bucket) is unique
         start = 0
         while start < len(scored):
             # States of equal cost and fullness form one tier, taken in rank (first-fit) order.
@@ -494,14 +568,45 @@ class Scarcity:
                         yield node
             start = end
 
+    def _scored_buckets(self, buckets: Buckets) -> list[tuple[float, int, int]]:
+        """Each bucket as (its options' least sum, not rounded yet; free memory slices; bucket)."""
+        cheapest = self._raw
+        weights_of = self._weights
+        scored: list[tuple[float, int, int]] = []
+        for bucket in buckets:
+            options = bucket >> _FREE_SHIFT
+            least = cheapest.get(options)
+            if least is None:
+                # ``_least``, inline (this runs for some 4.5 option sets per decision).
+                table, losses = _OPTION_LOSSES[options]
+                weights = weights_of.get(table) or self._weights_for(table)
+                least = -1.0
+                for lost in losses:
+                    total = 0.0
+                    for q, n in lost:
+                        total += weights[q] * n
+                    if least < 0.0 or total < least:
+                        least = total
+                cheapest[options] = least
+            scored.append((least, bucket & _FREE_MASK, bucket))
+        return scored
+
     def device_order(self, plan: Plan, node: NodeState) -> Sequence[int]:
         return BestFit().device_order(plan, node)
 
     def candidates(
         self, search: NodeSearch, request: int, positions: Sequence[int]
     ) -> Iterable[Candidate]:
-        plan, gpus, masks, media = search.plan, search.gpus, search.masks, search.media
-        cost = self._cost
+        plan, gpus = search.plan, search.gpus
+        first_node = self._first
+        if first_node is not None and first_node[0] is search.node and search.untouched:
+            # The node ``nodes`` offers first: its GPU in the first tier with the least index has
+            # the least (cost, fullness, position) key (the tier's is the least of all states).
+            _, first_gpu, first_cost, first_wanted = first_node
+            position = gpus.index(first_gpu)
+            if position in positions and plan.requests[request].profiles == first_wanted:
+                yield from self._from_cheapest(search, request, positions, position, first_cost)
+                return
         if search.untouched:
             # Each GPU's cheapest start costs what its state's options do (as scored by ``nodes``),
             # so only the winning GPU's starts need costing for the first candidate.
@@ -524,33 +629,7 @@ class Scarcity:
             if not least:
                 return
             cheapest, _, position = min(least)
-            table = gpus[position].table
-            mask, media_taken, counts = masks[position], media[position], search.counts(position)
-            # The least (profile, start) among the starts that cost ``cheapest`` (loops, not a
-            # generator in ``min``: this runs on every decision).
-            first: tuple[int, int] | None = None
-            for profile in plan.profiles_for(request, table):
-                index = profile.index
-                for i, vector in _loss_ids(table, index, mask, media_taken, counts):
-                    if (first is None or (index, i) < first) and cost(vector) == cheapest:
-                        first = (index, i)
-            if first is None:
-                raise AssertionError("the cheapest GPU has no start of the cheapest cost")
-            profile = table.profiles[first[0]]
-            yield position, profile, first[1]
-            rest = self._scored(search, request, positions)
-            rest.remove(
-                (
-                    cheapest,
-                    table.slices - mask.bit_count(),
-                    position,
-                    *first,
-                    (position, profile, first[1]),
-                )
-            )
-            rest.sort()
-            for entry in rest:
-                yield entry[5]
+            yield from self._from_cheapest(search, request, positions, position, cheapest)
             return
         scored = self._scored(search, request, positions)
         if not scored:
@@ -558,6 +637,50 @@ class Scarcity:
         yield min(scored)[5]
         scored.sort()
         for entry in scored[1:]:
+            yield entry[5]
+
+    def _from_cheapest(
+        self,
+        search: NodeSearch,
+        request: int,
+        positions: Sequence[int],
+        position: int,
+        cheapest: float,
+    ) -> Iterator[Candidate]:
+        """The candidates of an untouched search whose least (cost, fullness, position) key is
+        ``cheapest`` at GPU ``position``: the first of its starts costing that, then the rest."""
+        plan, masks, media = search.plan, search.masks, search.media
+        cost = self._cost
+        table = search.gpus[position].table
+        mask, media_taken, counts = masks[position], media[position], search.counts(position)
+        # The least (profile, start) among the starts that cost ``cheapest``: profiles come in
+        # table order and their starts in increasing order, so the first found (this runs on
+        # every decision).
+        first: tuple[int, int] | None = None
+        for profile in plan.profiles_for(request, table):
+            index = profile.index
+            for i, vector in _loss_ids(table, index, mask, media_taken, counts):
+                if cost(vector) == cheapest:
+                    first = (index, i)
+                    break
+            if first is not None:
+                break
+        if first is None:
+            raise AssertionError("the cheapest GPU has no start of the cheapest cost")
+        profile = table.profiles[first[0]]
+        yield position, profile, first[1]
+        rest = self._scored(search, request, positions)
+        rest.remove(
+            (
+                cheapest,
+                table.slices - mask.bit_count(),
+                position,
+                *first,
+                (position, profile, first[1]),
+            )
+        )
+        rest.sort()
+        for entry in rest:
             yield entry[5]
 
     def _scored(
@@ -578,6 +701,44 @@ class Scarcity:
                     scored.append((cost(vector), free, position, index, i, (position, profile, i)))
         # (cost, free, position, profile, start) is unique, so tuples never compare candidates.
         return scored
+
+
+_NEAR = 2e-9
+"""Sums further apart than this round (to 9 decimals) to different costs, below ``_NEAR_LIMIT``
+(where doubles are still much finer than 1e-9)."""
+_NEAR_LIMIT = 1e6
+
+
+def _first_tier(
+    scored: list[tuple[float, int, int]], buckets: Buckets
+) -> tuple[tuple[float, int], GpuState]:
+    """The least (rounded cost, free) key of ``scored`` (least sums, not rounded) and the GPU of
+    least (rank, index) in its buckets.
+
+    Rounding is monotonic, so only sums within ``_NEAR`` of the least can round to the least
+    cost: just those are rounded."""
+    least = min(scored)[0]
+    near = least + _NEAR if least < _NEAR_LIMIT else float("inf")
+    key: tuple[float, int] | None = None
+    tier: list[int] = []
+    for raw, free, bucket in scored:
+        if raw <= near:
+            entry = (round(raw, 9), free)
+            if key is None or entry < key:
+                key, tier = entry, [bucket]
+            elif entry == key:
+                tier.append(bucket)
+    gpu: GpuState | None = None
+    rank = index = -1
+    for bucket in tier:
+        for group in buckets[bucket]:
+            for g in group.gpus:
+                r = g.node.rank
+                if gpu is None or r < rank or (r == rank and g.index < index):
+                    gpu, rank, index = g, r, g.index
+    if gpu is None or key is None:
+        raise AssertionError("the first tier has no GPU")
+    return key, gpu
 
 
 def _in_all(unions: Sequence[Sequence[RankSet]], rank: int) -> bool:

@@ -132,6 +132,10 @@ class Plan:
         )
 
 
+_ASSIGNED_LIMIT = 4096
+"""One-device answers remembered per node (``NodeState.assigned``) before they are forgotten."""
+
+
 class SearchBudgetExceededError(Exception):
     """The node's search took more steps than allowed; the node is treated as not fitting."""
 
@@ -165,10 +169,16 @@ class NodeSearch:
     ) -> None:
         self.plan = plan
         self.node = node
-        self.gpus = node.gpus
-        self.masks = [0 if empty else g.mask for g in node.gpus]
-        self.media = [False if empty else g.media_taken for g in node.gpus]
-        self._base_counts = None if empty else [g.counts for g in node.gpus]
+        gpus = self.gpus = node.gpus
+        self.masks: list[int]
+        self.media: list[bool]
+        self._base_counts: list[tuple[int, ...]] | None
+        if empty:
+            self.masks, self.media, self._base_counts = [0] * len(gpus), [False] * len(gpus), None
+        else:
+            self.masks = [g.mask for g in gpus]
+            self.media = [g.media_taken for g in gpus]
+            self._base_counts = [g.counts for g in gpus]
         self._empty = empty
         self._order = order
         self._budget = budget
@@ -218,6 +228,7 @@ class NodeSearch:
         plan = self.plan
         request = plan.device_requests[0]
         counts = self._base_counts
+        assigned = self.node.assigned
         for position, profile, i in self._order.candidates(self, request, range(len(self.gpus))):
             self.steps += 1
             if self.steps > self._budget:
@@ -226,18 +237,25 @@ class NodeSearch:
                 continue
             if counts is None and profile.profile.max_count <= 0:
                 continue
-            placement = profile.placements[i]
-            return (
-                DeviceAssignment(
-                    request=plan.requests[request].name,
-                    node=self.node.name,
-                    gpu_index=self.gpus[position].index,
-                    profile=profile.name,
-                    start=placement.start,
-                    size=placement.size,
-                    media=profile.media,
-                ),
-            )
+            name = plan.requests[request].name
+            key = (name, position, profile.index, i)
+            found = assigned.get(key)
+            if found is None:
+                if len(assigned) >= _ASSIGNED_LIMIT:
+                    assigned.clear()
+                placement = profile.placements[i]
+                found = assigned[key] = (
+                    DeviceAssignment(
+                        request=name,
+                        node=self.node.name,
+                        gpu_index=self.gpus[position].index,
+                        profile=profile.name,
+                        start=placement.start,
+                        size=placement.size,
+                        media=profile.media,
+                    ),
+                )
+            return found
         return None
 
     def positions(self, request: int) -> Sequence[int]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from driver.mig.model import GpuModel
+from driver.placement.request import DeviceAssignment
 from driver.placement.tables import GpuTable, Signature, table_for
 
 if TYPE_CHECKING:
@@ -159,7 +160,7 @@ class GpuState:
 
 
 class NodeState:
-    __slots__ = ("best", "gpus", "name", "rank", "shape", "spec")
+    __slots__ = ("assigned", "best", "gpus", "name", "rank", "shape", "spec")
 
     def __init__(self, spec: NodeSpec) -> None:
         self.spec = spec
@@ -169,3 +170,6 @@ class NodeState:
         self.shape: tuple[GpuTable, ...] = ()
         # sig id -> the best (lowest) level among this node's GPUs; absent if none can fit.
         self.best: dict[int, int] = {}
+        self.assigned: dict[tuple[str, int, int, int], tuple[DeviceAssignment]] = {}
+        """(request name, GPU position, table profile, placement index) -> that one device as a
+        search's answer: assignments are immutable, so equal answers are one object."""

@@ -174,7 +174,10 @@ def replay(
         result = engine.place(pods[(request.profile, request.count)])
         if isinstance(result, Placed):
             engine.commit(result)
-            slices = sum(a.size for a in result.assignments)
+            assignments = result.assignments
+            slices = (
+                assignments[0].size if len(assignments) == 1 else sum(a.size for a in assignments)
+            )
             use.change(slices)
             sequence += 1
             heapq.heappush(departures, (now + request.duration, sequence, result, slices))
