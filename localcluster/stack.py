@@ -70,6 +70,8 @@ __all__ = [
 SAMPLES_DIR = REPO_ROOT / "samples"
 DEFAULT_GPUS = "2xA100-40GB"
 READY_TIMEOUT_S = 60.0
+LOCAL_WEBHOOK_TIMEOUT_S = 15
+"""Seconds kube-apiserver (here: the local API server) waits for our webhook (deploy: 3 and 5)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +282,15 @@ class InstaSliceStack(DaemonStack):
 
     def _register_webhook(self) -> None:
         url = f"https://127.0.0.1:{self.webhook_port}{WEBHOOK_PATH}"
-        apply_object(self.api, webhook_configuration(url=url, ca_bundle=self._ca_bundle))
+        config = webhook_configuration(url=url, ca_bundle=self._ca_bundle)
+        # deploy/base/webhook.yaml's rules, with more time per call: the pods-with-claims hook fails
+        # open after its 3 s, and kube-scheduler then allocates such a pod itself, but this
+        # cluster's scheduler only binds, so here a pod the webhook missed would never run. On a
+        # loaded 2-core machine a first call can take seconds (seen: the demo's Job pod admitted
+        # ungated and left Pending). The real stack keeps the deployed timeouts.
+        for hook in config.get("webhooks") or []:
+            hook["timeoutSeconds"] = LOCAL_WEBHOOK_TIMEOUT_S
+        apply_object(self.api, config)
 
     # --- readiness ------------------------------------------------------------------------------
 
