@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from driver.cluster.cache import IndexedCache, IndexFunc
+from driver.cluster.cache import IndexedCache, IndexFunc, IndexInputs
 from driver.cluster.port import (
     ClusterApi,
     JsonObject,
@@ -148,8 +148,8 @@ class Informer:
     def list(self) -> builtins.list[JsonObject]:
         return self._cache.list()
 
-    def add_index(self, name: str, func: IndexFunc) -> None:
-        self._cache.add_index(name, func)
+    def add_index(self, name: str, func: IndexFunc, *, inputs: IndexInputs | None = None) -> None:
+        self._cache.add_index(name, func, inputs=inputs)
 
     def by_index(self, name: str, value: str) -> builtins.list[JsonObject]:
         return self._cache.by_index(name, value)
