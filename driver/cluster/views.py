@@ -101,7 +101,7 @@ def integer(value: Any, default: int = 0) -> int:
 def path(obj: Any, *keys: str) -> Any:
     """``obj[k1][k2]...`` through JSON objects; ``None`` as soon as one is missing."""
     for key in keys:
-        if not isinstance(obj, Mapping):
+        if type(obj) is not dict and not isinstance(obj, Mapping):  # dict: no ABC check
             return None
         obj = obj.get(key)
     return obj
@@ -481,11 +481,10 @@ class DeviceConfigEntry:
         return isinstance(self.raw.get("opaque"), Mapping)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Allocation:
     results: tuple[DeviceResult, ...]
     config: tuple[DeviceConfigEntry, ...]
-    node_selector: NodeSelector | None
     raw: Mapping[str, Any]
 
     @classmethod
@@ -496,9 +495,14 @@ class Allocation:
         return cls(
             results=tuple(DeviceResult.parse(r) for r in items(devices.get("results"))),
             config=tuple(DeviceConfigEntry.parse(c) for c in items(devices.get("config"))),
-            node_selector=NodeSelector.parse(raw.get("nodeSelector")),
             raw=raw,
         )
+
+    @lazy
+    def node_selector(self) -> NodeSelector | None:
+        """``nodeSelector``, parsed on first read: the allocator's hot readers (occupancy, its
+        post-write check) want only the results, and an allocation is parsed per claim event."""
+        return NodeSelector.parse(self.raw.get("nodeSelector"))
 
     def results_of(self, driver: str) -> tuple[DeviceResult, ...]:
         return tuple(r for r in self.results if r.driver == driver)
