@@ -60,6 +60,16 @@ def _pod(pod: JsonObject | PodView) -> PodView:
     return pod if isinstance(pod, PodView) else PodView.of(pod)
 
 
+def asks_classic(pod: JsonObject | PodView) -> bool:
+    """Whether a container requests or limits a classic MIG resource: ``classic_requests`` of a
+    pod that does not is empty, whatever the profiles."""
+    return _pod(pod).requests_resource(_is_classic_name)
+
+
+def _is_classic_name(name: str) -> bool:
+    return name.startswith(CLASSIC_RESOURCE_PREFIX)
+
+
 def classic_requests(
     pod: JsonObject | PodView, *, profiles: Mapping[str, str]
 ) -> list[ClassicRequest]:

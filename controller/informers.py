@@ -11,7 +11,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from api.names import SHADOW_CLAIM_LABEL, SHIM_LEASE_LABEL, SYSTEM_NAMESPACE
-from driver.cluster.indexes import BY_CLAIM, BY_POD_UID, claim_pod_uids, pod_claim_keys
+from driver.cluster.indexes import (
+    BY_CLAIM,
+    BY_POD_UID,
+    claim_pod_uids,
+    claim_pod_uids_inputs,
+    pod_claim_keys,
+    pod_claim_keys_inputs,
+)
 from driver.cluster.informer import Informer, ListWatch, strip_managed_fields
 from driver.cluster.port import (
     DEVICE_CLASSES,
@@ -112,9 +119,9 @@ class ClusterInformers(_InformerSet):
             nodes=_informer(api, NODES, name),
             shim_leases=_informer(api, LEASES, name, namespace=namespace, label=SHIM_LEASE_LABEL),
         )
-        informers.pods.add_index(BY_CLAIM, pod_claim_keys)
+        informers.pods.add_index(BY_CLAIM, pod_claim_keys, inputs=pod_claim_keys_inputs)
         informers.pods.add_index(BY_UID, _uid)
-        informers.claims.add_index(BY_POD_UID, claim_pod_uids)
+        informers.claims.add_index(BY_POD_UID, claim_pod_uids, inputs=claim_pod_uids_inputs)
         informers.claims.add_index(BY_SHADOW_POD, _shadow_pod)
         return informers
 

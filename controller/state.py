@@ -16,6 +16,7 @@ import heapq
 import itertools
 import logging
 import threading
+from _thread import LockType
 from collections.abc import Callable, Iterable
 
 from controller.candidates import CandidateCache
@@ -40,9 +41,11 @@ class AllocationState:
         self.nodes = NodeFilter()
         self._seen = threading.Lock()
         self._claims_rv = 0
-        self._waiters: list[tuple[int, int, threading.Event]] = []
-        """Heap of (resourceVersion awaited, tie-breaker, event) of ``wait_claims_seen`` callers:
-        a claim event wakes only the workers whose write it covers, not every waiting one."""
+        self._waiters: list[tuple[int, int, LockType]] = []
+        """Heap of (resourceVersion awaited, tie-breaker, held lock) of ``wait_claims_seen``
+        callers: a claim event wakes only the workers whose write it covers, not every waiting
+        one, by releasing their lock (a bare lock: an ``Event`` is a condition variable in Python,
+        a few dozen calls per wait and set)."""
         self._tickets = itertools.count()
         self.generation = 0
         """Bumped by every ``rebuild``: a worker's check spans no rebuild."""
@@ -77,19 +80,21 @@ class AllocationState:
             self._claims_rv = rv
             waiters = self._waiters
             while waiters and waiters[0][0] <= rv:
-                heapq.heappop(waiters)[2].set()
+                heapq.heappop(waiters)[2].release()
 
     def wait_claims_seen(self, rv: int, *, timeout: float) -> bool:
         """Block until the claim informer has delivered an event at or after ``rv``."""
         with self._seen:
             if self._claims_rv >= rv:
                 return True
-            entry = (rv, next(self._tickets), threading.Event())
+            wake = threading.Lock()
+            wake.acquire()
+            entry = (rv, next(self._tickets), wake)
             heapq.heappush(self._waiters, entry)
-        if entry[2].wait(timeout):
+        if wake.acquire(timeout=max(0.0, timeout)):
             return True
         with self._seen:
-            if entry in self._waiters:  # timed out: nobody will set it
+            if entry in self._waiters:  # timed out: nobody will release it
                 self._waiters.remove(entry)
                 heapq.heapify(self._waiters)
             return self._claims_rv >= rv

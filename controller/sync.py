@@ -130,6 +130,14 @@ class PodSync:
                 self._profiles = (version, {classic_resource_name(p): p for p in names})
             return self._profiles[1]
 
+    def _classic_requests(self, pod: PodView) -> list[classic.ClassicRequest]:
+        """``classic.classic_requests``; a pod that asks for no classic resource has none whatever
+        the profiles, and is answered without ``_classic_profiles`` (the state lock, which the
+        workers' decisions hold)."""
+        if not classic.asks_classic(pod):
+            return []
+        return classic.classic_requests(pod, profiles=self._classic_profiles())
+
     def _check_leader(self) -> None:
         if not self._is_leader():
             raise NotLeaderError("not the leader")
@@ -151,7 +159,7 @@ class PodSync:
             if self.config.scheduler_mode:
                 return self._hand_over_in_scheduler_mode(pod)
             dra = dra_claims(pod, claims=self._claim)
-            requests = classic.classic_requests(pod, profiles=self._classic_profiles())
+            requests = self._classic_requests(pod)
             self._check_leader()
             shadow = (
                 [
@@ -249,7 +257,7 @@ class PodSync:
 
     def _hand_over_in_scheduler_mode(self, pod: PodView) -> Result:
         """Scheduler mode: release a classic pod's unused shadow claims, then lift the gate."""
-        requests = classic.classic_requests(pod, profiles=self._classic_profiles())
+        requests = self._classic_requests(pod)
         namespace = pod.namespace or "default"
         shadows = []
         for request in requests:
@@ -276,7 +284,7 @@ class PodSync:
         since = handoff.unbound_since(pod)
         if limit is None or self.config.scheduler_mode or since is None:
             return Result(Outcome.DONE)
-        if classic.classic_requests(pod, profiles=self._classic_profiles()):
+        if self._classic_requests(pod):
             return Result(Outcome.DONE)  # pinned by our nodeSelector for good (``handoff``)
         now = time.monotonic()
         with self._ungated_lock:

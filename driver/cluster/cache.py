@@ -18,6 +18,11 @@ from driver.cluster import views
 from driver.cluster.port import JsonObject, key_for, object_key
 
 IndexFunc = Callable[[JsonObject], Iterable[str]]
+IndexInputs = Callable[[JsonObject], object]
+"""What an index function reads of an object besides its key (``IndexedCache.add_index``)."""
+
+
+_UNSEEN = object()
 
 
 class IndexedCache:
@@ -28,15 +33,28 @@ class IndexedCache:
         # index name -> index value -> object keys; and object key -> its values, to unindex
         self._indexes: dict[str, dict[str, set[str]]] = {}
         self._values: dict[str, dict[str, tuple[str, ...]]] = {}
+        self._inputs: dict[str, IndexInputs] = {}
+        # index name -> object key -> what ``inputs`` gave for the cached version
+        self._seen: dict[str, dict[str, object]] = {}
 
-    def add_index(self, name: str, func: IndexFunc) -> None:
-        """Register an index; objects already cached are indexed at once."""
+    def add_index(self, name: str, func: IndexFunc, *, inputs: IndexInputs | None = None) -> None:
+        """Register an index; objects already cached are indexed at once.
+
+        ``inputs``, when given, returns what ``func`` reads of an object besides its key (compared
+        with ``==``, so it must tell apart whatever ``func`` tells apart: bytes such as
+        ``orjson.dumps`` of the fields). An update whose ``inputs`` equal the replaced version's
+        keeps its index entries without calling ``func``: an object's status changes a few times
+        in its life, the fields an index reads seldom.
+        """
         with self._lock:
             if name in self._index_funcs:
                 raise ValueError(f"index {name!r} already exists")
             self._index_funcs[name] = func
             self._indexes[name] = {}
             self._values[name] = {}
+            if inputs is not None:
+                self._inputs[name] = inputs
+                self._seen[name] = {}
             for key, obj in self._items.items():
                 self._index_one(name, key, obj)
 
@@ -50,8 +68,14 @@ class IndexedCache:
             if old is not obj:
                 views.release(old)
             for name in self._index_funcs:
+                probe: object = _UNSEEN
+                inputs = self._inputs.get(name)
+                if inputs is not None:
+                    probe = inputs(obj)
+                    if old is not None and self._seen[name].get(key, _UNSEEN) == probe:
+                        continue  # what the index function reads is unchanged: so are its values
                 self._unindex_one(name, key)
-                self._index_one(name, key, obj)
+                self._index_one(name, key, obj, probe)
             return old
 
     def remove(self, obj: JsonObject) -> JsonObject | None:
@@ -62,6 +86,8 @@ class IndexedCache:
             views.release(old)
             for name in self._index_funcs:
                 self._unindex_one(name, key)
+            for seen in self._seen.values():
+                seen.pop(key, None)
             return old
 
     def get(self, name: str, *, namespace: str | None = None) -> JsonObject | None:
@@ -104,7 +130,10 @@ class IndexedCache:
             back_refs = sum(len(values) for values in self._values.values())
             return len(self._items) + index_entries + back_refs
 
-    def _index_one(self, name: str, key: str, obj: JsonObject) -> None:
+    def _index_one(self, name: str, key: str, obj: JsonObject, probe: object = _UNSEEN) -> None:
+        inputs = self._inputs.get(name)
+        if inputs is not None:
+            self._seen[name][key] = inputs(obj) if probe is _UNSEEN else probe
         values = tuple(dict.fromkeys(self._index_funcs[name](obj)))
         if not values:
             return

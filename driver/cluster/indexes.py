@@ -6,6 +6,9 @@ Pure functions from an object to the index values it files under (see ``IndexedC
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
+
+import orjson
 
 from driver.cluster.port import JsonObject
 from driver.cluster.views import ClaimView, PodView, path, text
@@ -30,10 +33,35 @@ def claim_pod_uids(claim: JsonObject) -> Iterable[str]:
     return (*view.reserved_pod_uids(), *view.meta.owner_pod_uids())
 
 
+def claim_pod_uids_inputs(claim: JsonObject) -> object:
+    """What ``claim_pod_uids`` reads (``IndexedCache.add_index``'s ``inputs``)."""
+    return _fingerprint(
+        path(claim, "status", "reservedFor"), path(claim, "metadata", "ownerReferences")
+    )
+
+
 def pod_claim_keys(pod: JsonObject) -> Iterable[str]:
     """``namespace/name`` of every ResourceClaim the pod uses: named directly in
     ``spec.resourceClaims`` or generated from a template (``status.resourceClaimStatuses``)."""
     return PodView.of(pod).claim_keys()
+
+
+def pod_claim_keys_inputs(pod: JsonObject) -> object:
+    """What ``pod_claim_keys`` reads (``IndexedCache.add_index``'s ``inputs``)."""
+    return _fingerprint(
+        path(pod, "metadata", "namespace"),
+        path(pod, "spec", "resourceClaims"),
+        path(pod, "status", "resourceClaimStatuses"),
+    )
+
+
+def _fingerprint(*values: Any) -> object:
+    """``values`` as JSON bytes: equal only when the values are (``1``, ``1.0`` and ``true``
+    differ, unlike with ``==``); a value that is not JSON is never equal to anything."""
+    try:
+        return orjson.dumps(values)
+    except TypeError:
+        return object()
 
 
 def spec_node_name(obj: JsonObject) -> Iterable[str]:

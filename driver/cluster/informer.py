@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from driver.cluster.cache import IndexedCache, IndexFunc
+from driver.cluster.cache import IndexedCache, IndexFunc, IndexInputs
 from driver.cluster.port import (
     ClusterApi,
     JsonObject,
@@ -148,8 +148,8 @@ class Informer:
     def list(self) -> builtins.list[JsonObject]:
         return self._cache.list()
 
-    def add_index(self, name: str, func: IndexFunc) -> None:
-        self._cache.add_index(name, func)
+    def add_index(self, name: str, func: IndexFunc, *, inputs: IndexInputs | None = None) -> None:
+        self._cache.add_index(name, func, inputs=inputs)
 
     def by_index(self, name: str, value: str) -> builtins.list[JsonObject]:
         return self._cache.by_index(name, value)
@@ -281,19 +281,20 @@ class Informer:
         return delivered or time.monotonic() - started >= _QUICK_WATCH_S
 
     def _apply(self, event: WatchEvent) -> None:
-        version = resource_version_of(event.object)
-        if self._transform is not None and event.type is not WatchEventType.BOOKMARK:
-            event = WatchEvent(type=event.type, object=self._transform(event.object))
+        kind, obj = event.type, event.object
+        version = resource_version_of(obj)
+        if self._transform is not None and kind is not WatchEventType.BOOKMARK:
+            obj = self._transform(obj)
         with self._dispatch:
-            if event.type is WatchEventType.DELETED:
-                old = self._cache.remove(event.object)
-                self._notify_delete(old if old is not None else event.object)
-            elif event.type is not WatchEventType.BOOKMARK:
-                old = self._cache.upsert(event.object)
+            if kind is WatchEventType.DELETED:
+                old = self._cache.remove(obj)
+                self._notify_delete(old if old is not None else obj)
+            elif kind is not WatchEventType.BOOKMARK:
+                old = self._cache.upsert(obj)
                 if old is None:
-                    self._notify_add(event.object)
+                    self._notify_add(obj)
                 else:
-                    self._notify_update(old, event.object)
+                    self._notify_update(old, obj)
             if version:
                 self._resource_version = version
 

@@ -236,6 +236,8 @@ def metadata(obj: JsonObject) -> JsonObject:
 def _metadata_text(obj: JsonObject, key: str) -> str:
     """A string field of ``metadata``, read as ``views.text`` reads one (``""`` when absent)."""
     value = metadata(obj).get(key)
+    if type(value) is str:  # the common case, without the other checks
+        return value
     return "" if value is None or isinstance(value, dict | list) else str(value)
 
 

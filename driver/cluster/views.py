@@ -101,7 +101,7 @@ def integer(value: Any, default: int = 0) -> int:
 def path(obj: Any, *keys: str) -> Any:
     """``obj[k1][k2]...`` through JSON objects; ``None`` as soon as one is missing."""
     for key in keys:
-        if not isinstance(obj, Mapping):
+        if type(obj) is not dict and not isinstance(obj, Mapping):  # dict: no ABC check
             return None
         obj = obj.get(key)
     return obj
@@ -113,16 +113,18 @@ def path(obj: Any, *keys: str) -> Any:
 _V = TypeVar("_V")
 
 _memo_lock = threading.Lock()
-_adopted: dict[int, JsonObject] = {}
-"""id → object, for every object an informer cache holds now."""
-_memo: dict[tuple[int, str], tuple[JsonObject, Any]] = {}
-"""(id, view kind) → (object, view) for adopted objects only."""
+_adopted: dict[int, tuple[JsonObject, dict[str, Any]]] = {}
+"""id → (object, its views by view kind), for every object an informer cache holds now: releasing
+an object forgets its views in one step."""
 
 
 def adopt(obj: JsonObject) -> None:
     """An informer cache now holds ``obj`` (read-only from here on): views of it may be kept."""
+    key = id(obj)
     with _memo_lock:
-        _adopted[id(obj)] = obj
+        held = _adopted.get(key)
+        if held is None or held[0] is not obj:
+            _adopted[key] = (obj, {})
 
 
 def release(obj: JsonObject | None) -> None:
@@ -131,32 +133,28 @@ def release(obj: JsonObject | None) -> None:
         return
     key = id(obj)
     with _memo_lock:
-        if _adopted.get(key) is obj:
+        held = _adopted.get(key)
+        if held is not None and held[0] is obj:
             del _adopted[key]
-            for kind in _KINDS:
-                _memo.pop((key, kind), None)
 
 
 def memo_size() -> int:
     """Views kept (for tests and metrics: bounded by the objects the caches hold)."""
     with _memo_lock:
-        return len(_memo)
-
-
-_KINDS: list[str] = []
+        return sum(len(kept) for _, kept in _adopted.values())
 
 
 def _memoized(kind: str, obj: JsonObject, parse: Callable[[JsonObject], _V]) -> _V:
-    key = (id(obj), kind)
-    hit = _memo.get(key)
-    if hit is not None and hit[0] is obj:
-        view: _V = hit[1]
-        return view
-    parsed = parse(obj)
-    with _memo_lock:
-        if _adopted.get(id(obj)) is obj:
-            _memo[key] = (obj, parsed)
-    return parsed
+    held = _adopted.get(id(obj))
+    if held is None or held[0] is not obj:
+        return parse(obj)  # not in a cache (an API response, an admission request)
+    kept = held[1]
+    view: _V | None = kept.get(kind)
+    if view is None:
+        # two threads may both parse a first read: equal views, either may stay; a view kept
+        # after a concurrent release goes with the forgotten entry
+        view = kept[kind] = parse(obj)
+    return view
 
 
 class lazy(Generic[_V]):  # noqa: N801 - used as a decorator, like property
@@ -195,11 +193,6 @@ class _View:
 
     __slots__ = ()
     KIND: ClassVar[str] = ""
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if cls.KIND:
-            _KINDS.append(cls.KIND)
 
     @classmethod
     def parse(cls, obj: JsonObject) -> Self:
@@ -481,11 +474,10 @@ class DeviceConfigEntry:
         return isinstance(self.raw.get("opaque"), Mapping)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Allocation:
     results: tuple[DeviceResult, ...]
     config: tuple[DeviceConfigEntry, ...]
-    node_selector: NodeSelector | None
     raw: Mapping[str, Any]
 
     @classmethod
@@ -496,9 +488,14 @@ class Allocation:
         return cls(
             results=tuple(DeviceResult.parse(r) for r in items(devices.get("results"))),
             config=tuple(DeviceConfigEntry.parse(c) for c in items(devices.get("config"))),
-            node_selector=NodeSelector.parse(raw.get("nodeSelector")),
             raw=raw,
         )
+
+    @lazy
+    def node_selector(self) -> NodeSelector | None:
+        """``nodeSelector``, parsed on first read: the allocator's hot readers (occupancy, its
+        post-write check) want only the results, and an allocation is parsed per claim event."""
+        return NodeSelector.parse(self.raw.get("nodeSelector"))
 
     def results_of(self, driver: str) -> tuple[DeviceResult, ...]:
         return tuple(r for r in self.results if r.driver == driver)

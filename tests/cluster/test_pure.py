@@ -151,6 +151,45 @@ def test_index_added_late_covers_existing_objects() -> None:
         cache.by_index("nope", "x")
 
 
+def test_index_with_inputs_skips_the_function_only_when_its_inputs_are_unchanged() -> None:
+    calls: list[str] = []
+
+    def keys(pod: JsonObject) -> list[str]:
+        calls.append(pod["metadata"]["resourceVersion"])
+        return list(indexes.pod_claim_keys(pod))
+
+    cache = IndexedCache()
+    cache.add_index("claim", keys, inputs=indexes.pod_claim_keys_inputs)
+    claims = {"resourceClaims": [{"name": "a", "resourceClaimName": "c1"}]}
+    cache.upsert(obj("p", "1", spec=claims))
+    cache.upsert(obj("p", "2", spec=claims, status={"nominatedNodeName": "n"}))  # status only
+    assert calls == ["1"]
+    assert [o["metadata"]["resourceVersion"] for o in cache.by_index("claim", "ns/c1")] == ["2"]
+    moved = {"resourceClaims": [{"name": "a", "resourceClaimName": "c2"}]}
+    cache.upsert(obj("p", "3", spec=moved))
+    assert calls == ["1", "3"]
+    assert cache.by_index("claim", "ns/c1") == []
+    assert [o["metadata"]["resourceVersion"] for o in cache.by_index("claim", "ns/c2")] == ["3"]
+    generated = {"resourceClaimStatuses": [{"name": "a", "resourceClaimName": "g"}]}
+    cache.upsert(obj("p", "4", spec=moved, status=generated))
+    assert calls == ["1", "3", "4"]
+    cache.remove(obj("p", ""))
+    cache.upsert(obj("p", "5", spec=moved))  # re-created: indexed afresh
+    assert calls == ["1", "3", "4", "5"]
+    assert [o["metadata"]["resourceVersion"] for o in cache.by_index("claim", "ns/c2")] == ["5"]
+    # ``==`` would take 1 for true; the inputs do not
+    assert indexes.pod_claim_keys_inputs(obj("p", "1", spec={"resourceClaims": [1]})) != (
+        indexes.pod_claim_keys_inputs(obj("p", "1", spec={"resourceClaims": [True]}))
+    )
+    shadow = obj("s", "1", status={"reservedFor": [{"resource": "pods", "uid": "u1"}]})
+    assert indexes.claim_pod_uids_inputs(shadow) != indexes.claim_pod_uids_inputs(
+        obj("s", "2", status={"reservedFor": [{"resource": "pods", "uid": "u2"}]})
+    )
+    assert indexes.claim_pod_uids_inputs(shadow) == indexes.claim_pod_uids_inputs(
+        obj("s", "2", status={"reservedFor": [{"resource": "pods", "uid": "u1"}], "x": 1})
+    )
+
+
 def test_token_bucket_allows_a_burst_then_spaces_requests_at_qps() -> None:
     clock = FakeClock()
     bucket = TokenBucket(qps=10, burst=3, clock=clock)
