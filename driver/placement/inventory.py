@@ -436,6 +436,19 @@ class Inventory:
                 if not bucketed:
                     del buckets[bucket]
 
+    def _move_group(self, gpu: GpuState, entering: StateGroup) -> None:
+        """``_leave_state`` then ``_join``, inline where neither group empties nor fills."""
+        group = gpu.group
+        if group is not None and len(group.gpus) > 1:
+            del group.gpus[gpu]
+        else:
+            self._leave_state(gpu)
+        if entering.gpus:
+            entering.gpus[gpu] = None
+            gpu.group = entering
+        else:
+            self._join(gpu, entering)
+
     def _refresh(self, node: NodeState, gpu: GpuState, added: Occupant | None = None) -> None:
         """Bring the GPU's state and every index up to date after its occupants changed
         (``added``: the one occupant appended since the last refresh, if that is all)."""
@@ -460,8 +473,7 @@ class Inventory:
         gpu.caps = step.caps
         gpu.key = step.key
         if step.moves_group:
-            self._leave_state(gpu)
-            self._join(gpu, step.group)  # type: ignore[arg-type]
+            self._move_group(gpu, step.group)  # type: ignore[arg-type]
         if step.moved:
             free_instances = self._free_instances
             for name, delta in step.moved:
