@@ -178,12 +178,13 @@ class Engine:
         inventory = self.inventory
         inventory.ensure_ranked()
         plan, conditions = self._plan(pod)
-        stats = _Stats()
+        # Counted in locals: a ``_Stats`` is built only for a refusal (not on every decision).
+        candidates = filtered = gave_up = rejections = failed = 0
         if conditions is not None:
             for node in self.policy.nodes(inventory, plan, conditions):
-                stats.candidates += 1
+                candidates += 1
                 if node_filter is not None and not node_filter(node.name):
-                    stats.filtered += 1
+                    filtered += 1
                     continue
                 search = NodeSearch(plan, node, self.policy, budget=self._budget)
                 try:
@@ -194,10 +195,10 @@ class Engine:
                         node.name,
                         search.steps,
                     )
-                    stats.gave_up += 1
+                    gave_up += 1
                     continue
                 finally:
-                    stats.predicate_rejections += search.predicate_rejections
+                    rejections += search.predicate_rejections
                 if found is not None:
                     known = self._placed.get(id(found))
                     if known is not None and known.assignments is found:
@@ -206,7 +207,13 @@ class Engine:
                         self._placed.clear()
                     placed = self._placed[id(found)] = Placed(node=node.name, assignments=found)
                     return placed
-                stats.failed += 1
+                failed += 1
+        stats = _Stats()
+        stats.candidates = candidates
+        stats.filtered = filtered
+        stats.failed = failed
+        stats.gave_up = gave_up
+        stats.predicate_rejections = rejections
         return self._no_fit(plan, conditions or [], stats)
 
     def _plan(self, pod: PodRequest) -> tuple[Plan, list[Condition] | None]:

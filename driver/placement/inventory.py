@@ -115,6 +115,54 @@ class StateGroup:
 MAX_KNOWN_STATES = 1 << 16
 """State groups kept (with their memos) while no GPU is in their state; past it the empty ones go."""
 
+MAX_STEPS = 1 << 17
+"""GPU state transitions kept (see :class:`_Step`); past it they are all dropped and rebuilt."""
+
+
+class _Step:
+    """What one change (an occupant added, or a release leading to a given state) does to a GPU in
+    one state: its new state, what that state derives, and what moves in the indexes. Worked out
+    once per (state, change), so a GPU change is one dict lookup."""
+
+    __slots__ = (
+        "caps",
+        "changed",
+        "counts",
+        "group",
+        "key",
+        "levels",
+        "mask",
+        "media",
+        "moved",
+        "moves_group",
+        "occupant",
+        "used",
+    )
+
+    def __init__(
+        self,
+        gpu: GpuState,
+        old_key: StateKey,
+        moved: tuple[tuple[str, int], ...],
+        levels: tuple[int, ...],
+        changed: tuple[tuple[SignatureIndex, int, int], ...],
+        group: "StateGroup | None",
+        occupant: Occupant | None,
+    ) -> None:
+        self.mask = gpu.mask
+        self.media = gpu.media_taken
+        self.counts = gpu.counts
+        self.used = gpu.used
+        self.caps = gpu.caps
+        self.key = gpu.key
+        self.moves_group = group is not None and gpu.key != old_key
+        self.group = group
+        self.moved = moved
+        self.levels = levels
+        self.changed = changed
+        self.occupant = occupant
+        """The occupant added (held so that its id, the step's key, stays its own)."""
+
 
 class Inventory:
     """Mutable cluster state with incremental indexes. Not thread-safe: serialise callers.
@@ -162,6 +210,8 @@ class Inventory:
         self._level_diffs: dict[
             tuple[GpuTable, int, int], tuple[tuple[SignatureIndex, int, int], ...]
         ] = {}
+        self._steps: dict[tuple[StateKey, object], _Step] = {}
+        """(state, id of the occupant added or the state a release leads to) -> its step."""
         for spec in nodes:
             self.set_node(spec)
 
@@ -335,12 +385,19 @@ class Inventory:
     def occupants(self, node: str, gpu_index: int) -> tuple[Occupant, ...]:
         return tuple(self._occupants.get((node, gpu_index), ()))
 
-    def _enter_state(self, gpu: GpuState, key: StateKey) -> None:
+    def _group_for(self, key: StateKey) -> StateGroup:
         group = self._states.get(key)
         if group is None:
             if len(self._states) >= MAX_KNOWN_STATES:
                 self._states = {k: g for k, g in self._states.items() if g.gpus}
+                self._steps = {}  # steps may name the groups just dropped
             group = self._states[key] = StateGroup(key)
+        return group
+
+    def _enter_state(self, gpu: GpuState, key: StateKey) -> None:
+        self._join(gpu, self._group_for(key))
+
+    def _join(self, gpu: GpuState, group: StateGroup) -> None:
         members = group.gpus
         if not members:
             self._live[group] = None
@@ -379,52 +436,57 @@ class Inventory:
                 if not bucketed:
                     del buckets[bucket]
 
+    def _move_group(self, gpu: GpuState, entering: StateGroup) -> None:
+        """``_leave_state`` then ``_join``, inline where neither group empties nor fills."""
+        group = gpu.group
+        if group is not None and len(group.gpus) > 1:
+            del group.gpus[gpu]
+        else:
+            self._leave_state(gpu)
+        if entering.gpus:
+            entering.gpus[gpu] = None
+            gpu.group = entering
+        else:
+            self._join(gpu, entering)
+
     def _refresh(self, node: NodeState, gpu: GpuState, added: Occupant | None = None) -> None:
         """Bring the GPU's state and every index up to date after its occupants changed
         (``added``: the one occupant appended since the last refresh, if that is all)."""
-        old_caps, old_levels, old_key = gpu.caps, gpu.levels, gpu.key
+        old_key = gpu.key
         if added is not None:
-            gpu.add(added)
+            step_key: tuple[StateKey, object] = (old_key, id(added))
+            step = self._steps.get(step_key)
+            if step is None:
+                step = self._step(gpu, added)
+                self._steps[step_key] = step
         else:
-            gpu.derive()
-        if self.track_states and gpu.key != old_key:
-            self._leave_state(gpu)
-            self._enter_state(gpu, gpu.key)
-        if gpu.caps is not old_caps:
-            # Capacity tuples are shared per state (``GpuTable.capacities``), so what changes
-            # between two of them is worked out once per pair.
-            pair = (id(old_caps), id(gpu.caps))
-            moved = self._caps_diffs.get(pair)
-            if moved is None:
-                moved = self._caps_diffs[pair] = tuple(
-                    (profile.name, new - old)
-                    for profile, old, new in zip(
-                        gpu.table.profiles, old_caps, gpu.caps, strict=True
-                    )
-                    if new != old
-                )
+            new_key = gpu.derived_key()
+            step_key = (old_key, new_key)
+            step = self._steps.get(step_key)
+            if step is None:
+                step = self._step(gpu, None)
+                self._steps[step_key] = step
+        gpu.mask = step.mask
+        gpu.media_taken = step.media
+        gpu.counts = step.counts
+        gpu.used = step.used
+        gpu.caps = step.caps
+        gpu.key = step.key
+        if step.moves_group:
+            self._move_group(gpu, step.group)  # type: ignore[arg-type]
+        if step.moved:
             free_instances = self._free_instances
-            for name, delta in moved:
+            for name, delta in step.moved:
                 free_instances[name] += delta
-        levels = self._levels_for(gpu)
-        if levels is old_levels:
+        changed = step.changed
+        if not changed:
+            gpu.levels = step.levels
             return
-        gpu.levels = levels
+        gpu.levels = step.levels
         graded = self.track_levels
         update_sets = not self._ranks_dirty
         node_best = node.best
         rank = node.rank
-        # Level vectors are interned, so the signatures whose level differs between two of them
-        # are computed once per pair (ids are stable: ``_level_vectors`` holds every vector).
-        diff_key = (gpu.table, id(old_levels), id(levels))
-        changed = self._level_diffs.get(diff_key)
-        if changed is None:
-            changed = tuple(
-                (sig, levels[sig.id], old_levels[sig.id])
-                for sig in self._sigs_for(gpu.table)
-                if levels[sig.id] != old_levels[sig.id]
-            )
-            self._level_diffs[diff_key] = changed
         for sig, new, old in changed:
             sig_id = sig.id
             old_best = node_best.get(sig_id, -1)
@@ -455,6 +517,49 @@ class Inventory:
                 sig.discard(rank, old_best, graded=graded)
             elif graded:
                 sig.move(rank, old_best, best)
+
+    def _step(self, gpu: GpuState, added: Occupant | None) -> _Step:
+        """Work out a step the long way, from the GPU as it is now (still in its old state, its
+        occupants already changed); the GPU's derived fields are left in the new state."""
+        if len(self._steps) >= MAX_STEPS:
+            self._steps = {}
+        old_caps, old_levels, old_key = gpu.caps, gpu.levels, gpu.key
+        if added is not None:
+            gpu.add(added)
+        else:
+            gpu.derive()
+        moved: tuple[tuple[str, int], ...] = ()
+        if gpu.caps is not old_caps:
+            # Capacity tuples are shared per state (``GpuTable.capacities``), so what changes
+            # between two of them is worked out once per pair.
+            pair = (id(old_caps), id(gpu.caps))
+            cached = self._caps_diffs.get(pair)
+            if cached is None:
+                cached = self._caps_diffs[pair] = tuple(
+                    (profile.name, new - old)
+                    for profile, old, new in zip(
+                        gpu.table.profiles, old_caps, gpu.caps, strict=True
+                    )
+                    if new != old
+                )
+            moved = cached
+        levels = self._levels_for(gpu)
+        changed: tuple[tuple[SignatureIndex, int, int], ...] = ()
+        if levels is not old_levels:
+            # Level vectors are interned, so the signatures whose level differs between two of
+            # them are computed once per pair (ids are stable: ``_level_vectors`` holds them all).
+            diff_key = (gpu.table, id(old_levels), id(levels))
+            diff = self._level_diffs.get(diff_key)
+            if diff is None:
+                diff = tuple(
+                    (sig, levels[sig.id], old_levels[sig.id])
+                    for sig in self._sigs_for(gpu.table)
+                    if levels[sig.id] != old_levels[sig.id]
+                )
+                self._level_diffs[diff_key] = diff
+            changed = diff
+        group = self._group_for(gpu.key) if self.track_states else None
+        return _Step(gpu, old_key, moved, levels, changed, group, added)
 
     def _levels_for(self, gpu: GpuState) -> tuple[int, ...]:
         """The GPU's level for every indexed signature (by sig id), shared by equal GPU states.
@@ -503,6 +608,7 @@ class Inventory:
         self._level_cache = {}
         self._level_vectors = {}
         self._level_diffs = {}
+        self._steps = {}
         for node in self._nodes.values():
             best = -1
             for gpu in node.gpus:

@@ -420,6 +420,8 @@ def _weight(slices: int, free: int) -> float:
 
 
 _SIZES: dict[GpuTable, tuple[tuple[str, int], ...]] = {}
+_SMALL_SIZES: dict[GpuTable, bool] = {}
+"""Whether every profile of the table has under 64 memory slices (``_weight``'s key fits)."""
 
 
 def _sizes(table: GpuTable) -> tuple[tuple[str, int], ...]:
@@ -427,6 +429,7 @@ def _sizes(table: GpuTable) -> tuple[tuple[str, int], ...]:
     found = _SIZES.get(table)
     if found is None:
         found = _SIZES[table] = tuple((p.name, p.profile.memory_slices) for p in table.profiles)
+        _SMALL_SIZES[table] = all(slices < 64 for _, slices in found)
     return found
 
 
@@ -459,16 +462,20 @@ class Scarcity:
         weights = self._weights.get(table)
         if weights is None:
             free = self._free.get
-            known = _WEIGHTS.get(SCARCITY_EXPONENT)
-            computed: list[float] = []
-            for name, slices in _sizes(table):
-                left = free(name, 0)
-                # ``_weight``, its remembered answers looked up inline (this runs every decision).
-                weight = (
-                    known.get((left << 6) | slices) if known is not None and slices < 64 else None
+            sizes = _sizes(table)
+            if _SMALL_SIZES[table]:
+                # ``_weight``, its remembered answers looked up inline (this runs every decision;
+                # a weight is never 0, so ``or`` falls back only when it is not known yet).
+                known = _WEIGHTS.setdefault(SCARCITY_EXPONENT, {}).get
+                weights = tuple(
+                    [
+                        known((free(name, 0) << 6) | slices) or _weight(slices, free(name, 0))
+                        for name, slices in sizes
+                    ]
                 )
-                computed.append(_weight(slices, left) if weight is None else weight)
-            weights = self._weights[table] = tuple(computed)
+            else:
+                weights = tuple([_weight(slices, free(name, 0)) for name, slices in sizes])
+            self._weights[table] = weights
         return weights
 
     def _cost(self, vector: int) -> float:

@@ -101,6 +101,11 @@ class GpuState:
 
     def derive(self) -> None:
         """Recompute mask, media and per-profile counts from the occupants."""
+        _, mask, media, counts = self.derived_key()
+        self._set(mask, media, counts)
+
+    def derived_key(self) -> StateKey:
+        """The state key :meth:`derive` would give, without changing anything."""
         table = self.table
         model_media = table.media_names
         by_name = table.profile_by_name
@@ -116,7 +121,7 @@ class GpuState:
                 profile = by_name.get(name)
                 if profile is not None:
                     counts[profile.index] += 1
-        self._set(mask & table.full_mask, media, tuple(counts))
+        return (table, mask & table.full_mask, media, tuple(counts))
 
     def add(self, occupant: Occupant) -> None:
         """What :meth:`derive` gives after ``occupant`` was appended to the occupants, without
