@@ -102,6 +102,7 @@ from driver.cluster.port import (
 )
 from driver.cluster.throttle import ClientSettings
 from driver.errors import AlreadyExistsError, ApiNotFoundError, ClusterError, ConflictError
+from localcluster.daemonstack import local_metrics
 from localcluster.manifests import (
     MUTATING_WEBHOOK_CONFIGURATIONS,
     NAMESPACES,
@@ -445,12 +446,7 @@ class _Controller:
 
     def scrape(self) -> str:
         """The controller's /metrics (with its webhook process's); empty if unreadable."""
-        try:
-            url = f"http://127.0.0.1:{self.metrics}/metrics"
-            with urllib.request.urlopen(url, timeout=5) as reply:
-                return str(reply.read().decode())
-        except OSError:
-            return ""
+        return local_metrics(self.metrics)
 
     def pids(self) -> tuple[int, int | None]:
         webhook = children(self.process.pid)

@@ -161,6 +161,15 @@ def write_webhook_certificates(
     return ca_cert
 
 
+def local_metrics(port: int) -> str:
+    """``/metrics`` of a daemon on 127.0.0.1:``port``; empty if it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            return str(reply.read().decode())
+    except OSError:
+        return ""
+
+
 def webhook_configuration(
     *, url: str, ca_bundle: bytes, source: Path = DEPLOY_BASE / "webhook.yaml"
 ) -> JsonObject:
@@ -192,12 +201,7 @@ class DaemonStack(ABC):
 
     def controller_metrics(self) -> str:
         """That controller's ``/metrics`` (with its webhook process's figures); empty if down."""
-        try:
-            url = f"http://127.0.0.1:{self.controller_metrics_port}/metrics"
-            with urllib.request.urlopen(url, timeout=5) as reply:
-                return str(reply.read().decode())
-        except OSError:
-            return ""
+        return local_metrics(self.controller_metrics_port)
 
     @property
     @abstractmethod
