@@ -4,10 +4,11 @@ The child runs ``python -m controller.webhook_process`` with the controller's ow
 environment, and with it every ``INSTASLICE_*`` variable, is inherited), minus the health endpoint,
 which stays the controller's, and with its ``/metrics`` on a loopback port it announces
 (``METRICS_LINE``): ``scrape`` reads them there for the controller's ``/metrics``, so one scrape
-target shows both processes. It reports ``READY_LINE`` on its stdout once it serves; ``ready`` is true from then until it exits. A child that exits while the controller runs is
-started again after a back-off (0.5 s, doubling up to 30 s; reset after a child lived a minute),
-and the controller's readiness probe reports the gap. The child ends with the controller, even one
-killed with ``SIGKILL`` (``driver.daemon.lifeline``).
+target shows both processes. It reports ``READY_LINE`` on its stdout once it serves; ``ready`` is
+true from then until it exits. A child that exits while the controller runs is started again
+after a back-off (0.5 s, doubling up to 30 s; reset after a child lived a minute), and the
+controller's readiness probe reports the gap. The child ends with the controller, even one killed
+with ``SIGKILL`` (``driver.daemon.lifeline``).
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Sequence
 from typing import Final
 
 from controller.webhook_process import METRICS_LINE, PARENT_PID_ENV, READY_LINE
+from driver.daemon.http import scrape_loopback
 
 logger = logging.getLogger(__name__)
 
@@ -62,15 +63,7 @@ class WebhookChild:
         them, or if it does not answer in time (a scrape of the controller must not fail for it)."""
         with self._lock:
             port = self._metrics_port
-        if port is None:
-            return b""
-        try:
-            url = f"http://127.0.0.1:{port}/metrics"
-            with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as reply:
-                return bytes(reply.read())
-        except OSError as exc:
-            logger.debug("webhook process metrics unreadable: %s", exc)
-            return b""
+        return b"" if port is None else scrape_loopback(port, timeout=SCRAPE_TIMEOUT_S)
 
     def start(self) -> None:
         if self._thread is not None:

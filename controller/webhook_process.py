@@ -14,8 +14,9 @@ webhook, certificate, client and log settings and ignores the rest. It can also 
 figures (``metrics.WebhookMetrics``: answers by status and decision, the server-side time of each)
 are served on 127.0.0.1 when the controller started it, and the controller's ``/metrics`` adds
 them to its own: one scrape target per pod, as before the webhook had a process of its own.
-The server opens its port only once the caches are synced and the slice inventory is built (at hundreds of nodes that takes seconds: never
-on an admission's path; later slice changes are applied by a thread of their own), then
+The server opens its port only once the caches are synced and the slice inventory is built (at
+hundreds of nodes that takes seconds: never on an admission's path; later slice changes are applied
+by a thread of their own), then
 ``gc.freeze()`` moves everything loaded so far out of the collector's reach, so the cached objects
 are not scanned again on every collection.
 

@@ -184,24 +184,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer_post(self) -> tuple[HTTPStatus, dict[str, Any] | None]:
         """Answer the POST; what was sent: its status and, for a 200, the AdmissionReview."""
-        # Refused before its body is read: the connection closes after the answer, or the unread
-        # body would be taken for the next request on it.
         # kube-apiserver appends ?timeout=<n>s to the configured path
         if urlsplit(self.path).path not in self.server.paths:
-            self.close_connection = True
-            return self._status(HTTPStatus.NOT_FOUND, f"no webhook at {urlsplit(self.path).path}")
+            return self._refuse(HTTPStatus.NOT_FOUND, f"no webhook at {urlsplit(self.path).path}")
         length_header = self.headers.get("Content-Length")
         if length_header is None:
-            self.close_connection = True
-            return self._status(HTTPStatus.LENGTH_REQUIRED, "Content-Length is required")
+            return self._refuse(HTTPStatus.LENGTH_REQUIRED, "Content-Length is required")
         try:
             length = int(length_header)
         except ValueError:
-            self.close_connection = True
-            return self._status(HTTPStatus.BAD_REQUEST, "bad Content-Length")
+            return self._refuse(HTTPStatus.BAD_REQUEST, "bad Content-Length")
         if not 0 <= length <= MAX_BODY_BYTES:
-            self.close_connection = True
-            return self._status(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "body too large")
+            return self._refuse(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "body too large")
         body = self.rfile.read(length)
         try:
             review = orjson.loads(body)
@@ -217,6 +211,12 @@ class _Handler(BaseHTTPRequestHandler):
             )
         self._send(HTTPStatus.OK, orjson.dumps(answer), content_type="application/json")
         return HTTPStatus.OK, answer
+
+    def _refuse(self, code: HTTPStatus, message: str) -> tuple[HTTPStatus, None]:
+        """An error answer before the body is read: the connection closes after it, or the unread
+        body would be taken for the next request on it."""
+        self.close_connection = True
+        return self._status(code, message)
 
     def _status(self, code: HTTPStatus, message: str) -> tuple[HTTPStatus, None]:
         status = {

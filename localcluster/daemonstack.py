@@ -14,7 +14,6 @@ import copy
 import socket
 import ssl
 import time
-import urllib.request
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from controller.certificates import generate_ca, issue_serving_certificate
 from controller.status import ClusterView, mig_uuids_from_checkpoints, read_view
 from driver.checkpoint import CHECKPOINT_FILE_NAME
 from driver.cluster.port import LEASES, RESOURCE_SLICES, ClusterApi, JsonObject
+from driver.daemon.http import scrape_loopback
 from driver.errors import ApiNotFoundError, ConfigError
 from driver.resourceslices import complete_pools
 from localcluster.manifests import MUTATING_WEBHOOK_CONFIGURATIONS, load_file
@@ -163,11 +163,7 @@ def write_webhook_certificates(
 
 def local_metrics(port: int) -> str:
     """``/metrics`` of a daemon on 127.0.0.1:``port``; empty if it does not answer."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-            return str(reply.read().decode())
-    except OSError:
-        return ""
+    return scrape_loopback(port, timeout=5.0).decode()
 
 
 def webhook_configuration(

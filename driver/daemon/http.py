@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -120,3 +121,14 @@ def endpoints_by_address(
         )
         for address, paths in served.items()
     }
+
+
+def scrape_loopback(port: int, *, timeout: float) -> bytes:
+    """``/metrics`` of a daemon serving on 127.0.0.1:``port``; empty if it does not answer in
+    ``timeout`` seconds (whoever asks goes on without it)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as reply:
+            return bytes(reply.read())
+    except OSError as exc:
+        logger.debug("no metrics from 127.0.0.1:%d: %s", port, exc)
+        return b""
