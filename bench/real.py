@@ -397,7 +397,7 @@ class _Controller:
             start_new_session=True,
         )  # fmt: skip
         if nice:  # the session's autogroup: this process and the webhook process it starts
-            Path(f"/proc/{self.process.pid}/autogroup").write_text(f"{nice}\n")
+            _renice(self.process.pid, nice, what="--controller-nice: the controller")
         self._wait_ready()
         if webhook:
             apply_object(api, webhook_configuration(url=url, ca_bundle=ca))
@@ -629,7 +629,7 @@ def _round(
                 extra=options.controller_args.split(),
                 webhook=path in ("controller", "stubhook"),
                 stub=_stub(options) if path == "stubhook" else None,
-                nice=getattr(options, "controller_nice", 0),
+                nice=options.controller_nice,
             )
             if path in ("controller", "pregated", "stubhook")
             else None
@@ -750,10 +750,15 @@ def _renice_control_plane(nice: int) -> None:
     for name, pid in _component_pids().items():
         if pid is None:
             raise SystemExit(f"bench real: --control-plane-nice: no pid for {name}")
-        try:
-            Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
-        except OSError as error:
-            raise SystemExit(f"bench real: --control-plane-nice: {name}: {error}") from None
+        _renice(pid, nice, what=f"--control-plane-nice: {name}")
+
+
+def _renice(pid: int, nice: int, *, what: str) -> None:
+    """Weight the autogroup (session) of ``pid`` like a nice value ``nice``."""
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
+    except OSError as error:
+        raise SystemExit(f"bench real: {what}: {error}") from None
 
 
 def _stub(options: argparse.Namespace) -> str:
