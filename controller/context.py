@@ -8,11 +8,12 @@ one rebuilds its state).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from threading import RLock
 from typing import Protocol
 
 from api.names import DEVICE_CLASS_ANY, profile_device_class
+from controller.inventory import SliceInventory
 from controller.podclaims import is_our_class
-from controller.state import AllocationState
 from driver.cluster.informer import Informer
 from driver.cluster.views import ClaimTemplateView, ClaimView, DeviceClassView
 from driver.mig.catalog import CATALOG
@@ -33,8 +34,20 @@ class AdmissionCaches(Protocol):
     def classes(self) -> Informer: ...
 
 
+class SliceSource(Protocol):
+    """The slice inventory admission reads (``AllocationState`` or the webhook's ``SliceState``)."""
+
+    @property
+    def lock(self) -> RLock: ...
+
+    @property
+    def inventory(self) -> SliceInventory: ...
+
+    def refresh(self) -> set[str]: ...
+
+
 class CacheAdmissionContext:
-    def __init__(self, *, informers: AdmissionCaches, state: AllocationState) -> None:
+    def __init__(self, *, informers: AdmissionCaches, state: SliceSource) -> None:
         self._informers = informers
         self._state = state
         self._max: tuple[tuple[int, int], dict[str, int]] = ((0, -1), {})

@@ -103,7 +103,7 @@ def gpu_model_of(devices: list[PublishedDevice]) -> GpuModel:
     )
 
 
-def _build_pool(node: str, pool_slices: list[JsonObject]) -> Pool:
+def _build_pool(node: str, pool_slices: list[JsonObject], *, selectors: bool = True) -> Pool:
     devices = {d.name: d for d in parse_devices(pool_slices)}
     views: list[DeviceView] = []
     for slice_obj in pool_slices:
@@ -111,10 +111,13 @@ def _build_pool(node: str, pool_slices: list[JsonObject]) -> Pool:
             if published.name not in devices:
                 continue
             try:
-                views.append(device_view_from_slice(slice_obj, published.raw))
+                view = device_view_from_slice(slice_obj, published.raw)
             except ConfigError as exc:
                 logger.warning("skipping a device of node %s: %s", node, exc)
                 devices.pop(published.name, None)
+                continue
+            if selectors:
+                views.append(view)
     generation = SliceView.of(pool_slices[0]).pool_generation if pool_slices else 0
     by_gpu: dict[int, list[PublishedDevice]] = {}
     for device in devices.values():
@@ -158,8 +161,16 @@ def node_spec_of(pool: Pool) -> NodeSpec:
 
 
 class SliceInventory:
-    def __init__(self, engine: Engine) -> None:
+    """Our driver's complete pools, node by node, fed by slice events and applied by ``refresh``.
+
+    ``engine`` (None: none) gets every node's GPUs for placement; ``selectors`` keeps each device's
+    ``DeviceView`` for CEL selectors. The webhook process needs neither — only which profiles are
+    published and how many fit one GPU — and builds its inventory without them: about a third of
+    the memory per node (docs/design.md, "Memory")."""
+
+    def __init__(self, engine: Engine | None, *, selectors: bool = True) -> None:
         self._engine = engine
+        self._selectors = selectors
         self._slices: dict[str, JsonObject] = {}
         self._slices_by_pool: dict[str, set[str]] = {}
         self._dirty: set[str] = set()
@@ -210,18 +221,19 @@ class SliceInventory:
                     continue  # a new generation is being published: keep the last complete one
                 if old is not None:
                     del self._pools[pool_name]
-                    self._engine.remove_node(old.node)
+                    if self._engine is not None:
+                        self._engine.remove_node(old.node)
                     changed.add(old.node)
                 continue
             node = SliceView.of(complete[0]).node_name or pool_name
-            pool = _build_pool(node, complete)
+            pool = _build_pool(node, complete, selectors=self._selectors)
             if old is not None and old.devices == pool.devices:
                 self._pools[pool_name] = pool  # same devices; keep the newer views
                 continue
             self._pools[pool_name] = pool
-            if pool.devices:
+            if self._engine is not None and pool.devices:
                 self._engine.set_node(node_spec_of(pool))
-            else:
+            elif self._engine is not None:
                 self._engine.remove_node(node)
             changed.add(node)
         self._dirty.clear()

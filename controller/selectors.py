@@ -52,6 +52,7 @@ reads, which the verdict cache above is keyed by.
 from __future__ import annotations
 
 import re
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -169,28 +170,49 @@ def _device_view(slice_view: SliceView, device_obj: Mapping[str, Any]) -> Device
     attributes: dict[str, dict[str, AttributeValue]] = {}
     for qualified, raw in views.mapping(views.path(body, "attributes")).items():
         domain, short = split_qualified_name(qualified, default_domain=driver)
-        attributes.setdefault(domain, {})[short] = _attribute_value(
+        attributes.setdefault(domain, {})[sys.intern(short)] = _attribute_value(
             raw, where=f"{where}: {qualified}"
         )
-    capacity: dict[str, dict[str, Quantity]] = {}
-    for qualified, raw in views.mapping(views.path(body, "capacity")).items():
-        domain, short = split_qualified_name(qualified, default_domain=driver)
-        value = views.path(raw, "value")
-        try:
-            capacity.setdefault(domain, {})[short] = Quantity.parse(str(value))
-        except ValueError as exc:
-            raise ConfigError(f"{where}: capacity {qualified}: {exc}") from exc
     return DeviceView(
         driver=driver,
         pool=slice_view.pool,
         name=name,
         node_name=slice_view.node_name or None,
         attributes=attributes,
-        capacity=capacity,
+        capacity=_capacity(views.mapping(views.path(body, "capacity")), driver, where),
         pool_generation=slice_view.pool_generation,
         slice_name=slice_view.name,
         slice_resource_version=slice_view.meta.resource_version,
     )
+
+
+_capacities: dict[tuple[str, ...], Mapping[str, Mapping[str, Quantity]]] = {}
+"""Parsed capacities by (driver, name, quantity, ...): every device of a profile publishes the same
+one, so thousands of devices share a few read-only maps (docs/design.md, "Memory")."""
+_MAX_CAPACITIES = 4096
+
+
+def _capacity(
+    raw: Mapping[str, Any], driver: str, where: str
+) -> Mapping[str, Mapping[str, Quantity]]:
+    key = (
+        driver,
+        *(part for name, entry in raw.items() for part in (name, str(views.path(entry, "value")))),
+    )
+    found = _capacities.get(key)
+    if found is not None:
+        return found
+    capacity: dict[str, dict[str, Quantity]] = {}
+    for qualified, entry in raw.items():
+        domain, short = split_qualified_name(qualified, default_domain=driver)
+        try:
+            capacity.setdefault(domain, {})[short] = Quantity.parse(str(views.path(entry, "value")))
+        except ValueError as exc:
+            raise ConfigError(f"{where}: capacity {qualified}: {exc}") from exc
+    if len(_capacities) >= _MAX_CAPACITIES:
+        _capacities.clear()
+    _capacities[key] = capacity
+    return capacity
 
 
 def split_qualified_name(qualified: str, *, default_domain: str) -> tuple[str, str]:

@@ -31,6 +31,30 @@ from driver.placement import Engine
 logger = logging.getLogger(__name__)
 
 
+class SliceState:
+    """What the webhook process keeps of the published slices: which profiles are on offer and how
+    many fit one GPU. No placement engine, no selector views (``SliceInventory(None,
+    selectors=False)``): about a third of ``AllocationState``'s memory per node. The same ``lock``,
+    ``inventory`` and ``refresh`` as ``AllocationState``, so ``CacheAdmissionContext`` reads
+    either."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.inventory = SliceInventory(None, selectors=False)
+
+    def slice_changed(self, slice_obj: JsonObject) -> None:
+        with self.lock:
+            self.inventory.slice_changed(slice_obj)
+
+    def slice_deleted(self, slice_obj: JsonObject) -> None:
+        with self.lock:
+            self.inventory.slice_deleted(slice_obj)
+
+    def refresh(self) -> set[str]:
+        """Apply pending slice changes (call with ``lock`` held); nodes whose devices changed."""
+        return self.inventory.refresh()
+
+
 class AllocationState:
     def __init__(self, *, policy: str) -> None:
         self.lock = threading.RLock()

@@ -39,7 +39,7 @@ from controller.informers import WebhookInformers
 from controller.logs import FIELDS as LOG_FIELDS
 from controller.metrics import CONTENT_TYPE, WebhookMetrics
 from controller.settings import Settings, parse_settings, split_address
-from controller.state import AllocationState
+from controller.state import SliceState
 from controller.webhook import WebhookRunner
 from driver.cluster.kube import connect
 from driver.cluster.port import ClusterApi, JsonObject
@@ -77,7 +77,7 @@ class WebhookProcess:
     def __init__(self, *, settings: Settings, api: ClusterApi, stop: threading.Event) -> None:
         self._stop = stop
         self.informers = WebhookInformers.create(api, name=f"{settings.identity}-webhook")
-        self.state = AllocationState(policy=settings.policy)
+        self.state = SliceState()
         self.informers.slices.add_handler(
             on_add=self.state.slice_changed,
             on_update=self._slice_updated,

@@ -12,7 +12,8 @@ BOOKMARK, no 410), no strategic merge, no validation, GC or admission — so ext
 have meant writing all of this anyway, on top of a DSL made for scripted responses.
 
 Known differences from kube-apiserver (deliberate, cheap to change if a test needs it):
-``limit``/``continue`` are ignored (the whole list is returned, which the API allows); DELETE
+lists page by ``limit``/``continue`` in (namespace, name) order, but later pages read the store as
+it is then (kube serves one snapshot; an informer converges either way); DELETE
 answers with the object for every kind (kube answers a ``Status`` for some); core and
 ``events.k8s.io`` Events are stored apart; strategic merge ignores ``$setElementOrder``; pods
 may change affinity freely while gated (kube only allows narrowing); webhook ``matchConditions``

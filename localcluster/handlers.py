@@ -7,6 +7,7 @@ sockets. Every failure leaves here as an ``ApiError`` rendered into a ``Status``
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -136,17 +137,30 @@ class ApiHandler:
         if target.watch_path or _flag(request.query.get("watch")):
             return self._start_watch(request, target.resource, selection)
         items, rv = self._store.list_objects(target.resource, selection)
-        body = {
-            "kind": f"{target.resource.kind}List",
-            "apiVersion": target.resource.api_version,
-            "metadata": {"resourceVersion": str(rv)},
-            "items": [
-                {k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in items
-            ],
-        }
         if "as=Table" in request.accept:
             return ApiResponse(200, discovery.table(target.resource, items, rv))
-        return ApiResponse(200, body)
+        metadata: JsonObj = {"resourceVersion": str(rv)}
+        limit = _limit(request.query.get("limit"))
+        token = request.query.get("continue", "")
+        if token:
+            start, first_rv = _read_continue(token)
+            rv = first_rv  # every page reports the first page's version, as kube's snapshot does
+            metadata["resourceVersion"] = str(rv)
+            items = [o for o in items if _list_position(o) > start]
+        if limit and len(items) > limit:
+            items = items[:limit]
+            metadata["continue"] = _continue_token(_list_position(items[-1]), rv)
+        return ApiResponse(
+            200,
+            {
+                "kind": f"{target.resource.kind}List",
+                "apiVersion": target.resource.api_version,
+                "metadata": metadata,
+                "items": [
+                    {k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in items
+                ],
+            },
+        )
 
     def _start_watch(
         self, request: ApiRequest, resource: ResourceType, selection: ObjectFilter
@@ -447,6 +461,41 @@ def _decode(request: ApiRequest) -> Any:
         return json.loads(request.body or b"null")
     except (ValueError, UnicodeDecodeError) as exc:
         raise errors.bad_request(f"couldn't get version/kind; json parse error: {exc}") from exc
+
+
+def _limit(value: str | None) -> int:
+    """``limit``: at most this many items, then a ``continue`` token (0 or absent: all)."""
+    if not value:
+        return 0
+    try:
+        limit = int(value)
+    except ValueError as exc:
+        raise errors.bad_request(f"invalid limit: {value!r}") from exc
+    if limit < 0:
+        raise errors.bad_request("limit must not be negative")
+    return limit
+
+
+def _list_position(obj: JsonObj) -> tuple[str, str]:
+    """Where an object sits in a list: lists are in (namespace, name) order."""
+    metadata = obj.get("metadata") or {}
+    return (str(metadata.get("namespace") or ""), str(metadata.get("name") or ""))
+
+
+def _continue_token(after: tuple[str, str], rv: int) -> str:
+    """Opaque to clients, as kube's: the last position sent and the first page's version.
+    Later pages list the store as it is then, not a snapshot (kube serves a snapshot): an informer
+    still converges, since its watch from the first page's version replays every change since."""
+    raw = json.dumps({"rv": rv, "namespace": after[0], "name": after[1]}).encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _read_continue(token: str) -> tuple[tuple[str, str], int]:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return (str(data["namespace"]), str(data["name"])), int(data["rv"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise errors.bad_request(f"invalid continue token: {token!r}") from exc
 
 
 def _flag(value: str | None) -> bool:

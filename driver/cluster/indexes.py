@@ -57,9 +57,13 @@ def pod_claim_keys_inputs(pod: JsonObject) -> object:
 
 def _fingerprint(*values: Any) -> object:
     """``values`` as JSON bytes: equal only when the values are (``1``, ``1.0`` and ``true``
-    differ, unlike with ``==``); a value that is not JSON is never equal to anything."""
+    differ, unlike with ``==``); a value that is not JSON is never equal to anything.
+
+    Copied to a bytes object of its own length: orjson's result keeps the 4 KiB buffer it was
+    written into (orjson 3.13, measured with ``tracemalloc``), and one fingerprint per index per
+    cached pod and claim is kept — 80 MB at 10,000 pods with their claims."""
     try:
-        return orjson.dumps(values)
+        return bytes(memoryview(orjson.dumps(values)))
     except TypeError:
         return object()
 

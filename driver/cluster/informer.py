@@ -13,6 +13,7 @@ from __future__ import annotations
 import builtins
 import logging
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from driver.cluster.port import (
     ClusterApi,
     JsonObject,
     ObjectList,
+    ObjectTransform,
     Resource,
     WatchEvent,
     WatchEventType,
@@ -35,7 +37,7 @@ from driver.errors import GoneError
 
 logger = logging.getLogger(__name__)
 
-Transform = Callable[[JsonObject], JsonObject]
+Transform = ObjectTransform
 """Applied to every listed or watched object before it is cached (client-go's ``SetTransform``)."""
 AddHandler = Callable[[JsonObject], None]
 UpdateHandler = Callable[[JsonObject, JsonObject], None]
@@ -45,7 +47,9 @@ DeleteHandler = Callable[[JsonObject], None]
 class ListerWatcher(Protocol):
     """The informer's seam: one kind of object, already narrowed by namespace/selectors."""
 
-    def list_objects(self) -> ObjectList: ...
+    def list_objects(self, *, transform: Transform | None = None) -> ObjectList:
+        """Every object, each passed through ``transform`` (when given) as it arrives."""
+        ...
 
     def watch(self, *, resource_version: str, timeout_seconds: int) -> WatchStream: ...
 
@@ -59,13 +63,18 @@ class ListWatch:
     namespace: str | None = None
     label_selector: str | None = None
     field_selector: str | None = None
+    page_size: int | None = None
+    """Objects per list request (None: the client's ``page_size``); smaller for a kind of large
+    objects bounds what one page holds before the informer's transform shrinks it."""
 
-    def list_objects(self) -> ObjectList:
+    def list_objects(self, *, transform: Transform | None = None) -> ObjectList:
         return self.api.list_objects(
             self.resource,
             namespace=self.namespace,
             label_selector=self.label_selector,
             field_selector=self.field_selector,
+            page_size=self.page_size,
+            transform=transform,
         )
 
     def watch(self, *, resource_version: str, timeout_seconds: int) -> WatchStream:
@@ -235,10 +244,9 @@ class Informer:
             self._stop.wait(self._backoff.delay(self.failures, self._rng))
 
     def _relist(self) -> None:
-        listed = self._source.list_objects()
-        items = listed.items if self._transform is None else map(self._transform, listed.items)
+        listed = self._source.list_objects(transform=self._transform)
         with self._dispatch:
-            fresh = {object_key(obj): obj for obj in items}
+            fresh = {object_key(obj): obj for obj in listed.items}
             for obj in self._cache.list():
                 if object_key(obj) not in fresh:
                     self._cache.remove(obj)
@@ -333,3 +341,91 @@ def strip_managed_fields(obj: JsonObject) -> JsonObject:
     if not isinstance(metadata, dict) or "managedFields" not in metadata:
         return obj
     return {**obj, "metadata": {k: v for k, v in metadata.items() if k != "managedFields"}}
+
+
+_Key = object
+"""What an interned value is known by: a scalar's (type, value), a string itself, an interned
+container's ``id``; ``None`` for a container that is not interned (so neither is its parent)."""
+
+
+class JsonInterner:
+    """A transform that makes equal small parts of cached objects one object (hash-consing).
+
+    A node's ResourceSlices repeat the same small JSON objects hundreds of times — ``{"int": 0}``,
+    ``{"string": "1g.5gb"}``, a placement's capacity and counters — and every node repeats them
+    again: parsed, one node of 8 A100s took ~0.85 MiB, most of it such duplicates (docs/design.md,
+    "Memory"). Here every object or array of at most ``max_width`` entries whose entries are all
+    interned is replaced by the one equal object seen before, and strings of up to 64 characters by
+    the interpreter's interned copy; wider containers (a device, its attributes, a slice) stay
+    distinct but hold shared parts. The result equals the input (``==``) and is read-only like
+    every cached object: a caller that changed a shared part would change it everywhere.
+
+    The table holds each interned container once (with a key of its entries' keys) and starts
+    afresh past ``max_entries``, so it stays bounded however objects change; parts shared before
+    stay shared. Calls come from one informer's thread; the table is not locked.
+    """
+
+    __slots__ = ("_max_entries", "_max_width", "_table")
+
+    def __init__(self, *, max_width: int = 4, max_entries: int = 100_000) -> None:
+        self._table: dict[tuple[object, ...], JsonObject | list[object]] = {}
+        self._max_width = max_width
+        self._max_entries = max_entries
+
+    def __call__(self, obj: JsonObject) -> JsonObject:
+        if len(self._table) > self._max_entries:
+            self._table.clear()
+        interned = self._intern(obj)[1]
+        return interned if isinstance(interned, dict) else obj
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def _intern(self, value: object) -> tuple[_Key | None, object]:
+        kind = type(value)
+        if kind is str:
+            assert isinstance(value, str)
+            return value, (sys.intern(value) if len(value) <= 64 else value)
+        if kind is dict:
+            assert isinstance(value, dict)
+            shared = len(value) <= self._max_width
+            entries: dict[str, object] = {}
+            keys: list[object] = ["d"]
+            for name, item in value.items():
+                key, entries[name] = self._intern(item)
+                if key is None:
+                    shared = False
+                elif shared:
+                    keys += (name, key)
+            return self._shared(tuple(keys), entries) if shared else (None, entries)
+        if kind is list:
+            assert isinstance(value, list)
+            shared = len(value) <= self._max_width
+            items: list[object] = []
+            keys = ["l"]
+            for item in value:
+                key, interned = self._intern(item)
+                items.append(interned)
+                if key is None:
+                    shared = False
+                elif shared:
+                    keys.append(key)
+            return self._shared(tuple(keys), items) if shared else (None, items)
+        return (kind, value), value
+
+    def _shared(
+        self, key: tuple[object, ...], fresh: JsonObject | list[object]
+    ) -> tuple[_Key, object]:
+        found = self._table.setdefault(key, fresh)
+        return id(found), found
+
+
+def chain(*transforms: Transform) -> Transform:
+    """One transform applying ``transforms`` in order."""
+
+    def applied(obj: JsonObject) -> JsonObject:
+        for transform in transforms:
+            obj = transform(obj)
+        return obj
+
+    return applied

@@ -37,6 +37,7 @@ from driver.cluster.port import (
     PODS,
     JsonObject,
     ObjectList,
+    ObjectTransform,
     PatchType,
     Resource,
     name_of,
@@ -166,6 +167,8 @@ class KubeClusterApi(ClosedOnExit):
         namespace: str | None = None,
         label_selector: str | None = None,
         field_selector: str | None = None,
+        page_size: int | None = None,
+        transform: ObjectTransform | None = None,
     ) -> ObjectList:
         path = resource.path(namespace=namespace)
         items: list[JsonObject] = []
@@ -173,14 +176,16 @@ class KubeClusterApi(ClosedOnExit):
         continue_token = ""
         while True:
             query = _selectors(label_selector, field_selector)
-            query.append(("limit", str(self._settings.page_size)))
+            query.append(("limit", str(page_size or self._settings.page_size)))
             if continue_token:
                 query.append(("continue", continue_token))
             page = self._json("GET", path, query=query)
             list_meta = page.get("metadata") or {}
             if not list_version:
                 list_version = str(list_meta.get("resourceVersion", ""))
-            items.extend(with_kind(resource, item) for item in page.get("items") or [])
+            kinded = (with_kind(resource, item) for item in page.get("items") or [])
+            items.extend(kinded if transform is None else map(transform, kinded))
+            del page
             continue_token = str(list_meta.get("continue") or "")
             if not continue_token:
                 return ObjectList(items=items, resource_version=list_version)

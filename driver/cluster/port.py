@@ -15,13 +15,15 @@ anything else (5xx, 429, network) → a retryable ``ClusterError``.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Protocol, Self, TypeAlias
 
 JsonObject: TypeAlias = dict[str, Any]
+ObjectTransform: TypeAlias = Callable[[JsonObject], JsonObject]
+"""What an informer keeps of each object it lists or watches (client-go's ``SetTransform``)."""
 """A Kubernetes object (or part of one) as its wire JSON: camelCase keys, RFC 3339 strings."""
 
 
@@ -165,8 +167,13 @@ class ClusterApi(Protocol):
         namespace: str | None = None,
         label_selector: str | None = None,
         field_selector: str | None = None,
+        page_size: int | None = None,
+        transform: ObjectTransform | None = None,
     ) -> ObjectList:
-        """All matching objects (paged under the hood) and the list's resourceVersion."""
+        """All matching objects (paged under the hood: ``page_size`` per request, else the
+        client's setting) and the list's resourceVersion; ``transform``, when given, is applied
+        to each object as its page arrives, so a page's objects as sent are dropped before the
+        next page is read (what an informer keeps of a large kind never exists twice in full)."""
         ...
 
     def watch(

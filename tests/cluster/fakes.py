@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 
 from driver.closing import ClosedOnExit
-from driver.cluster.port import JsonObject, ObjectList, WatchEvent
+from driver.cluster.port import JsonObject, ObjectList, ObjectTransform, WatchEvent
 
 
 class FakeClock:
@@ -66,12 +66,17 @@ class ScriptedListerWatcher:
         self.call_times: list[float] = []
         self._lock = threading.Lock()
 
-    def list_objects(self) -> ObjectList:
+    def list_objects(self, *, transform: ObjectTransform | None = None) -> ObjectList:
         with self._lock:
             self.list_calls += 1
             n = self.list_calls
             self.call_times.append(time.monotonic())
-        return self._lists(n)
+        listed = self._lists(n)
+        if transform is None:
+            return listed
+        return ObjectList(
+            items=[transform(o) for o in listed.items], resource_version=listed.resource_version
+        )
 
     def watch(self, *, resource_version: str, timeout_seconds: int) -> ScriptedStream:
         with self._lock:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from driver.cluster.indexes import BY_CLAIM, BY_NODE, pod_claim_keys, spec_node_name
-from driver.cluster.informer import Backoff, Informer, ListWatch
+from driver.cluster.informer import Backoff, Informer, ListWatch, Transform
 from driver.cluster.kube import KubeClusterApi
 from driver.cluster.port import (
     NODES,
@@ -77,9 +77,9 @@ class GatedListWatch:
         self.held = threading.Event()
         self.watch_versions: list[str] = []
 
-    def list_objects(self) -> ObjectList:
+    def list_objects(self, *, transform: Transform | None = None) -> ObjectList:
         self._pass()
-        return self.inner.list_objects()
+        return self.inner.list_objects(transform=transform)
 
     def watch(self, *, resource_version: str, timeout_seconds: int) -> WatchStream:
         self._pass()

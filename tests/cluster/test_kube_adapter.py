@@ -130,8 +130,48 @@ def test_list_pages_through_continue_tokens(apiserver: LocalApiServer) -> None:
     with make_api(apiserver.url, settings=ClientSettings(qps=0, page_size=3)) as api:
         for i in range(8):
             api.create(DEVICE_CLASSES, objects.device_class(f"class-{i}"))
+        first = api._json("GET", DEVICE_CLASSES.path(), query=[("limit", "3")])
+        assert len(first["items"]) == 3
+        assert first["metadata"]["continue"]
         listed = api.list_objects(DEVICE_CLASSES)
+        seen: list[int] = []
+
+        def transform(obj: JsonObject) -> JsonObject:
+            seen.append(len(seen))
+            return {**obj, "transformed": True}
+
+        paged = api.list_objects(DEVICE_CLASSES, page_size=5, transform=transform)
     assert sorted(o["metadata"]["name"] for o in listed.items) == [f"class-{i}" for i in range(8)]
+    assert [o["metadata"]["name"] for o in paged.items] == [
+        o["metadata"]["name"] for o in listed.items
+    ]
+    assert all(o["transformed"] and o["kind"] == "DeviceClass" for o in paged.items)
+    assert len(seen) == 8
+    assert paged.resource_version == listed.resource_version
+
+
+def test_every_page_reports_the_first_pages_version(apiserver: LocalApiServer) -> None:
+    with make_api(apiserver.url, settings=ClientSettings(qps=0)) as api:
+        for i in range(4):
+            api.create(DEVICE_CLASSES, objects.device_class(f"class-{i}"))
+        first = api._json("GET", DEVICE_CLASSES.path(), query=[("limit", "2")])
+        api.create(DEVICE_CLASSES, objects.device_class("class-9"))
+        token = first["metadata"]["continue"]
+        second = api._json(
+            "GET", DEVICE_CLASSES.path(), query=[("limit", "2"), ("continue", token)]
+        )
+        third = api._json(
+            "GET",
+            DEVICE_CLASSES.path(),
+            query=[("limit", "2"), ("continue", second["metadata"]["continue"])],
+        )
+        with pytest.raises(ClusterError, match="continue"):
+            api._json("GET", DEVICE_CLASSES.path(), query=[("continue", "not-a-token")])
+    versions = {page["metadata"]["resourceVersion"] for page in (first, second, third)}
+    assert len(versions) == 1
+    names = [o["metadata"]["name"] for page in (first, second, third) for o in page["items"]]
+    assert names == ["class-0", "class-1", "class-2", "class-3", "class-9"]
+    assert "continue" not in third["metadata"]
 
 
 def test_slices_of_one_node_by_field_selector(api: KubeClusterApi) -> None:

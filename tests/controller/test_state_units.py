@@ -15,7 +15,7 @@ from controller.candidates import CandidateCache
 from controller.inventory import SliceInventory, gpu_model_of
 from controller.nodefilter import NodeFilter, node_info, pod_usage, static_fit
 from controller.occupancy import ClaimOccupancy
-from controller.state import AllocationState
+from controller.state import AllocationState, SliceState
 from driver.mig.catalog import CATALOG
 from driver.placement import Engine, PodRequest
 from driver.resourceslices import GpuInventory, build_pool, parse_devices
@@ -314,3 +314,26 @@ def test_a_claim_event_wakes_only_the_workers_whose_write_it_covers() -> None:
     assert state.wait_claims_seen(3, timeout=0)  # already seen: no wait
     assert not state.wait_claims_seen(11, timeout=0.01)  # timed out: its entry is gone
     assert state._waiters == []
+
+
+def test_the_webhooks_slice_state_answers_as_the_allocators_without_views_or_engine() -> None:
+    full = AllocationState(policy="firstfit")
+    light = SliceState()
+    slices = _slices("n1", gpus=2) + _slices("n2", gpus=1)
+    broken = copy.deepcopy(slices[1])  # a device whose attribute is malformed is skipped by both
+    broken["spec"]["devices"][0]["attributes"]["profile"] = {"string": 7}
+    for obj in [*slices[:1], broken, *slices[2:]]:
+        full.slice_changed(obj)
+        light.slice_changed(obj)
+    with full.lock, light.lock:
+        assert full.refresh() == light.refresh() == {"n1", "n2"}
+    assert light.inventory.nodes() == full.inventory.nodes() == ["n1", "n2"]
+    assert light.inventory.profile_names() == full.inventory.profile_names()
+    for profile in A100.profile_names:
+        assert light.inventory.max_per_gpu(profile) == full.inventory.max_per_gpu(profile)
+    dropped = broken["spec"]["devices"][0]["name"]
+    assert full.inventory.device("n1", dropped) is None
+    assert light.inventory.device("n1", dropped) is None
+    assert list(full.inventory.views())
+    assert not list(light.inventory.views())
+    assert not hasattr(light, "engine")

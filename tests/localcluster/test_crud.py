@@ -240,14 +240,18 @@ def test_namespaces_isolate_objects(core: Any) -> None:
     assert len(core.list_pod_for_all_namespaces().items) == 2
 
 
-def test_limit_is_accepted_and_everything_returned(core: Any) -> None:
+def test_limit_pages_with_a_continue_token_as_kube_does(core: Any) -> None:
     for i in range(3):
         core.create_namespaced_pod(NS, pod(f"p{i}"))
 
-    listed = core.list_namespaced_pod(NS, limit=2)
+    first = core.list_namespaced_pod(NS, limit=2)
+    rest = core.list_namespaced_pod(NS, limit=2, _continue=first.metadata._continue)
 
-    assert len(listed.items) == 3
-    assert not listed.metadata._continue
+    assert [p.metadata.name for p in first.items] == ["p0", "p1"]
+    assert first.metadata._continue
+    assert [p.metadata.name for p in rest.items] == ["p2"]
+    assert not rest.metadata._continue
+    assert rest.metadata.resource_version == first.metadata.resource_version
 
 
 def _core_event(namespace: str, involved_namespace: str | None) -> dict[str, Any]:
