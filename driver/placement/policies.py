@@ -382,6 +382,42 @@ def _bucket_of(wanted: frozenset[str]) -> Callable[[StateGroup], int]:
     return found
 
 
+FirstStarts = tuple[tuple[int, int, int], ...]
+"""Each distinct loss vector a request's starts have in one state, as ``(vector id, table profile,
+start)`` with the first start that has it, in candidate order (profiles in table order, starts
+increasing)."""
+
+_FIRST_STARTS: list[FirstStarts] = []
+_FIRST_STARTS_IDS: dict[FirstStarts, int] = {}
+_FIRST_STARTS_KEYS: dict[frozenset[str], tuple[str, frozenset[str]]] = {}
+
+
+def _first_starts(group: StateGroup, wanted: frozenset[str]) -> FirstStarts:
+    """:data:`FirstStarts` of the group's state for requests whose profiles are ``wanted``
+    (interned, its id memoised on the group, so a decision reads it instead of every start)."""
+    memo_key = _FIRST_STARTS_KEYS.get(wanted)
+    if memo_key is None:
+        memo_key = _FIRST_STARTS_KEYS.setdefault(wanted, ("first starts", wanted))
+    found = group.memo.get(memo_key)
+    if found is None:
+        table, mask, media_taken, counts = group.key
+        seen: dict[int, tuple[int, int, int]] = {}
+        for profile in table.profiles:
+            if profile.name in wanted:
+                index = profile.index
+                for i, vector in _loss_ids(table, index, mask, media_taken, counts):
+                    if vector not in seen:
+                        seen[vector] = (vector, index, i)
+        starts = tuple(seen.values())
+        with _INTERNING:
+            found = _FIRST_STARTS_IDS.get(starts)
+            if found is None:
+                _FIRST_STARTS.append(starts)
+                found = _FIRST_STARTS_IDS[starts] = len(_FIRST_STARTS) - 1
+        group.memo[memo_key] = found
+    return _FIRST_STARTS[found]
+
+
 _LOSS_IDS: dict[tuple[GpuTable, int, int, bool, tuple[int, ...]], tuple[tuple[int, int], ...]] = {}
 
 
@@ -658,20 +694,29 @@ class Scarcity:
         ``cheapest`` at GPU ``position``: the first of its starts costing that, then the rest."""
         plan, masks, media = search.plan, search.masks, search.media
         cost = self._cost
-        table = search.gpus[position].table
+        gpu = search.gpus[position]
+        table = gpu.table
         mask, media_taken, counts = masks[position], media[position], search.counts(position)
         # The least (profile, start) among the starts that cost ``cheapest``: profiles come in
         # table order and their starts in increasing order, so the first found (this runs on
-        # every decision).
+        # every decision). The search is untouched, so the GPU's state group knows each loss
+        # vector's first start, and only the distinct vectors are costed.
         first: tuple[int, int] | None = None
-        for profile in plan.profiles_for(request, table):
-            index = profile.index
-            for i, vector in _loss_ids(table, index, mask, media_taken, counts):
+        group = gpu.group
+        if group is not None:
+            for vector, index, i in _first_starts(group, plan.requests[request].profiles):
                 if cost(vector) == cheapest:
                     first = (index, i)
                     break
-            if first is not None:
-                break
+        else:
+            for profile in plan.profiles_for(request, table):
+                index = profile.index
+                for i, vector in _loss_ids(table, index, mask, media_taken, counts):
+                    if cost(vector) == cheapest:
+                        first = (index, i)
+                        break
+                if first is not None:
+                    break
         if first is None:
             raise AssertionError("the cheapest GPU has no start of the cheapest cost")
         profile = table.profiles[first[0]]
