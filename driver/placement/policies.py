@@ -706,11 +706,10 @@ class Scarcity:
     ) -> Iterator[Candidate]:
         """The candidates of an untouched search whose least (cost, fullness, position) key is
         ``cheapest`` at GPU ``position``: the first of its starts costing that, then the rest."""
-        plan, masks, media = search.plan, search.masks, search.media
+        plan = search.plan
         cost = self._cost
         gpu = search.gpus[position]
         table = gpu.table
-        mask, media_taken, counts = masks[position], media[position], search.counts(position)
         # The least (profile, start) among the starts that cost ``cheapest``: profiles come in
         # table order and their starts in increasing order, so the first found (this runs on
         # every decision). The search is untouched, so the GPU's state group knows each loss
@@ -723,6 +722,8 @@ class Scarcity:
                     first = (index, i)
                     break
         else:
+            mask, media_taken = search.masks[position], search.media[position]
+            counts = search.counts(position)
             for profile in plan.profiles_for(request, table):
                 index = profile.index
                 for i, vector in _loss_ids(table, index, mask, media_taken, counts):
@@ -739,7 +740,7 @@ class Scarcity:
         rest.remove(
             (
                 cheapest,
-                table.slices - mask.bit_count(),
+                table.slices - search.masks[position].bit_count(),
                 position,
                 *first,
                 (position, profile, first[1]),
