@@ -501,12 +501,16 @@ class Inventory:
                 # the best: nothing moves.
                 continue
             else:
-                # It was the best and got worse: the node's best is its best GPU now.
+                # It was the best and got worse: the node's best is its best GPU now (no level
+                # is below 0, so a GPU at 0 ends the search: without ``track_levels`` every
+                # level that fits is 0, and this runs on about every other GPU change).
                 best = -1
                 for other in node.gpus:
                     other_level = other.levels[sig_id]
                     if other_level >= 0 and (best < 0 or other_level < best):
                         best = other_level
+                        if not best:
+                            break
             if best == old_best:
                 continue
             if best >= 0:
