@@ -136,6 +136,7 @@ class _Step:
         "moved",
         "moves_group",
         "occupant",
+        "overlaps",
         "used",
     )
 
@@ -148,6 +149,8 @@ class _Step:
         changed: tuple[tuple[SignatureIndex, int, int], ...],
         group: "StateGroup | None",
         occupant: Occupant | None,
+        *,
+        overlaps: bool,
     ) -> None:
         self.mask = gpu.mask
         self.media = gpu.media_taken
@@ -161,7 +164,10 @@ class _Step:
         self.levels = levels
         self.changed = changed
         self.occupant = occupant
-        """The occupant added (held so that its id, the step's key, stays its own)."""
+        """The occupant added or released (held so that its id, the step's key, stays its own)."""
+        self.overlaps = overlaps
+        """Whether the occupant added overlaps the state's slices or ``+me`` engine (the GPU's
+        occupants are no longer :attr:`GpuState.disjoint`)."""
 
 
 class Inventory:
@@ -212,6 +218,8 @@ class Inventory:
         ] = {}
         self._steps: dict[tuple[StateKey, object], _Step] = {}
         """(state, id of the occupant added or the state a release leads to) -> its step."""
+        self._release_steps: dict[tuple[StateKey, int], _Step] = {}
+        """(state, id of the occupant released) -> its step, for :attr:`GpuState.disjoint` GPUs."""
         for spec in nodes:
             self.set_node(spec)
 
@@ -372,6 +380,7 @@ class Inventory:
                 and held.profile == profile
             ):
                 del occupants[at]
+                removed = held
                 break
         else:
             occupant = Occupant(start=start, size=size, media=media, profile=profile)
@@ -380,7 +389,7 @@ class Inventory:
             )
         gpu = self._gpus.get(key)
         if gpu is not None:
-            self._refresh(gpu.node, gpu)
+            self._refresh(gpu.node, gpu, removed=removed)
 
     def occupants(self, node: str, gpu_index: int) -> tuple[Occupant, ...]:
         return tuple(self._occupants.get((node, gpu_index), ()))
@@ -390,7 +399,7 @@ class Inventory:
         if group is None:
             if len(self._states) >= MAX_KNOWN_STATES:
                 self._states = {k: g for k, g in self._states.items() if g.gpus}
-                self._steps = {}  # steps may name the groups just dropped
+                self._drop_steps()  # steps may name the groups just dropped
             group = self._states[key] = StateGroup(key)
         return group
 
@@ -449,23 +458,18 @@ class Inventory:
         else:
             self._join(gpu, entering)
 
-    def _refresh(self, node: NodeState, gpu: GpuState, added: Occupant | None = None) -> None:
+    def _refresh(
+        self,
+        node: NodeState,
+        gpu: GpuState,
+        added: Occupant | None = None,
+        *,
+        removed: Occupant | None = None,
+    ) -> None:
         """Bring the GPU's state and every index up to date after its occupants changed
-        (``added``: the one occupant appended since the last refresh, if that is all)."""
-        old_key = gpu.key
-        if added is not None:
-            step_key: tuple[StateKey, object] = (old_key, id(added))
-            step = self._steps.get(step_key)
-            if step is None:
-                step = self._step(gpu, added)
-                self._steps[step_key] = step
-        else:
-            new_key = gpu.derived_key()
-            step_key = (old_key, new_key)
-            step = self._steps.get(step_key)
-            if step is None:
-                step = self._step(gpu, None)
-                self._steps[step_key] = step
+        (``added``: the one occupant appended since the last refresh, if that is all;
+        ``removed``: the one occupant taken out since, if that is all)."""
+        step = self._step_for(gpu, added, removed)
         gpu.mask = step.mask
         gpu.media_taken = step.media
         gpu.counts = step.counts
@@ -497,12 +501,16 @@ class Inventory:
                 # the best: nothing moves.
                 continue
             else:
-                # It was the best and got worse: the node's best is its best GPU now.
+                # It was the best and got worse: the node's best is its best GPU now (no level
+                # is below 0, so a GPU at 0 ends the search: without ``track_levels`` every
+                # level that fits is 0, and this runs on about every other GPU change).
                 best = -1
                 for other in node.gpus:
                     other_level = other.levels[sig_id]
                     if other_level >= 0 and (best < 0 or other_level < best):
                         best = other_level
+                        if not best:
+                            break
             if best == old_best:
                 continue
             if best >= 0:
@@ -518,13 +526,48 @@ class Inventory:
             elif graded:
                 sig.move(rank, old_best, best)
 
-    def _step(self, gpu: GpuState, added: Occupant | None) -> _Step:
+    def _step_for(self, gpu: GpuState, added: Occupant | None, removed: Occupant | None) -> _Step:
+        """The step the GPU's change (see :meth:`_refresh`) takes from its current state."""
+        old_key = gpu.key
+        if added is not None:
+            step_key: tuple[StateKey, object] = (old_key, id(added))
+            step = self._steps.get(step_key)
+            if step is None:
+                step = self._step(gpu, added)
+                self._steps[step_key] = step
+            if step.overlaps:
+                gpu.disjoint = False
+        elif removed is not None and gpu.disjoint:
+            # The new state is the old one less the occupant's slices, ``+me`` and count.
+            release_key = (old_key, id(removed))
+            step = self._release_steps.get(release_key)
+            if step is None:
+                step = self._step(gpu, None, removed)
+                self._release_steps[release_key] = step
+        else:
+            new_key = gpu.derived_key()
+            step_key = (old_key, new_key)
+            step = self._steps.get(step_key)
+            if step is None:
+                step = self._step(gpu, None)
+                self._steps[step_key] = step
+            gpu.disjoint = gpu.occupants_disjoint()
+        return step
+
+    def _step(
+        self, gpu: GpuState, added: Occupant | None, removed: Occupant | None = None
+    ) -> _Step:
         """Work out a step the long way, from the GPU as it is now (still in its old state, its
         occupants already changed); the GPU's derived fields are left in the new state."""
-        if len(self._steps) >= MAX_STEPS:
-            self._steps = {}
+        if len(self._steps) + len(self._release_steps) >= MAX_STEPS:
+            self._drop_steps()
         old_caps, old_levels, old_key = gpu.caps, gpu.levels, gpu.key
+        overlaps = False
         if added is not None:
+            table = gpu.table
+            overlaps = bool(added.mask & gpu.mask) or (
+                gpu.media_taken and (added.media or added.profile in table.media_names)
+            )
             gpu.add(added)
         else:
             gpu.derive()
@@ -559,7 +602,12 @@ class Inventory:
                 self._level_diffs[diff_key] = diff
             changed = diff
         group = self._group_for(gpu.key) if self.track_states else None
-        return _Step(gpu, old_key, moved, levels, changed, group, added)
+        occupant = added if added is not None else removed
+        return _Step(gpu, old_key, moved, levels, changed, group, occupant, overlaps=overlaps)
+
+    def _drop_steps(self) -> None:
+        self._steps = {}
+        self._release_steps = {}
 
     def _levels_for(self, gpu: GpuState) -> tuple[int, ...]:
         """The GPU's level for every indexed signature (by sig id), shared by equal GPU states.
@@ -608,7 +656,7 @@ class Inventory:
         self._level_cache = {}
         self._level_vectors = {}
         self._level_diffs = {}
-        self._steps = {}
+        self._drop_steps()
         for node in self._nodes.values():
             best = -1
             for gpu in node.gpus:

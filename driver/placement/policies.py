@@ -31,6 +31,7 @@ they produce is safe.
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from operator import getitem
 from typing import Protocol
 
 from driver.errors import ConfigError
@@ -382,6 +383,42 @@ def _bucket_of(wanted: frozenset[str]) -> Callable[[StateGroup], int]:
     return found
 
 
+FirstStarts = tuple[tuple[int, int, int], ...]
+"""Each distinct loss vector a request's starts have in one state, as ``(vector id, table profile,
+start)`` with the first start that has it, in candidate order (profiles in table order, starts
+increasing)."""
+
+_FIRST_STARTS: list[FirstStarts] = []
+_FIRST_STARTS_IDS: dict[FirstStarts, int] = {}
+_FIRST_STARTS_KEYS: dict[frozenset[str], tuple[str, frozenset[str]]] = {}
+
+
+def _first_starts(group: StateGroup, wanted: frozenset[str]) -> FirstStarts:
+    """:data:`FirstStarts` of the group's state for requests whose profiles are ``wanted``
+    (interned, its id memoised on the group, so a decision reads it instead of every start)."""
+    memo_key = _FIRST_STARTS_KEYS.get(wanted)
+    if memo_key is None:
+        memo_key = _FIRST_STARTS_KEYS.setdefault(wanted, ("first starts", wanted))
+    found = group.memo.get(memo_key)
+    if found is None:
+        table, mask, media_taken, counts = group.key
+        seen: dict[int, tuple[int, int, int]] = {}
+        for profile in table.profiles:
+            if profile.name in wanted:
+                index = profile.index
+                for i, vector in _loss_ids(table, index, mask, media_taken, counts):
+                    if vector not in seen:
+                        seen[vector] = (vector, index, i)
+        starts = tuple(seen.values())
+        with _INTERNING:
+            found = _FIRST_STARTS_IDS.get(starts)
+            if found is None:
+                _FIRST_STARTS.append(starts)
+                found = _FIRST_STARTS_IDS[starts] = len(_FIRST_STARTS) - 1
+        group.memo[memo_key] = found
+    return _FIRST_STARTS[found]
+
+
 _LOSS_IDS: dict[tuple[GpuTable, int, int, bool, tuple[int, ...]], tuple[tuple[int, int], ...]] = {}
 
 
@@ -397,8 +434,6 @@ def _loss_ids(
     return found
 
 
-_WEIGHTS: dict[float, dict[int, float]] = {}
-"""Per exponent, ``free << 6 | slices`` -> the weight (see :func:`_weight`)."""
 _ROUNDED: dict[float, float] = {}
 _ROUNDED_LIMIT = 1 << 16
 """Costs are compared rounded to 9 decimals (so sums that differ only by float error tie);
@@ -407,30 +442,53 @@ _ROUNDED_LIMIT = 1 << 16
 
 def _weight(slices: int, free: int) -> float:
     """The cost of losing one instance of a profile of ``slices`` with ``free`` instances left."""
-    known = _WEIGHTS.get(SCARCITY_EXPONENT)
-    if known is None:
-        known = _WEIGHTS[SCARCITY_EXPONENT] = {}
-    key = (free << 6) | slices if slices < 64 else -1
-    weight = known.get(key) if key >= 0 else None
-    if weight is None:
-        weight = slices / (free + 1) ** SCARCITY_EXPONENT
-        if key >= 0:
-            known[key] = weight
+    weight: float = slices / (free + 1) ** SCARCITY_EXPONENT
     return weight
 
 
-_SIZES: dict[GpuTable, tuple[tuple[str, int], ...]] = {}
-_SMALL_SIZES: dict[GpuTable, bool] = {}
-"""Whether every profile of the table has under 64 memory slices (``_weight``'s key fits)."""
+_WEIGHT_ROWS: dict[tuple[float, int], list[float]] = {}
+"""Per (exponent, memory slices), :func:`_weight` of every free-instance count up to the largest
+seen, by count (grown on demand): a decision reads a table's weights in one ``map``."""
 
 
-def _sizes(table: GpuTable) -> tuple[tuple[str, int], ...]:
-    """Each of the table's profiles as (name, memory slices), in table order."""
-    found = _SIZES.get(table)
-    if found is None:
-        found = _SIZES[table] = tuple((p.name, p.profile.memory_slices) for p in table.profiles)
-        _SMALL_SIZES[table] = all(slices < 64 for _, slices in found)
-    return found
+@dataclass(frozen=True, slots=True)
+class _WeightTable:
+    """What a table's weights are read with: its profiles' names, sizes and weight rows."""
+
+    exponent: float
+    names: tuple[str, ...]
+    zeros: tuple[int, ...]
+    """``0`` per profile: the free count of a profile the inventory has not seen (``dict.get``)."""
+    slices: tuple[int, ...]
+    rows: tuple[list[float], ...]
+
+
+_WEIGHT_TABLES: dict[GpuTable, _WeightTable] = {}
+
+
+def _weights_of(table: GpuTable, free: Mapping[str, int]) -> tuple[float, ...]:
+    """The cost of one lost instance of each of the table's profiles (in table order) with
+    ``free`` instances of each left across the cluster."""
+    known = _WEIGHT_TABLES.get(table)
+    if known is None or known.exponent != SCARCITY_EXPONENT:
+        slices = tuple(p.profile.memory_slices for p in table.profiles)
+        known = _WEIGHT_TABLES[table] = _WeightTable(
+            exponent=SCARCITY_EXPONENT,
+            names=tuple(p.name for p in table.profiles),
+            zeros=(0,) * len(slices),
+            slices=slices,
+            rows=tuple(_WEIGHT_ROWS.setdefault((SCARCITY_EXPONENT, n), []) for n in slices),
+        )
+    frees = tuple(map(free.get, known.names, known.zeros))
+    try:
+        # Free counts are sums of capacities, never negative (a negative index would wrap).
+        return tuple(map(getitem, known.rows, frees))
+    except IndexError:
+        with _INTERNING:
+            for row, slices_of, count in zip(known.rows, known.slices, frees, strict=True):
+                for n in range(len(row), count + 1):
+                    row.append(_weight(slices_of, n))
+        return tuple(map(getitem, known.rows, frees))
 
 
 class Scarcity:
@@ -461,21 +519,7 @@ class Scarcity:
         inventory (memory slices alone before any ``nodes`` call, e.g. on an empty cluster)."""
         weights = self._weights.get(table)
         if weights is None:
-            free = self._free.get
-            sizes = _sizes(table)
-            if _SMALL_SIZES[table]:
-                # ``_weight``, its remembered answers looked up inline (this runs every decision;
-                # a weight is never 0, so ``or`` falls back only when it is not known yet).
-                known = _WEIGHTS.setdefault(SCARCITY_EXPONENT, {}).get
-                weights = tuple(
-                    [
-                        known((free(name, 0) << 6) | slices) or _weight(slices, free(name, 0))
-                        for name, slices in sizes
-                    ]
-                )
-            else:
-                weights = tuple([_weight(slices, free(name, 0)) for name, slices in sizes])
-            self._weights[table] = weights
+            weights = self._weights[table] = _weights_of(table, self._free)
         return weights
 
     def _cost(self, vector: int) -> float:
@@ -529,16 +573,18 @@ class Scarcity:
         # States are kept in buckets of equal options and fullness by the inventory (updated as
         # states come and go), so a decision scores each bucket once and regroups nothing.
         buckets = inventory.state_buckets(wanted, _bucket_of(wanted))
-        scored = self._scored_buckets(buckets)
-        unions = _condition_unions(conditions)
-        # One condition of one signature (most pods): its rank set alone says whether a node fits.
-        only = unions[0][0] if len(unions) == 1 and len(unions[0]) == 1 else None
+        scored, least = self._scored_buckets(buckets)
         if not scored:
             return
+        # One condition of one signature (most pods): its rank set alone says whether a node fits.
+        only = (
+            conditions[0].sets[0].any if len(conditions) == 1 == len(conditions[0].sets) else None
+        )
+        unions = _condition_unions(conditions) if only is None else []
         # The first tier's first node (usually the answer) without rounding every cost nor
         # sorting every rank of every tier: the least (cost, free) key, then the GPU of least
         # (rank, index) in its buckets.
-        key, gpu = _first_tier(scored, buckets)
+        key, gpu = _first_tier(scored, least, buckets)
         rank = gpu.node.rank
         seen = {rank}
         if (rank in only) if only is not None else _in_all(unions, rank):
@@ -575,11 +621,13 @@ class Scarcity:
                         yield node
             start = end
 
-    def _scored_buckets(self, buckets: Buckets) -> list[tuple[float, int, int]]:
-        """Each bucket as (its options' least sum, not rounded yet; free memory slices; bucket)."""
+    def _scored_buckets(self, buckets: Buckets) -> tuple[list[tuple[float, int, int]], float]:
+        """Each bucket as (its options' least sum, not rounded yet; free memory slices; bucket),
+        and the least of those sums (``inf`` if there are no buckets)."""
         cheapest = self._raw
         weights_of = self._weights
         scored: list[tuple[float, int, int]] = []
+        least_of_all = float("inf")
         for bucket in buckets:
             options = bucket >> _FREE_SHIFT
             least = cheapest.get(options)
@@ -595,8 +643,10 @@ class Scarcity:
                     if least < 0.0 or total < least:
                         least = total
                 cheapest[options] = least
+            if least < least_of_all:  # noqa: PLR1730 - ``min`` is a call per bucket
+                least_of_all = least
             scored.append((least, bucket & _FREE_MASK, bucket))
-        return scored
+        return scored, least_of_all
 
     def device_order(self, plan: Plan, node: NodeState) -> Sequence[int]:
         return BestFit().device_order(plan, node)
@@ -656,22 +706,32 @@ class Scarcity:
     ) -> Iterator[Candidate]:
         """The candidates of an untouched search whose least (cost, fullness, position) key is
         ``cheapest`` at GPU ``position``: the first of its starts costing that, then the rest."""
-        plan, masks, media = search.plan, search.masks, search.media
+        plan = search.plan
         cost = self._cost
-        table = search.gpus[position].table
-        mask, media_taken, counts = masks[position], media[position], search.counts(position)
+        gpu = search.gpus[position]
+        table = gpu.table
         # The least (profile, start) among the starts that cost ``cheapest``: profiles come in
         # table order and their starts in increasing order, so the first found (this runs on
-        # every decision).
+        # every decision). The search is untouched, so the GPU's state group knows each loss
+        # vector's first start, and only the distinct vectors are costed.
         first: tuple[int, int] | None = None
-        for profile in plan.profiles_for(request, table):
-            index = profile.index
-            for i, vector in _loss_ids(table, index, mask, media_taken, counts):
+        group = gpu.group
+        if group is not None:
+            for vector, index, i in _first_starts(group, plan.requests[request].profiles):
                 if cost(vector) == cheapest:
                     first = (index, i)
                     break
-            if first is not None:
-                break
+        else:
+            mask, media_taken = search.masks[position], search.media[position]
+            counts = search.counts(position)
+            for profile in plan.profiles_for(request, table):
+                index = profile.index
+                for i, vector in _loss_ids(table, index, mask, media_taken, counts):
+                    if cost(vector) == cheapest:
+                        first = (index, i)
+                        break
+                if first is not None:
+                    break
         if first is None:
             raise AssertionError("the cheapest GPU has no start of the cheapest cost")
         profile = table.profiles[first[0]]
@@ -680,7 +740,7 @@ class Scarcity:
         rest.remove(
             (
                 cheapest,
-                table.slices - mask.bit_count(),
+                table.slices - search.masks[position].bit_count(),
                 position,
                 *first,
                 (position, profile, first[1]),
@@ -717,14 +777,13 @@ _NEAR_LIMIT = 1e6
 
 
 def _first_tier(
-    scored: list[tuple[float, int, int]], buckets: Buckets
+    scored: list[tuple[float, int, int]], least: float, buckets: Buckets
 ) -> tuple[tuple[float, int], GpuState]:
-    """The least (rounded cost, free) key of ``scored`` (least sums, not rounded) and the GPU of
-    least (rank, index) in its buckets.
+    """The least (rounded cost, free) key of ``scored`` (least sums, not rounded; ``least`` the
+    least of them) and the GPU of least (rank, index) in its buckets.
 
     Rounding is monotonic, so only sums within ``_NEAR`` of the least can round to the least
     cost: just those are rounded."""
-    least = min(scored)[0]
     near = least + _NEAR if least < _NEAR_LIMIT else float("inf")
     key: tuple[float, int] | None = None
     tier: list[int] = []

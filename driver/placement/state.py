@@ -68,6 +68,7 @@ class GpuState:
     __slots__ = (
         "caps",
         "counts",
+        "disjoint",
         "group",
         "index",
         "key",
@@ -98,6 +99,10 @@ class GpuState:
         # levels[sig id]: this GPU's level for the signature (lower is better), -1 if it cannot fit.
         self.levels: tuple[int, ...] = ()
         self.derive()
+        self.disjoint = self.occupants_disjoint()
+        """Whether the occupants' slices are pairwise disjoint and at most one holds the ``+me``
+        engine (always, unless overlapping records were fed): then the state a release leads to
+        follows from the current state and the occupant released alone (kept by the inventory)."""
 
     def derive(self) -> None:
         """Recompute mask, media and per-profile counts from the occupants."""
@@ -122,6 +127,23 @@ class GpuState:
                 if profile is not None:
                     counts[profile.index] += 1
         return (table, mask & table.full_mask, media, tuple(counts))
+
+    def occupants_disjoint(self) -> bool:
+        """:attr:`disjoint` worked out from the occupants."""
+        table = self.table
+        full_mask, media_names = table.full_mask, table.media_names
+        mask = 0
+        media = False
+        for occupant in self.occupants:
+            taken = occupant.mask & full_mask
+            if mask & taken:
+                return False
+            mask |= taken
+            if occupant.media or occupant.profile in media_names:
+                if media:
+                    return False
+                media = True
+        return True
 
     def add(self, occupant: Occupant) -> None:
         """What :meth:`derive` gives after ``occupant`` was appended to the occupants, without
