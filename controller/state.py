@@ -32,15 +32,16 @@ logger = logging.getLogger(__name__)
 
 
 class SliceState:
-    """What the webhook process keeps of the published slices: which profiles are on offer and how
-    many fit one GPU. No placement engine, no selector views (``SliceInventory(None,
-    selectors=False)``): about a third of ``AllocationState``'s memory per node. The same ``lock``,
-    ``inventory`` and ``refresh`` as ``AllocationState``, so ``CacheAdmissionContext`` reads
-    either."""
+    """The published slices behind one lock. Alone it is what the webhook process keeps — which
+    profiles are on offer and how many fit one GPU: no placement engine, no selector views
+    (``SliceInventory(None, selectors=False)``), about a third of ``AllocationState``'s memory per
+    node; ``AllocationState`` extends it, so ``CacheAdmissionContext`` reads either."""
 
-    def __init__(self) -> None:
+    def __init__(self, inventory: SliceInventory | None = None) -> None:
         self.lock = threading.RLock()
-        self.inventory = SliceInventory(None, selectors=False)
+        self.inventory = (
+            inventory if inventory is not None else SliceInventory(None, selectors=False)
+        )
 
     def slice_changed(self, slice_obj: JsonObject) -> None:
         with self.lock:
@@ -55,11 +56,13 @@ class SliceState:
         return self.inventory.refresh()
 
 
-class AllocationState:
+class AllocationState(SliceState):
+    """The allocator's: the slice inventory with its placement engine and selector views, the
+    claims' occupancy, the node filter and the candidates cache."""
+
     def __init__(self, *, policy: str) -> None:
-        self.lock = threading.RLock()
         self.engine = Engine(policy=policy)
-        self.inventory = SliceInventory(self.engine)
+        super().__init__(SliceInventory(self.engine))
         self.occupancy = ClaimOccupancy(engine=self.engine, inventory=self.inventory)
         self.candidates = CandidateCache(self.inventory)
         self.nodes = NodeFilter()
@@ -74,15 +77,7 @@ class AllocationState:
         self.generation = 0
         """Bumped by every ``rebuild``: a worker's check spans no rebuild."""
 
-    # -- informer side -------------------------------------------------------------------------
-
-    def slice_changed(self, slice_obj: JsonObject) -> None:
-        with self.lock:
-            self.inventory.slice_changed(slice_obj)
-
-    def slice_deleted(self, slice_obj: JsonObject) -> None:
-        with self.lock:
-            self.inventory.slice_deleted(slice_obj)
+    # -- informer side (slices: ``SliceState``) --------------------------------------------------
 
     def claim_changed(self, claim: JsonObject) -> bool:
         """True if slices were freed."""
@@ -127,7 +122,7 @@ class AllocationState:
 
     def refresh(self) -> set[str]:
         """Apply pending slice changes (call with ``lock`` held); nodes whose devices changed."""
-        changed = self.inventory.refresh()
+        changed = super().refresh()
         for node in changed:
             self.occupancy.node_refreshed(node)
         return changed
