@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from driver.cluster.port import PODS, JsonObject
+from driver.errors import ConflictError
 from localcluster.cluster.kubelet import RUN_SECONDS_ANNOTATION, NodeSpec
 from localcluster.cluster.runner import LocalCluster
 from localcluster.cluster.workloads.common import DEPLOYMENTS, JOBS, REPLICA_SETS, STATEFUL_SETS
@@ -44,11 +45,18 @@ def _running(cluster: LocalCluster, prefix: str) -> list[str]:
 
 
 def _scale(cluster: LocalCluster, resource: Any, name: str, replicas: int) -> None:
+    """Read, change, write — again on a 409, as ``kubectl scale`` does: the workload's controller
+    may write its status between our read and our write."""
     assert cluster.api is not None
-    current = cluster.api.get(resource, name=name, namespace=NS)
-    updated = copy.deepcopy(current)
-    updated["spec"]["replicas"] = replicas
-    cluster.api.update(resource, updated)
+    for attempt in range(5):
+        updated = copy.deepcopy(cluster.api.get(resource, name=name, namespace=NS))
+        updated["spec"]["replicas"] = replicas
+        try:
+            cluster.api.update(resource, updated)
+            return
+        except ConflictError:
+            if attempt == 4:
+                raise
 
 
 def test_deployment_scales_through_one_replicaset(
