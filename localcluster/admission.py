@@ -22,6 +22,7 @@ import json
 import logging
 import socket
 import ssl
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -159,6 +160,21 @@ class MutatingAdmission:
 
 
 _CEL = celpy.Environment()
+_CEL_LOCK = threading.Lock()
+"""celpy's parser keeps per-call state on the shared environment: compiled from several request
+threads at once, expressions came out wrong — a true matchCondition read false (33 of 3,200
+evaluations in 8 threads), so a webhook was silently skipped and a pod admitted without its gate
+(the demo's rare "no MIG slice" Job pod). Programs are compiled once, under this lock, as the
+controller's selectors are (``controller/selectors.py``); evaluating a shared program is safe."""
+_PROGRAMS: dict[str, Any] = {}
+
+
+def _program(expression: str) -> Any:
+    with _CEL_LOCK:
+        program = _PROGRAMS.get(expression)
+        if program is None:
+            program = _PROGRAMS[expression] = _CEL.program(_CEL.compile(expression))
+        return program
 
 
 def match_conditions_hold(hook: JsonObj, obj: JsonObj, old: JsonObj | None) -> bool:
@@ -170,8 +186,7 @@ def match_conditions_hold(hook: JsonObj, obj: JsonObj, old: JsonObj | None) -> b
     for condition in hook.get("matchConditions") or []:
         name = condition.get("name")
         try:
-            program = _CEL.program(_CEL.compile(str(condition.get("expression") or "")))
-            result = program.evaluate(activation)
+            result = _program(str(condition.get("expression") or "")).evaluate(activation)
         except (CELParseError, CELEvalError) as exc:
             raise WebhookCallError(f"matchCondition {name!r}: {exc}") from exc
         if not isinstance(result, celtypes.BoolType):

@@ -285,9 +285,11 @@ class InstaSliceStack(DaemonStack):
         config = webhook_configuration(url=url, ca_bundle=self._ca_bundle)
         # deploy/base/webhook.yaml's rules, with more time per call: the pods-with-claims hook fails
         # open after its 3 s, and kube-scheduler then allocates such a pod itself, but this
-        # cluster's scheduler only binds, so here a pod the webhook missed would never run. On a
-        # loaded 2-core machine a first call can take seconds (seen: the demo's Job pod admitted
-        # ungated and left Pending). The real stack keeps the deployed timeouts.
+        # cluster's scheduler only binds, so here a pod the webhook missed would never run, and a
+        # loaded 2-core machine can take seconds for a first call. (The demo's Job pod admitted
+        # ungated and left Pending was not a timeout after all: the local API server compiled
+        # matchConditions from several threads at once and celpy got them wrong — fixed in
+        # localcluster/admission.py.) The real stack keeps the deployed timeouts.
         for hook in config.get("webhooks") or []:
             hook["timeoutSeconds"] = LOCAL_WEBHOOK_TIMEOUT_S
         apply_object(self.api, config)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -25,9 +26,12 @@ from cryptography.x509.oid import NameOID
 from kubernetes import client
 from kubernetes.client import ApiException
 
+from localcluster.admission import match_conditions_hold
 from localcluster.apiserver import LocalApiServer
 from localcluster.testing import api_client, close_client
 from tests.localcluster.helpers import NS, pod, status_of
+
+REPO = Path(__file__).resolve().parents[2]
 
 GATE = "instaslice.dev/placement"
 SERVICE_DNS = "hook.instaslice-system.svc"
@@ -389,3 +393,37 @@ def test_webhook_configuration_is_validated(core: Any, tls: Tls) -> None:
         _install(core, configuration)
 
     assert caught.value.status == 422
+
+
+def test_match_conditions_evaluated_from_many_threads_give_one_answer() -> None:
+    """The local API server admits from one thread per request; celpy compiled expressions wrong
+    when several compiled at once (a true condition read false, a webhook silently skipped)."""
+    docs = yaml.safe_load_all((REPO / "deploy" / "base" / "webhook.yaml").read_text())
+    hooks = [
+        hook
+        for doc in docs
+        if doc and doc.get("kind") == "MutatingWebhookConfiguration"
+        for hook in doc["webhooks"]
+    ]
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns"},
+        "spec": {
+            "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": "t"}],
+            "containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "mig"}]}}],
+        },
+    }
+    expected = [match_conditions_hold(hook, pod, None) for hook in hooks]
+    assert expected == [False, True]  # the classic webhook skips it, the claims webhook takes it
+    answers: list[list[bool]] = []
+
+    def admit_many() -> None:
+        for _ in range(150):
+            answers.append([match_conditions_hold(hook, pod, None) for hook in hooks])
+
+    threads = [threading.Thread(target=admit_many) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(answers) == 1200
+    assert all(answer == expected for answer in answers)
