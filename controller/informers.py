@@ -103,11 +103,7 @@ def admission_claim(claim: JsonObject) -> JsonObject:
     """What the webhook process keeps of a claim: the device classes its requests name are all
     admission reads (``CacheAdmissionContext.claim_device_classes``), so the status — the
     allocation and its users, about half of an allocated claim — and managedFields are dropped."""
-    metadata = claim.get("metadata")
-    kept: JsonObject = {k: v for k, v in claim.items() if k not in ("status", "metadata")}
-    if isinstance(metadata, dict):
-        kept["metadata"] = {k: v for k, v in metadata.items() if k != "managedFields"}
-    return kept
+    return strip_managed_fields({k: v for k, v in claim.items() if k != "status"})
 
 
 class _InformerSet:

@@ -382,12 +382,9 @@ class JsonInterner:
         return len(self._table)
 
     def _intern(self, value: object) -> tuple[_Key | None, object]:
-        kind = type(value)
-        if kind is str:
-            assert isinstance(value, str)
+        if isinstance(value, str):
             return value, (sys.intern(value) if len(value) <= 64 else value)
-        if kind is dict:
-            assert isinstance(value, dict)
+        if isinstance(value, dict):
             shared = len(value) <= self._max_width
             entries: dict[str, object] = {}
             keys: list[object] = ["d"]
@@ -398,8 +395,7 @@ class JsonInterner:
                 elif shared:
                     keys += (name, key)
             return self._shared(tuple(keys), entries) if shared else (None, entries)
-        if kind is list:
-            assert isinstance(value, list)
+        if isinstance(value, list):
             shared = len(value) <= self._max_width
             items: list[object] = []
             keys = ["l"]
@@ -411,7 +407,7 @@ class JsonInterner:
                 elif shared:
                     keys.append(key)
             return self._shared(tuple(keys), items) if shared else (None, items)
-        return (kind, value), value
+        return (type(value), value), value
 
     def _shared(
         self, key: tuple[object, ...], fresh: JsonObject | list[object]
