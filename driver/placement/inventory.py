@@ -22,6 +22,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 
 from driver.errors import NotFoundError
 from driver.placement.rankset import RankSet
+from driver.placement.request import DeviceAssignment
 from driver.placement.state import GpuState, NodeSpec, NodeState, Occupant, StateKey
 from driver.placement.tables import GpuTable, Signature
 
@@ -200,6 +201,10 @@ class Inventory:
         self._occupants: dict[tuple[str, int], list[Occupant]] = {}
         self._occupant_of: dict[tuple[int, int, bool, str | None], Occupant] = {}
         """Occupants are immutable, so equal ones are one object (built once, not per occupy)."""
+        self._slots: dict[int, tuple[DeviceAssignment, GpuState, Occupant]] = {}
+        """Device id -> (that device, its GPU, its occupant) (:meth:`device_slot`); emptied when
+        a node is set or removed (its GPUs are new objects then). Entries hold their device, so
+        ids are not reused."""
         self._signatures: dict[Signature, SignatureIndex] = {}
         self._sig_list: list[SignatureIndex] = []
         self._multi = 0
@@ -228,6 +233,7 @@ class Inventory:
     def set_node(self, spec: NodeSpec) -> None:
         """Add a node or replace what it publishes; its occupancy is kept."""
         old = self._nodes.get(spec.name)
+        self._slots.clear()
         reuse_rank = -1
         if old is not None:
             reuse_rank = old.rank
@@ -281,6 +287,7 @@ class Inventory:
         node = self._nodes.pop(name, None)
         if node is None:
             return
+        self._slots.clear()
         shape_nodes = self._shapes[node.shape]
         del shape_nodes[name]
         if not shape_nodes:
@@ -340,15 +347,7 @@ class Inventory:
         Never refuses: the API server is the truth, so overlapping records are kept (and all block
         their slices) until each is released.
         """
-        if start < 0 or size < 1:
-            raise ValueError(f"bad placement start={start} size={size}")
-        described = (start, size, media, profile)
-        occupant = self._occupant_of.get(described)
-        if occupant is None:
-            if len(self._occupant_of) >= _OCCUPANT_CACHE_LIMIT:
-                self._occupant_of.clear()
-            occupant = Occupant(start=start, size=size, media=media, profile=profile)
-            self._occupant_of[described] = occupant
+        occupant = self._occupant(start=start, size=size, media=media, profile=profile)
         key = (node, gpu_index)
         occupants = self._occupants.get(key)
         if occupants is None:
@@ -390,6 +389,65 @@ class Inventory:
         gpu = self._gpus.get(key)
         if gpu is not None:
             self._refresh(gpu.node, gpu, removed=removed)
+
+    def occupy_device(self, device: DeviceAssignment) -> None:
+        """:meth:`occupy` of a device the engine placed (its commit), the GPU already checked free.
+
+        A device's GPU and occupant are remembered per device object (the engine answers with
+        remembered devices), so committing and releasing it again looks nothing up."""
+        gpu, occupant = self.device_slot(device)
+        gpu.occupants.append(occupant)
+        self._refresh(gpu.node, gpu, occupant)
+
+    def release_device(self, device: DeviceAssignment) -> None:
+        """:meth:`release` of a device :meth:`occupy_device` recorded."""
+        slot = self._slots.get(id(device))
+        if slot is not None and slot[0] is device:
+            _, gpu, occupant = slot
+            occupants = gpu.occupants
+            # Equal occupants are one object (``_occupant``), and any equal one may go: they
+            # leave the same state behind.
+            for at, held in enumerate(occupants):
+                if held is occupant:
+                    del occupants[at]
+                    self._refresh(gpu.node, gpu, removed=occupant)
+                    return
+        self.release(
+            device.node,
+            device.gpu_index,
+            start=device.start,
+            size=device.size,
+            media=device.media,
+            profile=device.profile,
+        )
+
+    def device_slot(self, device: DeviceAssignment) -> tuple[GpuState, Occupant]:
+        """The GPU a device is on and the occupant it makes there; ``NotFoundError`` if the GPU
+        is not in the inventory."""
+        slot = self._slots.get(id(device))
+        if slot is not None and slot[0] is device:
+            return slot[1], slot[2]
+        gpu = self.gpu(device.node, device.gpu_index)
+        occupant = self._occupant(
+            start=device.start, size=device.size, media=device.media, profile=device.profile
+        )
+        if len(self._slots) >= _OCCUPANT_CACHE_LIMIT:
+            self._slots.clear()
+        self._slots[id(device)] = (device, gpu, occupant)
+        return gpu, occupant
+
+    def _occupant(self, *, start: int, size: int, media: bool, profile: str | None) -> Occupant:
+        """The one occupant object of these fields (built once, not per occupy)."""
+        if start < 0 or size < 1:
+            raise ValueError(f"bad placement start={start} size={size}")
+        described = (start, size, media, profile)
+        occupant = self._occupant_of.get(described)
+        if occupant is None:
+            if len(self._occupant_of) >= _OCCUPANT_CACHE_LIMIT:
+                self._occupant_of.clear()
+            occupant = Occupant(start=start, size=size, media=media, profile=profile)
+            self._occupant_of[described] = occupant
+        return occupant
 
     def occupants(self, node: str, gpu_index: int) -> tuple[Occupant, ...]:
         return tuple(self._occupants.get((node, gpu_index), ()))
