@@ -573,9 +573,10 @@ class Scarcity:
         # States are kept in buckets of equal options and fullness by the inventory (updated as
         # states come and go), so a decision scores each bucket once and regroups nothing.
         buckets = inventory.state_buckets(wanted, _bucket_of(wanted))
-        scored, least = self._scored_buckets(buckets)
-        if not scored:
+        if not buckets:
             return
+        raw = self._raw
+        least = self._least_sums(buckets)
         # One condition of one signature (most pods): its rank set alone says whether a node fits.
         only = (
             conditions[0].sets[0].any if len(conditions) == 1 == len(conditions[0].sets) else None
@@ -584,9 +585,8 @@ class Scarcity:
         # The first tier's first node (usually the answer) without rounding every cost nor
         # sorting every rank of every tier: the least (cost, free) key, then the GPU of least
         # (rank, index) in its buckets.
-        key, gpu = _first_tier(scored, least, buckets)
+        key, gpu = _first_tier(buckets, raw, least)
         rank = gpu.node.rank
-        seen = {rank}
         if (rank in only) if only is not None else _in_all(unions, rank):
             node = inventory.node_at(rank)
             if node is not None:
@@ -596,8 +596,13 @@ class Scarcity:
                     yield node
                 finally:
                     self._first = None
-        scored = [(round(raw, 9), free, bucket) for raw, free, bucket in scored]
-        scored.sort()  # (cost, free, bucket) is unique
+        # The full order, only if that node did not take the pod (a one-device pod never gets
+        # here: the first tier's GPU fits it).
+        seen = {rank}
+        scored = sorted(
+            (round(raw[bucket >> _FREE_SHIFT], 9), bucket & _FREE_MASK, bucket)
+            for bucket in buckets
+        )  # (cost, free, bucket) is unique
         start = 0
         while start < len(scored):
             # States of equal cost and fullness form one tier, taken in rank (first-fit) order.
@@ -621,32 +626,30 @@ class Scarcity:
                         yield node
             start = end
 
-    def _scored_buckets(self, buckets: Buckets) -> tuple[list[tuple[float, int, int]], float]:
-        """Each bucket as (its options' least sum, not rounded yet; free memory slices; bucket),
+    def _least_sums(self, buckets: Buckets) -> float:
+        """Each options set of the buckets -> its least sum, not rounded yet (into ``_raw``),
         and the least of those sums (``inf`` if there are no buckets)."""
-        cheapest = self._raw
+        raw = self._raw
         weights_of = self._weights
-        scored: list[tuple[float, int, int]] = []
         least_of_all = float("inf")
         for bucket in buckets:
             options = bucket >> _FREE_SHIFT
-            least = cheapest.get(options)
-            if least is None:
-                # ``_least``, inline (this runs for some 4.5 option sets per decision).
-                table, losses = _OPTION_LOSSES[options]
-                weights = weights_of.get(table) or self._weights_for(table)
-                least = -1.0
-                for lost in losses:
-                    total = 0.0
-                    for q, n in lost:
-                        total += weights[q] * n
-                    if least < 0.0 or total < least:
-                        least = total
-                cheapest[options] = least
-            if least < least_of_all:  # noqa: PLR1730 - ``min`` is a call per bucket
+            if options in raw:
+                continue
+            # ``_least``, inline (this runs for some 4.5 option sets per decision).
+            table, losses = _OPTION_LOSSES[options]
+            weights = weights_of.get(table) or self._weights_for(table)
+            least = -1.0
+            for lost in losses:
+                total = 0.0
+                for q, n in lost:
+                    total += weights[q] * n
+                if least < 0.0 or total < least:
+                    least = total
+            raw[options] = least
+            if least < least_of_all:  # noqa: PLR1730 - ``min`` is a call per options set
                 least_of_all = least
-            scored.append((least, bucket & _FREE_MASK, bucket))
-        return scored, least_of_all
+        return least_of_all
 
     def device_order(self, plan: Plan, node: NodeState) -> Sequence[int]:
         return BestFit().device_order(plan, node)
@@ -777,19 +780,21 @@ _NEAR_LIMIT = 1e6
 
 
 def _first_tier(
-    scored: list[tuple[float, int, int]], least: float, buckets: Buckets
+    buckets: Buckets, raw: Mapping[int, float], least: float
 ) -> tuple[tuple[float, int], GpuState]:
-    """The least (rounded cost, free) key of ``scored`` (least sums, not rounded; ``least`` the
-    least of them) and the GPU of least (rank, index) in its buckets.
+    """The least (rounded cost, free) key of the buckets (``raw``: their options sets' least
+    sums, not rounded; ``least`` the least of them) and the GPU of least (rank, index) in the
+    buckets of that key.
 
     Rounding is monotonic, so only sums within ``_NEAR`` of the least can round to the least
     cost: just those are rounded."""
     near = least + _NEAR if least < _NEAR_LIMIT else float("inf")
     key: tuple[float, int] | None = None
     tier: list[int] = []
-    for raw, free, bucket in scored:
-        if raw <= near:
-            entry = (round(raw, 9), free)
+    for bucket in buckets:
+        total = raw[bucket >> _FREE_SHIFT]
+        if total <= near:
+            entry = (round(total, 9), bucket & _FREE_MASK)
             if key is None or entry < key:
                 key, tier = entry, [bucket]
             elif entry == key:
