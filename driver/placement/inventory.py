@@ -263,6 +263,7 @@ class Inventory:
             for sig in self._sigs_for(gpu.table):
                 level = gpu.levels[sig.id]
                 if level >= 0:
+                    node.fitting[sig.id] = node.fitting.get(sig.id, 0) + 1
                     best = node.best.get(sig.id, -1)
                     if best < 0 or level < best:
                         node.best[sig.id] = level
@@ -545,7 +546,43 @@ class Inventory:
             gpu.levels = step.levels
             return
         gpu.levels = step.levels
-        graded = self.track_levels
+        if self.track_levels:
+            self._regrade(node, changed)
+        else:
+            self._refit(node, changed)
+
+    def _refit(self, node: NodeState, changed: tuple[tuple[SignatureIndex, int, int], ...]) -> None:
+        """The node's index entries after one GPU's levels changed, without ``track_levels``.
+
+        Every level that fits is 0: the node is in a signature's index while it counts a GPU
+        that fits (``NodeState.fitting``), so no change needs a scan of its GPUs."""
+        update_sets = not self._ranks_dirty
+        node_best = node.best
+        rank = node.rank
+        fitting = node.fitting
+        for sig, new, _ in changed:
+            sig_id = sig.id
+            if new >= 0:
+                count = fitting.get(sig_id, 0)
+                fitting[sig_id] = count + 1
+                if count:
+                    continue
+                node_best[sig_id] = 0
+                if update_sets:
+                    sig.add(rank, 0, graded=False)
+            else:
+                count = fitting[sig_id] - 1
+                fitting[sig_id] = count
+                if count:
+                    continue
+                del node_best[sig_id]
+                if update_sets:
+                    sig.discard(rank, 0, graded=False)
+
+    def _regrade(
+        self, node: NodeState, changed: tuple[tuple[SignatureIndex, int, int], ...]
+    ) -> None:
+        """The node's best levels and index tiers after one GPU's levels changed."""
         update_sets = not self._ranks_dirty
         node_best = node.best
         rank = node.rank
@@ -560,8 +597,7 @@ class Inventory:
                 continue
             else:
                 # It was the best and got worse: the node's best is its best GPU now (no level
-                # is below 0, so a GPU at 0 ends the search: without ``track_levels`` every
-                # level that fits is 0, and this runs on about every other GPU change).
+                # is below 0, so a GPU at 0 ends the search).
                 best = -1
                 for other in node.gpus:
                     other_level = other.levels[sig_id]
@@ -578,10 +614,10 @@ class Inventory:
             if not update_sets:
                 continue
             if old_best < 0:
-                sig.add(rank, best, graded=graded)
+                sig.add(rank, best, graded=True)
             elif best < 0:
-                sig.discard(rank, old_best, graded=graded)
-            elif graded:
+                sig.discard(rank, old_best, graded=True)
+            else:
                 sig.move(rank, old_best, best)
 
     def _step_for(self, gpu: GpuState, added: Occupant | None, removed: Occupant | None) -> _Step:
@@ -717,6 +753,7 @@ class Inventory:
         self._drop_steps()
         for node in self._nodes.values():
             best = -1
+            fits = 0
             for gpu in node.gpus:
                 key = gpu.key
                 levels = self._level_cache.get(key)
@@ -730,10 +767,13 @@ class Inventory:
                     self._level_cache[key] = levels
                 gpu.levels = levels
                 level = levels[sig.id]
-                if level >= 0 and (best < 0 or level < best):
-                    best = level
+                if level >= 0:
+                    fits += 1
+                    if best < 0 or level < best:
+                        best = level
             if best >= 0:
                 node.best[sig.id] = best
+                node.fitting[sig.id] = fits
                 if not self._ranks_dirty:
                     sig.add(node.rank, best, graded=graded)
         return sig
