@@ -665,7 +665,9 @@ class Scarcity:
             _, first_gpu, first_cost, first_wanted = first_node
             position = gpus.index(first_gpu)
             if position in positions and plan.requests[request].profiles == first_wanted:
-                yield from self._from_cheapest(search, request, positions, position, first_cost)
+                first = self._cheapest_start(search, request, position, first_cost)
+                yield first
+                yield from self._after(search, request, positions, first, first_cost)
                 return
         if search.untouched:
             # Each GPU's cheapest start costs what its state's options do (as scored by ``nodes``),
@@ -689,7 +691,9 @@ class Scarcity:
             if not least:
                 return
             cheapest, _, position = min(least)
-            yield from self._from_cheapest(search, request, positions, position, cheapest)
+            first = self._cheapest_start(search, request, position, cheapest)
+            yield first
+            yield from self._after(search, request, positions, first, cheapest)
             return
         scored = self._scored(search, request, positions)
         if not scored:
@@ -699,16 +703,11 @@ class Scarcity:
         for entry in scored[1:]:
             yield entry[5]
 
-    def _from_cheapest(
-        self,
-        search: NodeSearch,
-        request: int,
-        positions: Sequence[int],
-        position: int,
-        cheapest: float,
-    ) -> Iterator[Candidate]:
-        """The candidates of an untouched search whose least (cost, fullness, position) key is
-        ``cheapest`` at GPU ``position``: the first of its starts costing that, then the rest."""
+    def _cheapest_start(
+        self, search: NodeSearch, request: int, position: int, cheapest: float
+    ) -> Candidate:
+        """The first candidate of an untouched search whose least (cost, fullness, position) key
+        is ``cheapest`` at GPU ``position``: the first of its starts costing that."""
         plan = search.plan
         cost = self._cost
         gpu = search.gpus[position]
@@ -737,16 +736,29 @@ class Scarcity:
                     break
         if first is None:
             raise AssertionError("the cheapest GPU has no start of the cheapest cost")
-        profile = table.profiles[first[0]]
-        yield position, profile, first[1]
+        return position, table.profiles[first[0]], first[1]
+
+    def _after(
+        self,
+        search: NodeSearch,
+        request: int,
+        positions: Sequence[int],
+        first: Candidate,
+        cheapest: float,
+    ) -> Iterator[Candidate]:
+        """The candidates after :meth:`_cheapest_start`'s ``first`` (of cost ``cheapest``), in
+        order: only if the search goes on, which a one-device pod's never does."""
+        position, profile, i = first
+        table = search.gpus[position].table
         rest = self._scored(search, request, positions)
         rest.remove(
             (
                 cheapest,
                 table.slices - search.masks[position].bit_count(),
                 position,
-                *first,
-                (position, profile, first[1]),
+                profile.index,
+                i,
+                first,
             )
         )
         rest.sort()
