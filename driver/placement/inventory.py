@@ -97,7 +97,7 @@ class StateGroup:
     recompute its memo), up to ``MAX_KNOWN_STATES`` groups.
     """
 
-    __slots__ = ("free", "gpus", "joined", "joins", "key", "memo")
+    __slots__ = ("adds", "free", "gpus", "joined", "joins", "key", "memo", "releases")
 
     def __init__(self, key: StateKey) -> None:
         self.key = key
@@ -111,6 +111,12 @@ class StateGroup:
         (worked out once per bucketing, not on every first GPU)."""
         self.joined = 0
         """How many of the inventory's bucketings ``joins`` covers (all of them while live)."""
+        self.adds: dict[int, _Step] = {}
+        """Id of an occupant added -> the step it takes a GPU in this state (the inventory's
+        step table for ``track_states``: a GPU change looks its step up without hashing the
+        state key)."""
+        self.releases: dict[int, _Step] = {}
+        """Id of an occupant released -> its step, for :attr:`GpuState.disjoint` GPUs."""
 
 
 MAX_KNOWN_STATES = 1 << 16
@@ -224,6 +230,8 @@ class Inventory:
         self._steps: dict[tuple[StateKey, object], _Step] = {}
         """(state, id of the occupant added or the state a release leads to) -> its step."""
         self._release_steps: dict[tuple[StateKey, int], _Step] = {}
+        self._group_steps = 0
+        """Steps kept on state groups (``StateGroup.adds`` and ``releases``, ``track_states``)."""
         """(state, id of the occupant released) -> its step, for :attr:`GpuState.disjoint` GPUs."""
         for spec in nodes:
             self.set_node(spec)
@@ -569,7 +577,7 @@ class Inventory:
                     continue
                 node_best[sig_id] = 0
                 if update_sets:
-                    sig.add(rank, 0, graded=False)
+                    sig.any.add(rank)  # ``SignatureIndex.add`` without levels
             else:
                 count = fitting[sig_id] - 1
                 fitting[sig_id] = count
@@ -577,7 +585,7 @@ class Inventory:
                     continue
                 del node_best[sig_id]
                 if update_sets:
-                    sig.discard(rank, 0, graded=False)
+                    sig.any.discard(rank)
 
     def _regrade(
         self, node: NodeState, changed: tuple[tuple[SignatureIndex, int, int], ...]
@@ -623,6 +631,25 @@ class Inventory:
     def _step_for(self, gpu: GpuState, added: Occupant | None, removed: Occupant | None) -> _Step:
         """The step the GPU's change (see :meth:`_refresh`) takes from its current state."""
         old_key = gpu.key
+        group = gpu.group
+        # With ``track_states`` the GPU's group is its state: steps are kept there, found
+        # without hashing the state key.
+        if group is not None and added is not None:
+            step = group.adds.get(id(added))
+            if step is None:
+                step = self._step(gpu, added)
+                group.adds[id(added)] = step
+                self._group_steps += 1
+            if step.overlaps:
+                gpu.disjoint = False
+            return step
+        if group is not None and removed is not None and gpu.disjoint:
+            step = group.releases.get(id(removed))
+            if step is None:
+                step = self._step(gpu, None, removed)
+                group.releases[id(removed)] = step
+                self._group_steps += 1
+            return step
         if added is not None:
             step_key: tuple[StateKey, object] = (old_key, id(added))
             step = self._steps.get(step_key)
@@ -653,7 +680,7 @@ class Inventory:
     ) -> _Step:
         """Work out a step the long way, from the GPU as it is now (still in its old state, its
         occupants already changed); the GPU's derived fields are left in the new state."""
-        if len(self._steps) + len(self._release_steps) >= MAX_STEPS:
+        if len(self._steps) + len(self._release_steps) + self._group_steps >= MAX_STEPS:
             self._drop_steps()
         old_caps, old_levels, old_key = gpu.caps, gpu.levels, gpu.key
         overlaps = False
@@ -702,6 +729,11 @@ class Inventory:
     def _drop_steps(self) -> None:
         self._steps = {}
         self._release_steps = {}
+        if self._group_steps:
+            for group in self._states.values():
+                group.adds = {}
+                group.releases = {}
+            self._group_steps = 0
 
     def _levels_for(self, gpu: GpuState) -> tuple[int, ...]:
         """The GPU's level for every indexed signature (by sig id), shared by equal GPU states.
