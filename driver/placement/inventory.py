@@ -230,9 +230,10 @@ class Inventory:
         self._steps: dict[tuple[StateKey, object], _Step] = {}
         """(state, id of the occupant added or the state a release leads to) -> its step."""
         self._release_steps: dict[tuple[StateKey, int], _Step] = {}
-        self._group_steps = 0
-        """Steps kept on state groups (``StateGroup.adds`` and ``releases``, ``track_states``)."""
         """(state, id of the occupant released) -> its step, for :attr:`GpuState.disjoint` GPUs."""
+        self._group_steps = 0
+        """Steps kept on state groups instead (``StateGroup.adds`` and ``releases``), with
+        ``track_states``."""
         for spec in nodes:
             self.set_node(spec)
 
