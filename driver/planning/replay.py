@@ -124,9 +124,13 @@ class _Utilization:
             self.area += self.used * (now - self.last)
             self.last = now
 
-    def change(self, delta: int) -> None:
-        self.used += delta
-        self.peak = max(self.peak, self.used)
+    def take(self, slices: int) -> None:
+        used = self.used = self.used + slices
+        if used > self.peak:  # noqa: PLR1730 - ``max`` is a call per placement
+            self.peak = used
+
+    def give(self, slices: int) -> None:
+        self.used -= slices  # the peak cannot rise
 
     def mean(self, end: float) -> float:
         span = end - self.start
@@ -178,7 +182,7 @@ def replay(
             slices = (
                 assignments[0].size if len(assignments) == 1 else sum(a.size for a in assignments)
             )
-            use.change(slices)
+            use.take(slices)
             sequence += 1
             heapq.heappush(departures, (now + request.duration, sequence, result, slices))
             accepted += 1
@@ -197,7 +201,7 @@ def replay(
             end, _, placed, slices = heapq.heappop(departures)
             use.advance(min(end, last_arrival))
             engine.release_placed(placed)
-            use.change(-slices)
+            use.give(slices)
             if queue:
                 drain(end)
 
