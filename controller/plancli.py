@@ -265,7 +265,7 @@ def render_simulation(
     if defrag:
         limit = max(r.defrag_moves for r in results)
         note += (
-            f"defragged: requests admitted by moving at most {limit} running requests each "
+            f"defragged: requests admitted by moving at most {limit} running request(s) each "
             "(a move is a pod evicted to restart elsewhere); moves: requests moved in all.\n"
         )
         hit = [f"{r.policy} {r.defrag_budget_hit}" for r in results if r.defrag_budget_hit]
