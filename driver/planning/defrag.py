@@ -145,6 +145,7 @@ class _Search:
                 if i not in gpu:
                     gpu.append(i)
         self.checked = 0
+        self._fitting: dict[tuple[str, ...], list[tuple[str, int]]] = {}
 
     def candidates(self) -> list[tuple[Target, frozenset[int]]]:
         """Every placement of the profile that moving units could free, with its blockers."""
@@ -232,7 +233,66 @@ class _Search:
         self.checked += 1
         if self.checked > self.budget:
             raise _OutOfBudgetError
+        if self._left_without_room(moving, targets):
+            return None
         return reseat(self.engine, [self.units[i] for i in sorted(moving)], targets)
+
+    def _left_without_room(self, moving: frozenset[int], targets: Sequence[Target]) -> bool:
+        """Whether some moving unit has no free placement at all once the ``moving`` units leave
+        and the ``targets`` are taken: then ``reseat`` fails (placing the other units only takes
+        more). Read from the GPUs' masks without changing the engine; plans that add a unit far
+        from where the blockers could go (most of them, on a full fleet) end here, not in a
+        release/commit/place round. It counts as a checked plan all the same, so the budget and
+        the plan found are those of ``reseat`` alone."""
+        inventory = self.engine.inventory
+        changed: dict[tuple[str, int], tuple[int, bool]] = {}
+        for i in moving:
+            for s in self.units[i].slices:
+                gpu = inventory.gpu(s.node, s.gpu_index)
+                mask, media = changed.get((s.node, s.gpu_index), (gpu.mask, gpu.media_taken))
+                if s.media or s.profile in gpu.table.media_names:
+                    media = False  # a GPU's one +me engine: this slice held it
+                changed[(s.node, s.gpu_index)] = (mask & ~(((1 << s.size) - 1) << s.start), media)
+        for t in targets:
+            gpu = inventory.gpu(t.node, t.gpu_index)
+            mask, media = changed.get((t.node, t.gpu_index), (gpu.mask, gpu.media_taken))
+            changed[(t.node, t.gpu_index)] = (
+                mask | (((1 << t.size) - 1) << t.start),
+                media or t.media,
+            )
+        for i in moving:
+            profiles = tuple(s.profile for s in self.units[i].slices)
+            if any(key not in changed for key in self._fitting_gpus(profiles)):
+                continue
+            if any(self._free_on(key, profiles, state) for key, state in changed.items()):
+                continue
+            return True
+        return False
+
+    def _fitting_gpus(self, profiles: tuple[str, ...]) -> list[tuple[str, int]]:
+        """The GPUs where each of ``profiles`` has room now (the engine's capacities)."""
+        found = self._fitting.get(profiles)
+        if found is None:
+            found = self._fitting[profiles] = []
+            for node in self.engine.inventory.nodes():
+                for gpu in node.gpus:
+                    by_name = gpu.table.profile_by_name
+                    if all(p in by_name and gpu.caps[by_name[p].index] > 0 for p in profiles):
+                        found.append((node.name, gpu.index))
+        return found
+
+    def _free_on(
+        self, key: tuple[str, int], profiles: tuple[str, ...], state: tuple[int, bool]
+    ) -> bool:
+        """Each of ``profiles`` has a free placement on the GPU with this (mask, +me taken)."""
+        table = self.engine.inventory.gpu(*key).table
+        for name in profiles:
+            profile = table.profile_by_name.get(name)
+            if profile is None or not table.free_starts(
+                profile.index, mask=state[0], media_taken=state[1]
+            ):
+                return False
+        return True
 
 
 def reseat(
