@@ -347,6 +347,12 @@ def _check_defrag_moves(defrag_moves: int, *, queue: bool) -> None:
 
 def _check(engine: Engine, running: RunningRequests, *, when: str) -> None:
     problems = occupancy_problems(engine, (placed for placed, _ in running.placed.values()))
+    # Every request is one pod whose slices share a GPU, wherever it was placed or moved.
+    problems += [
+        f"request {sequence} is spread over GPUs: {placed.assignments}"
+        for sequence, (placed, _) in running.placed.items()
+        if len({(a.node, a.gpu_index) for a in placed.assignments}) > 1
+    ]
     if problems:
         raise AssertionError(f"replay occupancy {when}: " + "; ".join(problems[:10]))
 

@@ -101,7 +101,8 @@ def test_defrag_off_keeps_the_recorded_decisions(policy: str) -> None:
 @pytest.mark.parametrize("policy", POLICIES)
 def test_occupancy_holds_with_moves_across_models_and_multi_slice_requests(policy: str) -> None:
     # Two models (1g.10gb on both: a moved request can change model) and requests of two slices on
-    # one GPU; the occupancy is compared with the running requests after every arrival.
+    # one GPU (some admitted by a plan); after every arrival the occupancy is compared with the
+    # running requests, and each request's slices must share a GPU.
     fleet = parse_fleet(test_decisions.FLEET)
     trace = test_decisions._trace(fleet)[:1200]
     off = replay(trace, fleet, policy=policy)
