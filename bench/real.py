@@ -88,6 +88,7 @@ from bench.realnodes import (
     peak_rss_mib,
     percentile,
     runqueue_wait_s,
+    system_cpu_seconds,
 )
 from controller.settings import DEFAULT_WORKERS
 from driver.cluster.informer import Informer, ListWatch
@@ -647,6 +648,7 @@ def _round(
             waits_before = by_label(apiserver_before, FLOW_WAIT, "flow_schema")
             scheduler_before = counters(scheduler_metrics(stack_dir() / "pki"), SCHEDULER_COUNTERS)
             cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            system_before = {name: system_cpu_seconds(pid) for name, pid in pids.items()}
             wait_before = {name: runqueue_wait_s(pid) for name, pid in pids.items()}
             busy_before = machine_busy_s()
             burst_started = time.monotonic()
@@ -669,6 +671,7 @@ def _round(
                 timeout=options.burst_timeout,
             )
             cpu_after = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            system_after = {name: system_cpu_seconds(pid) for name, pid in pids.items()}
             wait_after = {name: runqueue_wait_s(pid) for name, pid in pids.items()}
             busy = (machine_busy_s() or 0.0) - (busy_before or 0.0)
             burst_s = time.monotonic() - burst_started
@@ -713,6 +716,12 @@ def _round(
         "allocated": allocated,
         "overlaps": found,
         "cpu_s": cpu,
+        # the kernel's part of cpu_s (system time: sockets, TLS record syscalls, page faults)
+        "system_cpu_s": {
+            name: round(after - before, 2)
+            for name, after in system_after.items()
+            if after is not None and (before := system_before.get(name)) is not None
+        },
         # runnable but not running (waiting for a CPU) during the burst
         "runqueue_wait_s": {
             name: round(after - before, 2)
@@ -947,6 +956,8 @@ def _line(r: dict[str, Any]) -> str:
             f"; CPU/pod controller {r['controller_cpu_ms_per_pod']} ms, webhook "
             f"{r.get('webhook_cpu_ms_per_pod')} ms; peak RSS {r['peak_rss_mib']}"
         )
+    if r.get("system_cpu_s"):
+        text += f"; of the CPU seconds, system (kernel) {r['system_cpu_s']}"
     return text
 
 

@@ -82,6 +82,15 @@ def cpu_seconds(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def system_cpu_seconds(pid: int | None) -> float | None:
+    """The system (kernel) part of :func:`cpu_seconds`: for a process that mostly talks over
+    sockets, the kernel's network stack and TLS record syscalls show here, not in Python."""
+    fields = _stat(pid) if pid else None
+    if fields is None:
+        return None
+    return int(fields[12]) / os.sysconf("SC_CLK_TCK")
+
+
 def machine_busy_s() -> float | None:
     """CPU seconds this machine has been busy so far, all CPUs (``/proc/stat``; not idle or
     iowait): with every process's own figure, what the rest of the machine took meanwhile."""

@@ -131,15 +131,13 @@ class Engine:
         inventory = self.inventory
         if len(placed.assignments) == 1:
             (a,) = placed.assignments
-            gpu = inventory.gpu(a.node, a.gpu_index)
-            if gpu.mask & (((1 << a.size) - 1) << a.start) or (gpu.media_taken and a.media):
+            gpu, occupant = inventory.device_slot(a)
+            if gpu.mask & occupant.mask or (gpu.media_taken and a.media):
                 raise PlacementError(
                     f"{a.profile} at start {a.start} on GPU {a.gpu_index} of node {a.node} "
                     "is no longer free; place the pod again"
                 )
-            inventory.occupy(
-                a.node, a.gpu_index, start=a.start, size=a.size, media=a.media, profile=a.profile
-            )
+            inventory.occupy_device(a)
             return
         pending: dict[tuple[str, int], tuple[int, bool]] = {}
         for a in placed.assignments:
@@ -160,9 +158,7 @@ class Engine:
     def release_placed(self, placed: Placed) -> None:
         """Undo :meth:`commit` (e.g. when writing the allocation to the API server failed)."""
         for a in placed.assignments:
-            self.inventory.release(
-                a.node, a.gpu_index, start=a.start, size=a.size, media=a.media, profile=a.profile
-            )
+            self.inventory.release_device(a)
 
     # ------------------------------------------------------------------ queries (metrics)
 

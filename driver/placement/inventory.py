@@ -22,6 +22,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 
 from driver.errors import NotFoundError
 from driver.placement.rankset import RankSet
+from driver.placement.request import DeviceAssignment
 from driver.placement.state import GpuState, NodeSpec, NodeState, Occupant, StateKey
 from driver.placement.tables import GpuTable, Signature
 
@@ -96,7 +97,7 @@ class StateGroup:
     recompute its memo), up to ``MAX_KNOWN_STATES`` groups.
     """
 
-    __slots__ = ("free", "gpus", "joined", "joins", "key", "memo")
+    __slots__ = ("adds", "free", "gpus", "joined", "joins", "key", "memo", "releases")
 
     def __init__(self, key: StateKey) -> None:
         self.key = key
@@ -110,6 +111,12 @@ class StateGroup:
         (worked out once per bucketing, not on every first GPU)."""
         self.joined = 0
         """How many of the inventory's bucketings ``joins`` covers (all of them while live)."""
+        self.adds: dict[int, _Step] = {}
+        """Id of an occupant added -> the step it takes a GPU in this state (the inventory's
+        step table for ``track_states``: a GPU change looks its step up without hashing the
+        state key)."""
+        self.releases: dict[int, _Step] = {}
+        """Id of an occupant released -> its step, for :attr:`GpuState.disjoint` GPUs."""
 
 
 MAX_KNOWN_STATES = 1 << 16
@@ -200,6 +207,10 @@ class Inventory:
         self._occupants: dict[tuple[str, int], list[Occupant]] = {}
         self._occupant_of: dict[tuple[int, int, bool, str | None], Occupant] = {}
         """Occupants are immutable, so equal ones are one object (built once, not per occupy)."""
+        self._slots: dict[int, tuple[DeviceAssignment, GpuState, Occupant]] = {}
+        """Device id -> (that device, its GPU, its occupant) (:meth:`device_slot`); emptied when
+        a node is set or removed (its GPUs are new objects then). Entries hold their device, so
+        ids are not reused."""
         self._signatures: dict[Signature, SignatureIndex] = {}
         self._sig_list: list[SignatureIndex] = []
         self._multi = 0
@@ -220,6 +231,9 @@ class Inventory:
         """(state, id of the occupant added or the state a release leads to) -> its step."""
         self._release_steps: dict[tuple[StateKey, int], _Step] = {}
         """(state, id of the occupant released) -> its step, for :attr:`GpuState.disjoint` GPUs."""
+        self._group_steps = 0
+        """Steps kept on state groups instead (``StateGroup.adds`` and ``releases``), with
+        ``track_states``."""
         for spec in nodes:
             self.set_node(spec)
 
@@ -228,6 +242,7 @@ class Inventory:
     def set_node(self, spec: NodeSpec) -> None:
         """Add a node or replace what it publishes; its occupancy is kept."""
         old = self._nodes.get(spec.name)
+        self._slots.clear()
         reuse_rank = -1
         if old is not None:
             reuse_rank = old.rank
@@ -257,6 +272,7 @@ class Inventory:
             for sig in self._sigs_for(gpu.table):
                 level = gpu.levels[sig.id]
                 if level >= 0:
+                    node.fitting[sig.id] = node.fitting.get(sig.id, 0) + 1
                     best = node.best.get(sig.id, -1)
                     if best < 0 or level < best:
                         node.best[sig.id] = level
@@ -281,6 +297,7 @@ class Inventory:
         node = self._nodes.pop(name, None)
         if node is None:
             return
+        self._slots.clear()
         shape_nodes = self._shapes[node.shape]
         del shape_nodes[name]
         if not shape_nodes:
@@ -340,15 +357,7 @@ class Inventory:
         Never refuses: the API server is the truth, so overlapping records are kept (and all block
         their slices) until each is released.
         """
-        if start < 0 or size < 1:
-            raise ValueError(f"bad placement start={start} size={size}")
-        described = (start, size, media, profile)
-        occupant = self._occupant_of.get(described)
-        if occupant is None:
-            if len(self._occupant_of) >= _OCCUPANT_CACHE_LIMIT:
-                self._occupant_of.clear()
-            occupant = Occupant(start=start, size=size, media=media, profile=profile)
-            self._occupant_of[described] = occupant
+        occupant = self._occupant(start=start, size=size, media=media, profile=profile)
         key = (node, gpu_index)
         occupants = self._occupants.get(key)
         if occupants is None:
@@ -390,6 +399,65 @@ class Inventory:
         gpu = self._gpus.get(key)
         if gpu is not None:
             self._refresh(gpu.node, gpu, removed=removed)
+
+    def occupy_device(self, device: DeviceAssignment) -> None:
+        """:meth:`occupy` of a device the engine placed (its commit), the GPU already checked free.
+
+        A device's GPU and occupant are remembered per device object (the engine answers with
+        remembered devices), so committing and releasing it again looks nothing up."""
+        gpu, occupant = self.device_slot(device)
+        gpu.occupants.append(occupant)
+        self._refresh(gpu.node, gpu, occupant)
+
+    def release_device(self, device: DeviceAssignment) -> None:
+        """:meth:`release` of a device :meth:`occupy_device` recorded."""
+        slot = self._slots.get(id(device))
+        if slot is not None and slot[0] is device:
+            _, gpu, occupant = slot
+            occupants = gpu.occupants
+            # Equal occupants are one object (``_occupant``), and any equal one may go: they
+            # leave the same state behind.
+            for at, held in enumerate(occupants):
+                if held is occupant:
+                    del occupants[at]
+                    self._refresh(gpu.node, gpu, removed=occupant)
+                    return
+        self.release(
+            device.node,
+            device.gpu_index,
+            start=device.start,
+            size=device.size,
+            media=device.media,
+            profile=device.profile,
+        )
+
+    def device_slot(self, device: DeviceAssignment) -> tuple[GpuState, Occupant]:
+        """The GPU a device is on and the occupant it makes there; ``NotFoundError`` if the GPU
+        is not in the inventory."""
+        slot = self._slots.get(id(device))
+        if slot is not None and slot[0] is device:
+            return slot[1], slot[2]
+        gpu = self.gpu(device.node, device.gpu_index)
+        occupant = self._occupant(
+            start=device.start, size=device.size, media=device.media, profile=device.profile
+        )
+        if len(self._slots) >= _OCCUPANT_CACHE_LIMIT:
+            self._slots.clear()
+        self._slots[id(device)] = (device, gpu, occupant)
+        return gpu, occupant
+
+    def _occupant(self, *, start: int, size: int, media: bool, profile: str | None) -> Occupant:
+        """The one occupant object of these fields (built once, not per occupy)."""
+        if start < 0 or size < 1:
+            raise ValueError(f"bad placement start={start} size={size}")
+        described = (start, size, media, profile)
+        occupant = self._occupant_of.get(described)
+        if occupant is None:
+            if len(self._occupant_of) >= _OCCUPANT_CACHE_LIMIT:
+                self._occupant_of.clear()
+            occupant = Occupant(start=start, size=size, media=media, profile=profile)
+            self._occupant_of[described] = occupant
+        return occupant
 
     def occupants(self, node: str, gpu_index: int) -> tuple[Occupant, ...]:
         return tuple(self._occupants.get((node, gpu_index), ()))
@@ -487,7 +555,43 @@ class Inventory:
             gpu.levels = step.levels
             return
         gpu.levels = step.levels
-        graded = self.track_levels
+        if self.track_levels:
+            self._regrade(node, changed)
+        else:
+            self._refit(node, changed)
+
+    def _refit(self, node: NodeState, changed: tuple[tuple[SignatureIndex, int, int], ...]) -> None:
+        """The node's index entries after one GPU's levels changed, without ``track_levels``.
+
+        Every level that fits is 0: the node is in a signature's index while it counts a GPU
+        that fits (``NodeState.fitting``), so no change needs a scan of its GPUs."""
+        update_sets = not self._ranks_dirty
+        node_best = node.best
+        rank = node.rank
+        fitting = node.fitting
+        for sig, new, _ in changed:
+            sig_id = sig.id
+            if new >= 0:
+                count = fitting.get(sig_id, 0)
+                fitting[sig_id] = count + 1
+                if count:
+                    continue
+                node_best[sig_id] = 0
+                if update_sets:
+                    sig.any.add(rank)  # ``SignatureIndex.add`` without levels
+            else:
+                count = fitting[sig_id] - 1
+                fitting[sig_id] = count
+                if count:
+                    continue
+                del node_best[sig_id]
+                if update_sets:
+                    sig.any.discard(rank)
+
+    def _regrade(
+        self, node: NodeState, changed: tuple[tuple[SignatureIndex, int, int], ...]
+    ) -> None:
+        """The node's best levels and index tiers after one GPU's levels changed."""
         update_sets = not self._ranks_dirty
         node_best = node.best
         rank = node.rank
@@ -502,8 +606,7 @@ class Inventory:
                 continue
             else:
                 # It was the best and got worse: the node's best is its best GPU now (no level
-                # is below 0, so a GPU at 0 ends the search: without ``track_levels`` every
-                # level that fits is 0, and this runs on about every other GPU change).
+                # is below 0, so a GPU at 0 ends the search).
                 best = -1
                 for other in node.gpus:
                     other_level = other.levels[sig_id]
@@ -520,15 +623,34 @@ class Inventory:
             if not update_sets:
                 continue
             if old_best < 0:
-                sig.add(rank, best, graded=graded)
+                sig.add(rank, best, graded=True)
             elif best < 0:
-                sig.discard(rank, old_best, graded=graded)
-            elif graded:
+                sig.discard(rank, old_best, graded=True)
+            else:
                 sig.move(rank, old_best, best)
 
     def _step_for(self, gpu: GpuState, added: Occupant | None, removed: Occupant | None) -> _Step:
         """The step the GPU's change (see :meth:`_refresh`) takes from its current state."""
         old_key = gpu.key
+        group = gpu.group
+        # With ``track_states`` the GPU's group is its state: steps are kept there, found
+        # without hashing the state key.
+        if group is not None and added is not None:
+            step = group.adds.get(id(added))
+            if step is None:
+                step = self._step(gpu, added)
+                group.adds[id(added)] = step
+                self._group_steps += 1
+            if step.overlaps:
+                gpu.disjoint = False
+            return step
+        if group is not None and removed is not None and gpu.disjoint:
+            step = group.releases.get(id(removed))
+            if step is None:
+                step = self._step(gpu, None, removed)
+                group.releases[id(removed)] = step
+                self._group_steps += 1
+            return step
         if added is not None:
             step_key: tuple[StateKey, object] = (old_key, id(added))
             step = self._steps.get(step_key)
@@ -559,7 +681,7 @@ class Inventory:
     ) -> _Step:
         """Work out a step the long way, from the GPU as it is now (still in its old state, its
         occupants already changed); the GPU's derived fields are left in the new state."""
-        if len(self._steps) + len(self._release_steps) >= MAX_STEPS:
+        if len(self._steps) + len(self._release_steps) + self._group_steps >= MAX_STEPS:
             self._drop_steps()
         old_caps, old_levels, old_key = gpu.caps, gpu.levels, gpu.key
         overlaps = False
@@ -608,6 +730,11 @@ class Inventory:
     def _drop_steps(self) -> None:
         self._steps = {}
         self._release_steps = {}
+        if self._group_steps:
+            for group in self._states.values():
+                group.adds = {}
+                group.releases = {}
+            self._group_steps = 0
 
     def _levels_for(self, gpu: GpuState) -> tuple[int, ...]:
         """The GPU's level for every indexed signature (by sig id), shared by equal GPU states.
@@ -659,6 +786,7 @@ class Inventory:
         self._drop_steps()
         for node in self._nodes.values():
             best = -1
+            fits = 0
             for gpu in node.gpus:
                 key = gpu.key
                 levels = self._level_cache.get(key)
@@ -672,10 +800,13 @@ class Inventory:
                     self._level_cache[key] = levels
                 gpu.levels = levels
                 level = levels[sig.id]
-                if level >= 0 and (best < 0 or level < best):
-                    best = level
+                if level >= 0:
+                    fits += 1
+                    if best < 0 or level < best:
+                        best = level
             if best >= 0:
                 node.best[sig.id] = best
+                node.fitting[sig.id] = fits
                 if not self._ranks_dirty:
                     sig.add(node.rank, best, graded=graded)
         return sig

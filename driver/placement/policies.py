@@ -573,9 +573,10 @@ class Scarcity:
         # States are kept in buckets of equal options and fullness by the inventory (updated as
         # states come and go), so a decision scores each bucket once and regroups nothing.
         buckets = inventory.state_buckets(wanted, _bucket_of(wanted))
-        scored, least = self._scored_buckets(buckets)
-        if not scored:
+        if not buckets:
             return
+        raw = self._raw
+        least = self._least_sums(buckets)
         # One condition of one signature (most pods): its rank set alone says whether a node fits.
         only = (
             conditions[0].sets[0].any if len(conditions) == 1 == len(conditions[0].sets) else None
@@ -584,9 +585,8 @@ class Scarcity:
         # The first tier's first node (usually the answer) without rounding every cost nor
         # sorting every rank of every tier: the least (cost, free) key, then the GPU of least
         # (rank, index) in its buckets.
-        key, gpu = _first_tier(scored, least, buckets)
+        key, gpu = _first_tier(buckets, raw, least)
         rank = gpu.node.rank
-        seen = {rank}
         if (rank in only) if only is not None else _in_all(unions, rank):
             node = inventory.node_at(rank)
             if node is not None:
@@ -596,8 +596,13 @@ class Scarcity:
                     yield node
                 finally:
                     self._first = None
-        scored = [(round(raw, 9), free, bucket) for raw, free, bucket in scored]
-        scored.sort()  # (cost, free, bucket) is unique
+        # The full order, only if that node did not take the pod (a one-device pod never gets
+        # here: the first tier's GPU fits it).
+        seen = {rank}
+        scored = sorted(
+            (round(raw[bucket >> _FREE_SHIFT], 9), bucket & _FREE_MASK, bucket)
+            for bucket in buckets
+        )  # (cost, free, bucket) is unique
         start = 0
         while start < len(scored):
             # States of equal cost and fullness form one tier, taken in rank (first-fit) order.
@@ -621,32 +626,30 @@ class Scarcity:
                         yield node
             start = end
 
-    def _scored_buckets(self, buckets: Buckets) -> tuple[list[tuple[float, int, int]], float]:
-        """Each bucket as (its options' least sum, not rounded yet; free memory slices; bucket),
+    def _least_sums(self, buckets: Buckets) -> float:
+        """Each options set of the buckets -> its least sum, not rounded yet (into ``_raw``),
         and the least of those sums (``inf`` if there are no buckets)."""
-        cheapest = self._raw
+        raw = self._raw
         weights_of = self._weights
-        scored: list[tuple[float, int, int]] = []
         least_of_all = float("inf")
         for bucket in buckets:
             options = bucket >> _FREE_SHIFT
-            least = cheapest.get(options)
-            if least is None:
-                # ``_least``, inline (this runs for some 4.5 option sets per decision).
-                table, losses = _OPTION_LOSSES[options]
-                weights = weights_of.get(table) or self._weights_for(table)
-                least = -1.0
-                for lost in losses:
-                    total = 0.0
-                    for q, n in lost:
-                        total += weights[q] * n
-                    if least < 0.0 or total < least:
-                        least = total
-                cheapest[options] = least
-            if least < least_of_all:  # noqa: PLR1730 - ``min`` is a call per bucket
+            if options in raw:
+                continue
+            # ``_least``, inline (this runs for some 4.5 option sets per decision).
+            table, losses = _OPTION_LOSSES[options]
+            weights = weights_of.get(table) or self._weights_for(table)
+            least = -1.0
+            for lost in losses:
+                total = 0.0
+                for q, n in lost:
+                    total += weights[q] * n
+                if least < 0.0 or total < least:
+                    least = total
+            raw[options] = least
+            if least < least_of_all:  # noqa: PLR1730 - ``min`` is a call per options set
                 least_of_all = least
-            scored.append((least, bucket & _FREE_MASK, bucket))
-        return scored, least_of_all
+        return least_of_all
 
     def device_order(self, plan: Plan, node: NodeState) -> Sequence[int]:
         return BestFit().device_order(plan, node)
@@ -662,7 +665,9 @@ class Scarcity:
             _, first_gpu, first_cost, first_wanted = first_node
             position = gpus.index(first_gpu)
             if position in positions and plan.requests[request].profiles == first_wanted:
-                yield from self._from_cheapest(search, request, positions, position, first_cost)
+                first = self._cheapest_start(search, request, position, first_cost)
+                yield first
+                yield from self._after(search, request, positions, first, first_cost)
                 return
         if search.untouched:
             # Each GPU's cheapest start costs what its state's options do (as scored by ``nodes``),
@@ -686,7 +691,9 @@ class Scarcity:
             if not least:
                 return
             cheapest, _, position = min(least)
-            yield from self._from_cheapest(search, request, positions, position, cheapest)
+            first = self._cheapest_start(search, request, position, cheapest)
+            yield first
+            yield from self._after(search, request, positions, first, cheapest)
             return
         scored = self._scored(search, request, positions)
         if not scored:
@@ -696,16 +703,11 @@ class Scarcity:
         for entry in scored[1:]:
             yield entry[5]
 
-    def _from_cheapest(
-        self,
-        search: NodeSearch,
-        request: int,
-        positions: Sequence[int],
-        position: int,
-        cheapest: float,
-    ) -> Iterator[Candidate]:
-        """The candidates of an untouched search whose least (cost, fullness, position) key is
-        ``cheapest`` at GPU ``position``: the first of its starts costing that, then the rest."""
+    def _cheapest_start(
+        self, search: NodeSearch, request: int, position: int, cheapest: float
+    ) -> Candidate:
+        """The first candidate of an untouched search whose least (cost, fullness, position) key
+        is ``cheapest`` at GPU ``position``: the first of its starts costing that."""
         plan = search.plan
         cost = self._cost
         gpu = search.gpus[position]
@@ -734,16 +736,29 @@ class Scarcity:
                     break
         if first is None:
             raise AssertionError("the cheapest GPU has no start of the cheapest cost")
-        profile = table.profiles[first[0]]
-        yield position, profile, first[1]
+        return position, table.profiles[first[0]], first[1]
+
+    def _after(
+        self,
+        search: NodeSearch,
+        request: int,
+        positions: Sequence[int],
+        first: Candidate,
+        cheapest: float,
+    ) -> Iterator[Candidate]:
+        """The candidates after :meth:`_cheapest_start`'s ``first`` (of cost ``cheapest``), in
+        order: only if the search goes on, which a one-device pod's never does."""
+        position, profile, i = first
+        table = search.gpus[position].table
         rest = self._scored(search, request, positions)
         rest.remove(
             (
                 cheapest,
                 table.slices - search.masks[position].bit_count(),
                 position,
-                *first,
-                (position, profile, first[1]),
+                profile.index,
+                i,
+                first,
             )
         )
         rest.sort()
@@ -777,19 +792,21 @@ _NEAR_LIMIT = 1e6
 
 
 def _first_tier(
-    scored: list[tuple[float, int, int]], least: float, buckets: Buckets
+    buckets: Buckets, raw: Mapping[int, float], least: float
 ) -> tuple[tuple[float, int], GpuState]:
-    """The least (rounded cost, free) key of ``scored`` (least sums, not rounded; ``least`` the
-    least of them) and the GPU of least (rank, index) in its buckets.
+    """The least (rounded cost, free) key of the buckets (``raw``: their options sets' least
+    sums, not rounded; ``least`` the least of them) and the GPU of least (rank, index) in the
+    buckets of that key.
 
     Rounding is monotonic, so only sums within ``_NEAR`` of the least can round to the least
     cost: just those are rounded."""
     near = least + _NEAR if least < _NEAR_LIMIT else float("inf")
     key: tuple[float, int] | None = None
     tier: list[int] = []
-    for raw, free, bucket in scored:
-        if raw <= near:
-            entry = (round(raw, 9), free)
+    for bucket in buckets:
+        total = raw[bucket >> _FREE_SHIFT]
+        if total <= near:
+            entry = (round(total, 9), bucket & _FREE_MASK)
             if key is None or entry < key:
                 key, tier = entry, [bucket]
             elif entry == key:

@@ -169,16 +169,9 @@ class NodeSearch:
     ) -> None:
         self.plan = plan
         self.node = node
-        gpus = self.gpus = node.gpus
-        self.masks: list[int]
-        self.media: list[bool]
-        self._base_counts: list[tuple[int, ...]] | None
-        if empty:
-            self.masks, self.media, self._base_counts = [0] * len(gpus), [False] * len(gpus), None
-        else:
-            self.masks = [g.mask for g in gpus]
-            self.media = [g.media_taken for g in gpus]
-            self._base_counts = [g.counts for g in gpus]
+        self.gpus = node.gpus
+        self._masks: list[int] | None = None
+        self._media: list[bool] | None = None
         self._empty = empty
         self._order = order
         self._budget = budget
@@ -198,6 +191,27 @@ class NodeSearch:
         self._failed: set[Hashable] = set()
         self._predicate_cache: dict[tuple[int, int, int, int], bool] = {}
         self._memo = len(self._slots) > 1
+
+    @property
+    def masks(self) -> list[int]:
+        """Each GPU's occupied memory slices as this search has them (its own placements
+        included), by position; built on first use (scarcity's one-device path never asks)."""
+        masks = self._masks
+        if masks is None:
+            gpus = self.gpus
+            masks = self._masks = [0] * len(gpus) if self._empty else [g.mask for g in gpus]
+        return masks
+
+    @property
+    def media(self) -> list[bool]:
+        """Whether each GPU's ``+me`` engine is taken, as :attr:`masks` (built on first use)."""
+        media = self._media
+        if media is None:
+            gpus = self.gpus
+            media = self._media = (
+                [False] * len(gpus) if self._empty else [g.media_taken for g in gpus]
+            )
+        return media
 
     def run(self) -> tuple[DeviceAssignment, ...] | None:
         """Every device placed on this node, in request order; ``None`` if impossible."""
@@ -227,15 +241,15 @@ class NodeSearch:
         """:meth:`run` for a :attr:`Plan.single` plan: the same answer (and steps), no state."""
         plan = self.plan
         request = plan.device_requests[0]
-        counts = self._base_counts
+        gpus = self.gpus
+        empty = self._empty
         assigned = self.node.assigned
-        for position, profile, i in self._order.candidates(self, request, range(len(self.gpus))):
+        for position, profile, i in self._order.candidates(self, request, range(len(gpus))):
             self.steps += 1
             if self.steps > self._budget:
                 raise SearchBudgetExceededError
-            if counts is not None and counts[position][profile.index] >= profile.profile.max_count:
-                continue
-            if counts is None and profile.profile.max_count <= 0:
+            count = 0 if empty else gpus[position].counts[profile.index]
+            if count >= profile.profile.max_count:
                 continue
             name = plan.requests[request].name
             key = (name, position, profile.index, i)
@@ -279,11 +293,8 @@ class NodeSearch:
 
     def counts(self, position: int) -> tuple[int, ...]:
         """Instances of each table profile on the GPU at ``position``, this search's included."""
-        base = (
-            self._base_counts[position]
-            if self._base_counts is not None
-            else (0,) * len(self.gpus[position].table.profiles)
-        )
+        gpu = self.gpus[position]
+        base = (0,) * len(gpu.table.profiles) if self._empty else gpu.counts
         if not self._added:
             return base
         counts = list(base)
@@ -337,8 +348,8 @@ class NodeSearch:
     def _admissible(self, request: int, candidate: Candidate) -> bool:
         position, profile, i = candidate
         count = self._added.get((position, profile.index), 0)
-        if self._base_counts is not None:
-            count += self._base_counts[position][profile.index]
+        if not self._empty:
+            count += self.gpus[position].counts[profile.index]
         if count >= profile.profile.max_count:
             return False
         predicate = self.plan.requests[request].predicate

@@ -187,7 +187,7 @@ class GpuState:
 
 
 class NodeState:
-    __slots__ = ("assigned", "best", "gpus", "name", "rank", "shape", "spec")
+    __slots__ = ("assigned", "best", "fitting", "gpus", "name", "rank", "shape", "spec")
 
     def __init__(self, spec: NodeSpec) -> None:
         self.spec = spec
@@ -197,6 +197,9 @@ class NodeState:
         self.shape: tuple[GpuTable, ...] = ()
         # sig id -> the best (lowest) level among this node's GPUs; absent if none can fit.
         self.best: dict[int, int] = {}
+        self.fitting: dict[int, int] = {}
+        """sig id -> how many of this node's GPUs can take it now (kept up to date without
+        ``track_levels``, where it decides ``best``; set when a node or signature is added)."""
         self.assigned: dict[tuple[str, int, int, int], tuple[DeviceAssignment]] = {}
         """(request name, GPU position, table profile, placement index) -> that one device as a
         search's answer: assignments are immutable, so equal answers are one object."""

@@ -144,9 +144,13 @@ class _Utilization:
             self.area += self.used * (now - self.last)
             self.last = now
 
-    def change(self, delta: int) -> None:
-        self.used += delta
-        self.peak = max(self.peak, self.used)
+    def take(self, slices: int) -> None:
+        used = self.used = self.used + slices
+        if used > self.peak:  # noqa: PLR1730 - ``max`` is a call per placement
+            self.peak = used
+
+    def give(self, slices: int) -> None:
+        self.used -= slices  # the peak cannot rise
 
     def mean(self, end: float) -> float:
         span = end - self.start
@@ -206,7 +210,7 @@ def replay(
         nonlocal sequence, accepted
         assignments = placed.assignments
         slices = assignments[0].size if len(assignments) == 1 else sum(a.size for a in assignments)
-        use.change(slices)
+        use.take(slices)
         sequence += 1
         running.add(sequence, placed, slices)
         heapq.heappush(departures, (now + request.duration, sequence))
@@ -242,7 +246,10 @@ def replay(
             # not model (such as a profile's max_count) stands, and the request is rejected.
             return False
         target, delta = running.apply(engine, plan)
-        use.change(delta)
+        if delta > 0:  # moved to a model where its profile takes more memory slices
+            use.take(delta)
+        else:
+            use.give(-delta)
         admit(request, target, request.t)
         defragged += 1
         moves += len(plan.moves)
@@ -270,7 +277,7 @@ def replay(
             use.advance(min(end, last_arrival))
             placed, slices = running.pop(departing)
             engine.release_placed(placed)
-            use.change(-slices)
+            use.give(slices)
             if queue:
                 drain(end)
 
