@@ -5,20 +5,27 @@ The traces live in ``bench/traces/`` (gzipped JSON Lines, the format ``instaslic
 and are reproducible: each is ``synthesize`` with the parameters in ``TRACES``;
 ``python -m bench.simulate --regenerate`` writes them again, byte for byte. The goal of the policy
 work (issue 17): the best policy's rejections above the floor at most a quarter of first-fit's.
+
+``--defrag-moves 1,2,4`` also replays every kept trace per policy with defragmentation on rejection
+(``replay(defrag_moves=K)``: a rejected request is admitted if moving at most K running requests makes
+room), each K in turn, against the same floor and first-fit's rejections without moves (issue 17g).
+That takes minutes per K and policy, so it is off by default.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from driver.placement import POLICIES
-from driver.planning.fleet import parse_fleet
+from driver.planning.fleet import Fleet, parse_fleet
 from driver.planning.replay import fluid_floor, replay
-from driver.planning.trace import parse_mix, read_trace, save_trace, synthesize
+from driver.planning.trace import TraceRequest, parse_mix, read_trace, save_trace, synthesize
 
 TRACES_DIR = Path(__file__).resolve().parent / "traces"
 
@@ -72,13 +79,73 @@ def regenerate() -> None:
         print(f"wrote {trace_path(name)}")
 
 
-def _compare(name: str, spec: TraceSpec) -> dict[str, Any]:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--defrag-moves",
+        default="",
+        metavar="K,...",
+        help="simulate: also replay each trace with defragmentation on rejection, at most K moves "
+        "per rejected request, for each K given (e.g. 1,2,4); minutes per K and policy",
+    )
+
+
+def _moves_list(text: str) -> tuple[int, ...]:
+    moves = tuple(int(k) for k in text.split(",") if k.strip())
+    if any(k < 1 for k in moves):
+        raise SystemExit(f"--defrag-moves: each K must be at least 1, got {text}")
+    return moves
+
+
+def defrag_rows(
+    trace: Sequence[TraceRequest],
+    fleet: Fleet,
+    *,
+    floor: int,
+    firstfit: int,
+    moves: tuple[int, ...],
+) -> list[dict[str, Any]]:
+    """Per K and policy: rejections with at most K moves per rejected request, the gap against
+    first-fit's excess without moves, the requests admitted by moving others, moves per 1,000
+    requests, searches that hit ``plan_defrag``'s budget, and the replay's CPU seconds."""
+    rows = []
+    for k in moves:
+        for policy in POLICIES:
+            cpu = time.process_time()
+            result = replay(trace, fleet, policy=policy, defrag_moves=k)
+            excess = firstfit - floor
+            rows.append(
+                {
+                    "moves_max": k,
+                    "policy": policy,
+                    "rejected": result.rejected,
+                    "gap_ratio": round((result.rejected - floor) / excess, 3) if excess else None,
+                    "defragged": result.defragged,
+                    "moves": result.moves,
+                    "moves_per_1000": round(1000 * result.moves / len(trace), 2),
+                    "searched": result.defrag_searched,
+                    "budget_hit": result.defrag_budget_hit,
+                    "cpu_s": round(time.process_time() - cpu, 2),
+                }
+            )
+    return rows
+
+
+def _compare(name: str, spec: TraceSpec, *, moves: tuple[int, ...] = ()) -> dict[str, Any]:
     fleet = parse_fleet(spec.gpus)
     trace = read_trace(trace_path(name))
     floor = fluid_floor(trace, fleet).rejected
     rejected = {policy: replay(trace, fleet, policy=policy).rejected for policy in POLICIES}
     first_gap = rejected["firstfit"] - floor
     best = min(rejected, key=lambda p: rejected[p])
+    defrag = (
+        {
+            "defrag": defrag_rows(
+                trace, fleet, floor=floor, firstfit=rejected["firstfit"], moves=moves
+            )
+        }
+        if moves
+        else {}
+    )
     return {
         "trace": name,
         "gpus": spec.gpus,
@@ -89,6 +156,7 @@ def _compare(name: str, spec: TraceSpec) -> dict[str, Any]:
         "best": best,
         "goal": floor + first_gap / 4,
         "gap_ratio": round((rejected[best] - floor) / first_gap, 3) if first_gap else None,
+        **defrag,
     }
 
 
@@ -122,7 +190,8 @@ def _speed(events: int) -> list[dict[str, Any]]:
     return runs
 
 
-def run(*, quick: bool) -> dict[str, Any]:
+def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, Any]:
+    moves = _moves_list(getattr(options, "defrag_moves", "") or "")
     names = list(TRACES)[:1] if quick else list(TRACES)
     comparisons = []
     for name in names:
@@ -134,15 +203,15 @@ def run(*, quick: bool) -> dict[str, Any]:
                 fleet=fleet, mix=parse_mix(spec.mix), load=spec.load, events=300, seed=1
             )
             floor = fluid_floor(trace, fleet).rejected
-            comparisons.append(
-                {
-                    "trace": "quick",
-                    "floor": floor,
-                    "rejected": {p: replay(trace, fleet, policy=p).rejected for p in POLICIES},
-                }
-            )
+            rejected = {p: replay(trace, fleet, policy=p).rejected for p in POLICIES}
+            quick_result: dict[str, Any] = {"trace": "quick", "floor": floor, "rejected": rejected}
+            if moves:
+                quick_result["defrag"] = defrag_rows(
+                    trace, fleet, floor=floor, firstfit=rejected["firstfit"], moves=moves
+                )
+            comparisons.append(quick_result)
             continue
-        comparisons.append(_compare(name, spec))
+        comparisons.append(_compare(name, spec, moves=moves))
     return {
         "benchmark": "simulate",
         "quick": quick,
@@ -161,6 +230,13 @@ def summary(result: dict[str, Any]) -> str:
                 f" (goal <= {c['goal']:.0f}; best {c['best']}: {c['gap_ratio']} of first-fit's gap)"
             )
         lines.append(line)
+        for d in c.get("defrag", ()):
+            lines.append(
+                f"  defrag <= {d['moves_max']} moves, {d['policy']}: {d['rejected']} rejected "
+                f"(gap {d['gap_ratio']}), {d['defragged']} admitted by {d['moves']} moves "
+                f"({d['moves_per_1000']} per 1,000 requests), {d['budget_hit']} of "
+                f"{d['searched']} searches at budget, {d['cpu_s']} s CPU"
+            )
     for s in result["speed"]:
         lines.append(
             f"replay {s['requests']} requests with {s['policy']}: {s['cpu_s']} s CPU "

@@ -2,6 +2,7 @@
 
 ``simulate --trace FILE --gpus 20x8xA100-40GB``  replay a request trace per placement policy, with
                                                 the fluid floor beside them (``driver.planning``)
+``simulate … --defrag-on-reject K``              move up to K running pods to admit a rejected request
 ``simulate --synthesize --trace FILE …``         write a synthetic trace to start from
 ``simulate --from-cluster [--add 3g.20gb=4]``   how many more of each profile fit the cluster now
 ``defrag --profile 7g.40gb [--count N]``          the fewest pods to move to make room; ``--apply``
@@ -68,6 +69,15 @@ def add_planning_parsers(
     simulate.add_argument("--json", action="store_true", help="print one JSON object")
     simulate.add_argument(
         "--queue", action="store_true", help="rejected requests wait (FIFO) instead of leaving"
+    )
+    simulate.add_argument(
+        "--defrag-on-reject",
+        type=int,
+        metavar="K",
+        help="when a request does not fit, move at most K running requests elsewhere if that "
+        "makes room for it (the plan `instaslice defrag` would give); a move stands for evicting "
+        "a running pod so that it restarts on other slices. Reports per policy the requests "
+        "admitted so and the moves (not with --queue)",
     )
     simulate.add_argument(
         "--plot", type=Path, metavar="PNG", help="utilization and rejections over time (matplotlib)"
@@ -137,13 +147,21 @@ def run_simulate(args: argparse.Namespace, *, out: TextIO) -> int:
         if args.synthesize:
             return _synthesize(args, fleet_text=args.gpus, out=out)
         policies = _policies(args.policy)
+        defrag_moves = _defrag_moves(args)
         trace = read_trace(args.trace)
         if not trace:
             raise ConfigError(f"trace {args.trace} has no requests")
         check_trace(trace, fleet, source=str(args.trace))
         floor = fluid_floor(trace, fleet)
         results = [
-            replay(trace, fleet, policy=p, queue=args.queue, timeline=args.plot is not None)
+            replay(
+                trace,
+                fleet,
+                policy=p,
+                queue=args.queue,
+                timeline=args.plot is not None,
+                defrag_moves=defrag_moves,
+            )
             for p in policies
         ]
         if args.plot is not None:
@@ -165,6 +183,24 @@ def run_simulate(args: argparse.Namespace, *, out: TextIO) -> int:
     return 0
 
 
+def _defrag_moves(args: argparse.Namespace) -> int:
+    """``--defrag-on-reject`` as ``replay``'s ``defrag_moves`` (0: not given)."""
+    moves: int | None = args.defrag_on_reject
+    if moves is None:
+        return 0
+    if moves < 1:
+        raise ConfigError(
+            f"--defrag-on-reject must be at least 1 (the most running pods moved to admit one "
+            f"rejected request), got {moves}"
+        )
+    if args.queue:
+        raise ConfigError(
+            "--defrag-on-reject and --queue do not combine: with --queue a request that does not "
+            "fit waits instead of being rejected"
+        )
+    return moves
+
+
 def simulation_json(results: Sequence[ReplayResult], floor: FloorResult) -> dict[str, Any]:
     policies: dict[str, Any] = {}
     for r in results:
@@ -179,6 +215,13 @@ def simulation_json(results: Sequence[ReplayResult], floor: FloorResult) -> dict
         }
         if r.wait_p50_s is not None:
             entry.update(queued=r.queued, wait_p50_s=r.wait_p50_s, wait_p99_s=r.wait_p99_s)
+        if r.defrag_moves:
+            entry.update(
+                defrag_moves=r.defrag_moves,
+                defragged=r.defragged,
+                moves=r.moves,
+                defrag_budget_hit=r.defrag_budget_hit,
+            )
         policies[r.policy] = entry
     return {"policies": policies, "floor": {"rejected": floor.rejected}}
 
@@ -190,6 +233,9 @@ def render_simulation(
     header += ["mean util", "peak util", "wall s"]
     if queue:
         header += ["queued", "wait p50 s", "wait p99 s"]
+    defrag = any(r.defrag_moves for r in results)
+    if defrag:
+        header += ["defragged", "moves"]
     rows = [header]
     rows.append(["floor", str(floor.requests), str(floor.requests - floor.rejected)])
     rows[-1] += [str(floor.rejected), "0"] + ["-"] * (len(header) - 5)
@@ -199,6 +245,8 @@ def render_simulation(
         row += [f"{r.mean_utilization:.1%}", f"{r.peak_utilization:.1%}", f"{r.wall_s:.1f}"]
         if queue:
             row += [str(r.queued), f"{r.wait_p50_s or 0:.1f}", f"{r.wait_p99_s or 0:.1f}"]
+        if defrag:
+            row += [str(r.defragged), str(r.moves)]
         rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [
@@ -214,6 +262,15 @@ def render_simulation(
     )
     if queue:
         note += "with --queue, 'rejected' counts requests that never fit, even on empty GPUs.\n"
+    if defrag:
+        limit = max(r.defrag_moves for r in results)
+        note += (
+            f"defragged: requests admitted by moving at most {limit} running request(s) each "
+            "(a move is a pod evicted to restart elsewhere); moves: requests moved in all.\n"
+        )
+        hit = [f"{r.policy} {r.defrag_budget_hit}" for r in results if r.defrag_budget_hit]
+        if hit:
+            note += f"plan searches that stopped at their budget: {', '.join(hit)}.\n"
     return "\n".join(lines) + "\n" + note
 
 

@@ -11,7 +11,9 @@ target placements by the units they displace — the blockers of a placement are
 a slice overlapping it (or holding the GPU's one ``+me`` engine for a ``+me`` profile) — cheapest
 first, and adds further units only when the blockers cannot all be re-placed. Plans are tried in
 increasing size, so the first valid plan is a smallest one (``proven_minimal``) unless the step budget
-ran out first.
+ran out first. ``max_units`` bounds the plans tried (a caller that can afford only so many moves, such
+as the simulator's defragmentation on rejection), and ``one_gpu`` asks for every target on one GPU (a
+pod whose slices must share a GPU).
 """
 
 from __future__ import annotations
@@ -110,6 +112,8 @@ class DefragPlan:
 @dataclass(frozen=True, slots=True)
 class NoPlan:
     reason: str
+    budget_exhausted: bool = False
+    """The search stopped at its budget: a plan may exist all the same."""
 
 
 def _overlaps(a_start: int, a_size: int, b: UnitSlice) -> bool:
@@ -118,7 +122,14 @@ def _overlaps(a_start: int, a_size: int, b: UnitSlice) -> bool:
 
 class _Search:
     def __init__(
-        self, engine: Engine, units: Sequence[Unit], profile: str, count: int, budget: int
+        self,
+        engine: Engine,
+        units: Sequence[Unit],
+        profile: str,
+        count: int,
+        *,
+        budget: int,
+        one_gpu: bool,
     ) -> None:
         self.engine = engine
         self.budget = budget
@@ -126,6 +137,7 @@ class _Search:
         self.units = tuple(units)
         self.profile = profile
         self.count = count
+        self.one_gpu = one_gpu
         self.by_gpu: dict[tuple[str, int], list[int]] = {}
         for i, unit in enumerate(self.units):
             for s in unit.slices:
@@ -133,6 +145,7 @@ class _Search:
                 if i not in gpu:
                     gpu.append(i)
         self.checked = 0
+        self._fitting: dict[tuple[str, ...], list[tuple[str, int]]] = {}
 
     def candidates(self) -> list[tuple[Target, frozenset[int]]]:
         """Every placement of the profile that moving units could free, with its blockers."""
@@ -188,7 +201,9 @@ class _Search:
     def target_sets(
         self, candidates: list[tuple[Target, frozenset[int]]], limit: int
     ) -> Iterator[tuple[tuple[Target, ...], frozenset[int]]]:
-        """Sets of ``count`` distinct, non-overlapping targets whose blockers number ``<= limit``."""
+        """Sets of ``count`` distinct, non-overlapping targets whose blockers number ``<= limit``
+        (all on one GPU when ``one_gpu``)."""
+        one_gpu = self.one_gpu
 
         def walk(
             start: int, chosen: list[Target], blockers: frozenset[int]
@@ -206,6 +221,8 @@ class _Search:
                     continue
                 if any(_clash(target, other) for other in chosen):
                     continue
+                if one_gpu and chosen and not _same_gpu(target, chosen[0]):
+                    continue
                 chosen.append(target)
                 yield from walk(j + 1, chosen, union)
                 chosen.pop()
@@ -216,7 +233,66 @@ class _Search:
         self.checked += 1
         if self.checked > self.budget:
             raise _OutOfBudgetError
+        if self._left_without_room(moving, targets):
+            return None
         return reseat(self.engine, [self.units[i] for i in sorted(moving)], targets)
+
+    def _left_without_room(self, moving: frozenset[int], targets: Sequence[Target]) -> bool:
+        """Whether some moving unit has no free placement at all once the ``moving`` units leave
+        and the ``targets`` are taken: then ``reseat`` fails (placing the other units only takes
+        more). Read from the GPUs' masks without changing the engine; plans that add a unit far
+        from where the blockers could go (most of them, on a full fleet) end here, not in a
+        release/commit/place round. It counts as a checked plan all the same, so the budget and
+        the plan found are those of ``reseat`` alone."""
+        inventory = self.engine.inventory
+        changed: dict[tuple[str, int], tuple[int, bool]] = {}
+        for i in moving:
+            for s in self.units[i].slices:
+                gpu = inventory.gpu(s.node, s.gpu_index)
+                mask, media = changed.get((s.node, s.gpu_index), (gpu.mask, gpu.media_taken))
+                if s.media or s.profile in gpu.table.media_names:
+                    media = False  # a GPU's one +me engine: this slice held it
+                changed[(s.node, s.gpu_index)] = (mask & ~(((1 << s.size) - 1) << s.start), media)
+        for t in targets:
+            gpu = inventory.gpu(t.node, t.gpu_index)
+            mask, media = changed.get((t.node, t.gpu_index), (gpu.mask, gpu.media_taken))
+            changed[(t.node, t.gpu_index)] = (
+                mask | (((1 << t.size) - 1) << t.start),
+                media or t.media,
+            )
+        for i in moving:
+            profiles = tuple(s.profile for s in self.units[i].slices)
+            if any(key not in changed for key in self._fitting_gpus(profiles)):
+                continue
+            if any(self._free_on(key, profiles, state) for key, state in changed.items()):
+                continue
+            return True
+        return False
+
+    def _fitting_gpus(self, profiles: tuple[str, ...]) -> list[tuple[str, int]]:
+        """The GPUs where each of ``profiles`` has room now (the engine's capacities)."""
+        found = self._fitting.get(profiles)
+        if found is None:
+            found = self._fitting[profiles] = []
+            for node in self.engine.inventory.nodes():
+                for gpu in node.gpus:
+                    by_name = gpu.table.profile_by_name
+                    if all(p in by_name and gpu.caps[by_name[p].index] > 0 for p in profiles):
+                        found.append((node.name, gpu.index))
+        return found
+
+    def _free_on(
+        self, key: tuple[str, int], profiles: tuple[str, ...], state: tuple[int, bool]
+    ) -> bool:
+        """Each of ``profiles`` has a free placement on the GPU with this (mask, +me taken)."""
+        table = self.engine.inventory.gpu(*key).table
+        for name in profiles:
+            profile = table.profile_by_name.get(name)
+            if profile is None or not table.free_starts(
+                profile.index, mask=state[0], media_taken=state[1]
+            ):
+                return False
+        return True
 
 
 def reseat(
@@ -276,8 +352,12 @@ def reseat(
                 )
 
 
+def _same_gpu(a: Target, b: Target) -> bool:
+    return a.gpu_index == b.gpu_index and a.node == b.node
+
+
 def _clash(a: Target, b: Target) -> bool:
-    if (a.node, a.gpu_index) != (b.node, b.gpu_index):
+    if not _same_gpu(a, b):
         return False
     return (a.start < b.start + b.size and b.start < a.start + a.size) or (a.media and b.media)
 
@@ -301,14 +381,22 @@ def plan_defrag(
     profile: str,
     count: int = 1,
     budget: int = DEFAULT_BUDGET,
+    max_units: int | None = None,
+    one_gpu: bool = False,
 ) -> DefragPlan | NoPlan:
-    """The fewest units to move so that ``count`` more ``profile`` slices fit; see the module doc."""
+    """The fewest units to move so that ``count`` more ``profile`` slices fit; see the module doc.
+
+    With ``max_units``, plans that move more units are never tried (nor returned); with
+    ``one_gpu``, the ``count`` targets are all on one GPU."""
     if count < 1:
         raise ConfigError(f"count must be at least 1, got {count}")
+    if max_units is not None and max_units < 0:
+        raise ConfigError(f"max_units must be at least 0, got {max_units}")
     if not engine.inventory.published_gpus(profile):
         known = ", ".join(engine.inventory.profile_names()) or "none"
         return NoPlan(reason=f"no node publishes MIG profile {profile} (published: {known})")
-    search = _Search(engine, units, profile, count, budget)
+    search = _Search(engine, units, profile, count, budget=budget, one_gpu=one_gpu)
+    limit = len(search.units) if max_units is None else min(max_units, len(search.units))
     candidates = search.candidates()
     if len(candidates) < count:
         return NoPlan(
@@ -316,13 +404,13 @@ def plan_defrag(
             f"{count} asked"
         )
     try:
-        return _smallest(search, candidates)
+        return _smallest(search, candidates, limit=limit)
     except _OutOfBudgetError:
         pass
     # Out of budget: the first valid plan among target sets that move only their blockers.
     search.steps = search.checked = 0
     try:
-        for targets, blockers in search.target_sets(candidates, len(search.units)):
+        for targets, blockers in search.target_sets(candidates, limit):
             moves = search.reseat(blockers, targets)
             if moves is not None:
                 return DefragPlan(
@@ -335,14 +423,15 @@ def plan_defrag(
                 )
     except _OutOfBudgetError:
         pass
-    return NoPlan(reason=f"no plan found within {budget} checked plans")
+    return NoPlan(reason=f"no plan found within {budget} checked plans", budget_exhausted=True)
 
 
 def _smallest(
-    search: _Search, candidates: list[tuple[Target, frozenset[int]]]
+    search: _Search, candidates: list[tuple[Target, frozenset[int]]], *, limit: int
 ) -> DefragPlan | NoPlan:
-    """Plans in increasing size; the first valid one (``_OutOfBudgetError`` past the budget)."""
-    for size in range(len(search.units) + 1):
+    """Plans in increasing size up to ``limit`` units; the first valid one (``_OutOfBudgetError``
+    past the budget)."""
+    for size in range(limit + 1):
         # Plans of one size: those that move only their targets' blockers first, then those that
         # also move other units (to make room for the blockers).
         for only_blockers in (True, False):
@@ -362,6 +451,11 @@ def _smallest(
                             proven_minimal=True,
                             checked=search.checked,
                         )
+    if limit < len(search.units):
+        return NoPlan(
+            reason=f"no set of at most {limit} pods can be moved so that {search.count} x "
+            f"{search.profile} fit"
+        )
     return NoPlan(
         reason=f"no set of pods can be moved so that {search.count} x {search.profile} fit "
         "(the pods that would have to leave cannot be placed anywhere else)"

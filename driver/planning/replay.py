@@ -7,9 +7,16 @@ an arrival happen first. By default a request that does not fit is rejected and 
 ``queue=True`` it waits in one FIFO queue (the head blocks those behind it, as a fair scheduler
 would) and is placed as soon as releases make room for it.
 
+With ``defrag_moves=K`` (not with the queue), a request that does not fit asks ``plan_defrag`` for
+the fewest running requests, at most K, to move so that it fits; if there is such a plan, the moved
+requests take their new places (in a cluster: their pods are evicted and restart there, keeping their
+departure times) and the request is admitted at the plan's target. Requests of several slices get
+targets on one GPU, as the engine places them.
+
 Figures per run: accepted / rejected, *stranded* (rejected although one GPU of a model offering the
 profile had enough free memory slices — counted without placement rules: the fragmentation a policy
-leaves behind), memory-slice utilization (time-weighted mean and peak between the first and the last
+leaves behind), with defragmentation the requests admitted thanks to a plan and the requests moved,
+memory-slice utilization (time-weighted mean and peak between the first and the last
 arrival), queue waits, and optionally a timeline for plots.
 """
 
@@ -24,7 +31,9 @@ from dataclasses import dataclass, field
 
 from driver.errors import ConfigError
 from driver.placement import Engine, NoFit, Placed, PodRequest, Policy
+from driver.planning.defrag import NoPlan, plan_defrag
 from driver.planning.fleet import Fleet
+from driver.planning.running import RunningRequests, occupancy_problems
 from driver.planning.trace import TraceRequest
 
 Need = tuple[tuple[str, int], ...]
@@ -55,6 +64,17 @@ class ReplayResult:
     """Requests that had to wait (``queue=True`` only)."""
     wait_p50_s: float | None = None
     wait_p99_s: float | None = None
+    defrag_moves: int = 0
+    """The most running requests moved to admit one rejected request (0: defragmentation off)."""
+    defragged: int = 0
+    """Requests admitted thanks to a defragmentation plan (counted in ``accepted``)."""
+    moves: int = 0
+    """Running requests moved by those plans, in total."""
+    defrag_searched: int = 0
+    """Rejections for which ``plan_defrag`` was asked (the others had no room to free at all)."""
+    defrag_budget_hit: int = 0
+    """Searches that stopped at ``plan_defrag``'s budget (a plan found without proof it is the
+    smallest, or none found)."""
     timeline: Timeline | None = field(default=None, compare=False, repr=False)
 
 
@@ -146,9 +166,18 @@ def replay(
     policy: str | Policy,
     queue: bool = False,
     timeline: bool = False,
+    defrag_moves: int = 0,
+    check_invariants: bool = False,
 ) -> ReplayResult:
-    """Replay ``trace`` on an empty ``fleet`` with ``policy``; see the module docstring."""
+    """Replay ``trace`` on an empty ``fleet`` with ``policy``; see the module docstring.
+
+    ``check_invariants`` (for tests) compares the engine's occupancy with the running requests'
+    placements after every arrival, and checks that the engine is empty once every request still
+    running at the end has departed; ``AssertionError`` naming the differences otherwise."""
+    _check_defrag_moves(defrag_moves, queue=queue)
     needs = check_trace(trace, fleet)
+    # Requests of a profile several GPU models offer may change model when they move.
+    mobile = frozenset(profile for (profile, _), need in needs.items() if len(need) > 1)
     started = time.perf_counter()
     engine = Engine(policy=policy)
     for node in fleet.nodes:
@@ -164,29 +193,75 @@ def replay(
     first = trace[0].t if trace else 0.0
     last_arrival = trace[-1].t if trace else 0.0
     use = _Utilization(fleet.memory_slices, first)
-    departures: list[tuple[float, int, Placed, int]] = []
+    # Departure time and sequence number; ``running`` says where the request is when it departs.
+    departures: list[tuple[float, int]] = []
+    running = RunningRequests()
     waiting: deque[TraceRequest] = deque()
     waits: list[float] = []
     sequence = 0
     accepted = rejected = stranded = queued = 0
+    defragged = moves = searched = budget_hit = 0
     samples_t: list[float] = []
     samples_used: list[int] = []
     samples_rejected: list[int] = []
 
-    def try_place(request: TraceRequest, now: float) -> Placed | NoFit:
+    def admit(request: TraceRequest, placed: Placed, now: float) -> None:
+        """Count ``placed`` (already committed) as running until ``now + duration``."""
         nonlocal sequence, accepted
+        assignments = placed.assignments
+        slices = assignments[0].size if len(assignments) == 1 else sum(a.size for a in assignments)
+        use.take(slices)
+        sequence += 1
+        running.add(sequence, placed, slices)
+        heapq.heappush(departures, (now + request.duration, sequence))
+        accepted += 1
+
+    def try_place(request: TraceRequest, now: float) -> Placed | NoFit:
         result = engine.place(pods[(request.profile, request.count)])
         if isinstance(result, Placed):
             engine.commit(result)
-            assignments = result.assignments
-            slices = (
-                assignments[0].size if len(assignments) == 1 else sum(a.size for a in assignments)
-            )
-            use.take(slices)
-            sequence += 1
-            heapq.heappush(departures, (now + request.duration, sequence, result, slices))
-            accepted += 1
+            admit(request, result, now)
         return result
+
+    def defragment(request: TraceRequest, need: Need) -> bool:
+        """Admit ``request`` by moving at most ``defrag_moves`` running requests, if a plan does."""
+        nonlocal defragged, moves, searched, budget_hit
+        if not running.could_make_room(engine, need, mobile):
+            return False
+        searched += 1
+        plan = plan_defrag(
+            engine,
+            running.units(),
+            profile=request.profile,
+            count=request.count,
+            max_units=defrag_moves,
+            one_gpu=request.count > 1,
+        )
+        if isinstance(plan, NoPlan):
+            budget_hit += plan.budget_exhausted
+            return False
+        budget_hit += not plan.proven_minimal
+        if not plan.moves:
+            # The engine refused a placement the plan search finds free: a rule the search does
+            # not model (such as a profile's max_count) stands, and the request is rejected.
+            return False
+        target, delta = running.apply(engine, plan)
+        if delta > 0:  # moved to a model where its profile takes more memory slices
+            use.take(delta)
+        else:
+            use.give(-delta)
+        admit(request, target, request.t)
+        defragged += 1
+        moves += len(plan.moves)
+        return True
+
+    def after_arrival(now: float) -> None:
+        if check_invariants:
+            _check(engine, running, when=f"after the arrival at t={now}")
+        if timeline:
+            samples_t.append(now)
+            samples_used.append(use.used)
+            samples_rejected.append(rejected)
 
     def drain(now: float) -> None:
         while waiting:
@@ -198,8 +273,9 @@ def replay(
 
     def release_until(now: float) -> None:
         while departures and departures[0][0] <= now:
-            end, _, placed, slices = heapq.heappop(departures)
+            end, departing = heapq.heappop(departures)
             use.advance(min(end, last_arrival))
+            placed, slices = running.pop(departing)
             engine.release_placed(placed)
             use.give(slices)
             if queue:
@@ -220,15 +296,12 @@ def replay(
                 if queue:
                     waiting.append(request)
                     queued += 1
-                else:
+                elif not (defrag_moves and defragment(request, needs[key])):
                     rejected += 1
                     stranded += _stranded(engine, needs[key])
             elif queue:
                 waits.append(0.0)
-        if timeline:
-            samples_t.append(request.t)
-            samples_used.append(use.used)
-            samples_rejected.append(rejected)
+        after_arrival(request.t)
     mean = use.mean(last_arrival)
     peak = use.peak / fleet.memory_slices if fleet.memory_slices else 0.0
     if queue:
@@ -236,6 +309,10 @@ def replay(
         while waiting and departures:
             release_until(departures[0][0])
         rejected += len(waiting)
+    if check_invariants:
+        while departures:
+            release_until(departures[0][0])
+        _check(engine, running, when="once every request has departed")
     waits.sort()
     return ReplayResult(
         policy=engine.policy.name,
@@ -249,6 +326,11 @@ def replay(
         queued=queued,
         wait_p50_s=round(percentile(waits, 0.50), 3) if queue else None,
         wait_p99_s=round(percentile(waits, 0.99), 3) if queue else None,
+        defrag_moves=defrag_moves,
+        defragged=defragged,
+        moves=moves,
+        defrag_searched=searched,
+        defrag_budget_hit=budget_hit,
         timeline=Timeline(
             t=tuple(samples_t),
             used_slices=tuple(samples_used),
@@ -258,6 +340,28 @@ def replay(
         if timeline
         else None,
     )
+
+
+def _check_defrag_moves(defrag_moves: int, *, queue: bool) -> None:
+    if defrag_moves < 0:
+        raise ConfigError(f"defrag_moves must be at least 0, got {defrag_moves}")
+    if defrag_moves and queue:
+        raise ConfigError(
+            "defragmentation on rejection and the queue do not combine: with the queue a request "
+            "that does not fit waits instead of being rejected"
+        )
+
+
+def _check(engine: Engine, running: RunningRequests, *, when: str) -> None:
+    problems = occupancy_problems(engine, (placed for placed, _ in running.placed.values()))
+    # Every request is one pod whose slices share a GPU, wherever it was placed or moved.
+    problems += [
+        f"request {sequence} is spread over GPUs: {placed.assignments}"
+        for sequence, (placed, _) in running.placed.items()
+        if len({(a.node, a.gpu_index) for a in placed.assignments}) > 1
+    ]
+    if problems:
+        raise AssertionError(f"replay occupancy {when}: " + "; ".join(problems[:10]))
 
 
 # ------------------------------------------------------------------------------ the floor

@@ -40,3 +40,16 @@ def test_simulate_bench_quick_writes_its_figures(tmp_path: Path) -> None:
     (comparison,) = result["comparisons"]
     assert all(n >= comparison["floor"] for n in comparison["rejected"].values())
     assert {s["policy"] for s in result["speed"]} >= {"firstfit", "bestfit", "floor"}
+
+
+def test_simulate_bench_quick_with_defrag_moves_adds_its_rows(tmp_path: Path) -> None:
+    argv = ["--quick", "--out", str(tmp_path), "simulate", "--defrag-moves", "1,2"]
+    assert main(argv) == 0
+    (comparison,) = json.loads((tmp_path / "simulate.json").read_text())["comparisons"]
+    rows = comparison["defrag"]
+    assert [(d["moves_max"], d["policy"]) for d in rows] == [
+        (k, p) for k in (1, 2) for p in ("firstfit", "bestfit", "scarcity")
+    ]
+    for d in rows:
+        assert d["defragged"] <= d["moves"] <= d["moves_max"] * d["defragged"]
+        assert comparison["floor"] <= d["rejected"]
