@@ -90,6 +90,18 @@ class Target:
     size: int
     media: bool
 
+    def assignment(self, request: str) -> DeviceAssignment:
+        """The target as the engine's device assignment for ``request``."""
+        return DeviceAssignment(
+            request=request,
+            node=self.node,
+            gpu_index=self.gpu_index,
+            profile=self.profile,
+            start=self.start,
+            size=self.size,
+            media=self.media,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Move:
@@ -310,18 +322,7 @@ def reseat(
     try:
         target_placed = Placed(
             node="",
-            assignments=tuple(
-                DeviceAssignment(
-                    request="target",
-                    node=t.node,
-                    gpu_index=t.gpu_index,
-                    profile=t.profile,
-                    start=t.start,
-                    size=t.size,
-                    media=t.media,
-                )
-                for t in targets
-            ),
+            assignments=tuple(t.assignment("target") for t in targets),
         )
         try:
             engine.commit(target_placed)

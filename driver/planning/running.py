@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from driver.placement import DeviceAssignment, Engine, Placed
+from driver.placement import Engine, Placed
 from driver.planning.defrag import DefragPlan, Unit, UnitSlice
 
 Slot = tuple[str, int, int, int, bool, str | None]
@@ -71,18 +71,7 @@ class RunningRequests:
             engine.release_placed(self.placed[sequence][0])
         targets = Placed(
             node=plan.targets[0].node,
-            assignments=tuple(
-                DeviceAssignment(
-                    request="mig",
-                    node=t.node,
-                    gpu_index=t.gpu_index,
-                    profile=t.profile,
-                    start=t.start,
-                    size=t.size,
-                    media=t.media,
-                )
-                for t in plan.targets
-            ),
+            assignments=tuple(t.assignment("mig") for t in plan.targets),
         )
         engine.commit(targets)
         delta = 0
