@@ -3,7 +3,7 @@
 ``simulate --trace FILE --gpus 20x8xA100-40GB``  replay a request trace per placement policy, with
                                                 the fluid floor beside them (``driver.planning``)
 ``simulate … --defrag-on-reject K``              move up to K running pods to admit a rejected request
-``simulate … --defrag-whole-gpu-below PCT``       … whole-GPU requests only below PCT% memory in use
+``simulate … --defrag-whole-gpu-below PCT``      … whole-GPU requests only below PCT% memory in use
 ``simulate --synthesize --trace FILE …``         write a synthetic trace to start from
 ``simulate --from-cluster [--add 3g.20gb=4]``   how many more of each profile fit the cluster now
 ``defrag --profile 7g.40gb [--count N]``          the fewest pods to move to make room; ``--apply``
@@ -300,7 +300,9 @@ def render_simulation(
         if below:
             note += (
                 f"whole-GPU requests moved others only below {max(below) * 100:g}% of memory slices "
-                "in use.\n"
+                "in use; so a policy may reject fewer than the floor (which admits every request "
+                "that fits): the slices of a whole-GPU request turned away can hold several small "
+                "ones.\n"
             )
         hit = [f"{r.policy} {r.defrag_budget_hit}" for r in results if r.defrag_budget_hit]
         if hit:

@@ -185,7 +185,7 @@ def replay(
     _check_whole_gpu_below(defrag_whole_gpu_below, defrag_moves=defrag_moves)
     needs = check_trace(trace, fleet)
     gpu_slices = {group.model.name: group.model.memory_slices for group in fleet.groups}
-    # (profile, count) of the requests that take every memory slice of any GPU they could go to.
+    # (profile, count) of the requests that take a whole GPU on every model that offers them.
     whole_gpu = frozenset(
         key for key, need in needs.items() if all(n >= gpu_slices[m] for m, n in need)
     )

@@ -143,4 +143,5 @@ def test_cli_text_notes_the_limit(tmp_path: Path, capsys: pytest.CaptureFixture[
     out = capsys.readouterr().out
     row = next(line.split() for line in out.splitlines() if line.startswith("firstfit"))
     assert row[-2:] == ["1", "1"]
-    assert "whole-GPU requests moved others only below 35% of memory slices in use" in out
+    assert "whole-GPU requests moved others only below 35% of memory slices in use;" in out
+    assert "reject fewer than the floor" in out
