@@ -9,7 +9,9 @@ work (issue 17): the best policy's rejections above the floor at most a quarter 
 ``--defrag-moves 1,2,4`` also replays every kept trace per policy with defragmentation on rejection
 (``replay(defrag_moves=K)``: a rejected request is admitted if moving at most K running requests makes
 room), each K in turn, against the same floor and first-fit's rejections without moves (issue 17g).
-That takes minutes per K and policy, so it is off by default.
+That takes minutes per K and policy, so it is off by default. ``--defrag-whole-gpu-below PCT``
+adds ``replay(defrag_whole_gpu_below=PCT / 100)`` to those replays: whole-GPU requests move others
+only below PCT% of memory slices in use (issue 17i).
 """
 
 from __future__ import annotations
@@ -87,6 +89,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="simulate: also replay each trace with defragmentation on rejection, at most K moves "
         "per rejected request, for each K given (e.g. 1,2,4); minutes per K and policy",
     )
+    parser.add_argument(
+        "--defrag-whole-gpu-below",
+        type=float,
+        metavar="PCT",
+        help="simulate, with --defrag-moves: whole-GPU requests move others only while less than "
+        "PCT%% of the fleet's memory slices are in use (more than 0, at most 100)",
+    )
 
 
 def _moves_list(text: str) -> tuple[int, ...]:
@@ -96,6 +105,16 @@ def _moves_list(text: str) -> tuple[int, ...]:
     return moves
 
 
+def _whole_gpu_below(percent: float | None, *, moves: tuple[int, ...]) -> float | None:
+    if percent is None:
+        return None
+    if not moves:
+        raise SystemExit("--defrag-whole-gpu-below needs --defrag-moves")
+    if not 0 < percent <= 100:
+        raise SystemExit(f"--defrag-whole-gpu-below: more than 0 and at most 100, got {percent:g}")
+    return percent / 100
+
+
 def defrag_rows(
     trace: Sequence[TraceRequest],
     fleet: Fleet,
@@ -103,6 +122,7 @@ def defrag_rows(
     floor: int,
     firstfit: int,
     moves: tuple[int, ...],
+    whole_gpu_below: float | None = None,
 ) -> list[dict[str, Any]]:
     """Per K and policy: rejections with at most K moves per rejected request, the gap against
     first-fit's excess without moves, the requests admitted by moving others, moves per 1,000
@@ -111,10 +131,20 @@ def defrag_rows(
     for k in moves:
         for policy in POLICIES:
             cpu = time.process_time()
-            result = replay(trace, fleet, policy=policy, defrag_moves=k)
+            result = replay(
+                trace,
+                fleet,
+                policy=policy,
+                defrag_moves=k,
+                defrag_whole_gpu_below=whole_gpu_below,
+            )
             excess = firstfit - floor
+            below: dict[str, Any] = (
+                {} if whole_gpu_below is None else {"whole_gpu_below": whole_gpu_below}
+            )
             rows.append(
-                {
+                below
+                | {
                     "moves_max": k,
                     "policy": policy,
                     "rejected": result.rejected,
@@ -130,7 +160,13 @@ def defrag_rows(
     return rows
 
 
-def _compare(name: str, spec: TraceSpec, *, moves: tuple[int, ...] = ()) -> dict[str, Any]:
+def _compare(
+    name: str,
+    spec: TraceSpec,
+    *,
+    moves: tuple[int, ...] = (),
+    whole_gpu_below: float | None = None,
+) -> dict[str, Any]:
     fleet = parse_fleet(spec.gpus)
     trace = read_trace(trace_path(name))
     floor = fluid_floor(trace, fleet).rejected
@@ -140,7 +176,12 @@ def _compare(name: str, spec: TraceSpec, *, moves: tuple[int, ...] = ()) -> dict
     defrag = (
         {
             "defrag": defrag_rows(
-                trace, fleet, floor=floor, firstfit=rejected["firstfit"], moves=moves
+                trace,
+                fleet,
+                floor=floor,
+                firstfit=rejected["firstfit"],
+                moves=moves,
+                whole_gpu_below=whole_gpu_below,
             )
         }
         if moves
@@ -192,6 +233,7 @@ def _speed(events: int) -> list[dict[str, Any]]:
 
 def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, Any]:
     moves = _moves_list(getattr(options, "defrag_moves", "") or "")
+    below = _whole_gpu_below(getattr(options, "defrag_whole_gpu_below", None), moves=moves)
     names = list(TRACES)[:1] if quick else list(TRACES)
     comparisons = []
     for name in names:
@@ -207,11 +249,16 @@ def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, 
             quick_result: dict[str, Any] = {"trace": "quick", "floor": floor, "rejected": rejected}
             if moves:
                 quick_result["defrag"] = defrag_rows(
-                    trace, fleet, floor=floor, firstfit=rejected["firstfit"], moves=moves
+                    trace,
+                    fleet,
+                    floor=floor,
+                    firstfit=rejected["firstfit"],
+                    moves=moves,
+                    whole_gpu_below=below,
                 )
             comparisons.append(quick_result)
             continue
-        comparisons.append(_compare(name, spec, moves=moves))
+        comparisons.append(_compare(name, spec, moves=moves, whole_gpu_below=below))
     return {
         "benchmark": "simulate",
         "quick": quick,
@@ -232,7 +279,8 @@ def summary(result: dict[str, Any]) -> str:
         lines.append(line)
         for d in c.get("defrag", ()):
             lines.append(
-                f"  defrag <= {d['moves_max']} moves, {d['policy']}: {d['rejected']} rejected "
+                f"  defrag <= {d['moves_max']} moves{_below_text(d)}, {d['policy']}: "
+                f"{d['rejected']} rejected "
                 f"(gap {d['gap_ratio']}), {d['defragged']} admitted by {d['moves']} moves "
                 f"({d['moves_per_1000']} per 1,000 requests), {d['budget_hit']} of "
                 f"{d['searched']} searches at budget, {d['cpu_s']} s CPU"
@@ -243,6 +291,11 @@ def summary(result: dict[str, Any]) -> str:
             f"({s['wall_s']} s wall)"
         )
     return "\n".join(lines)
+
+
+def _below_text(row: dict[str, Any]) -> str:
+    below = row.get("whole_gpu_below")
+    return "" if below is None else f" (whole GPU below {below * 100:g}% use)"
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 ``simulate --trace FILE --gpus 20x8xA100-40GB``  replay a request trace per placement policy, with
                                                 the fluid floor beside them (``driver.planning``)
 ``simulate … --defrag-on-reject K``              move up to K running pods to admit a rejected request
+``simulate … --defrag-whole-gpu-below PCT``      … whole-GPU requests only below PCT% memory in use
 ``simulate --synthesize --trace FILE …``         write a synthetic trace to start from
 ``simulate --from-cluster [--add 3g.20gb=4]``   how many more of each profile fit the cluster now
 ``defrag --profile 7g.40gb [--count N]``          the fewest pods to move to make room; ``--apply``
@@ -80,6 +81,14 @@ def add_planning_parsers(
         "admitted so and the moves (not with --queue)",
     )
     simulate.add_argument(
+        "--defrag-whole-gpu-below",
+        type=float,
+        metavar="PCT",
+        help="with --defrag-on-reject: a request that takes a whole GPU (such as 7g.40gb) may "
+        "move running requests only while less than PCT%% of the fleet's memory slices are in "
+        "use (more than 0, at most 100); smaller requests always may",
+    )
+    simulate.add_argument(
         "--plot", type=Path, metavar="PNG", help="utilization and rejections over time (matplotlib)"
     )
     synth = simulate.add_argument_group("synthetic traces (--synthesize)")
@@ -148,6 +157,7 @@ def run_simulate(args: argparse.Namespace, *, out: TextIO) -> int:
             return _synthesize(args, fleet_text=args.gpus, out=out)
         policies = _policies(args.policy)
         defrag_moves = _defrag_moves(args)
+        whole_gpu_below = _whole_gpu_below(args)
         trace = read_trace(args.trace)
         if not trace:
             raise ConfigError(f"trace {args.trace} has no requests")
@@ -161,6 +171,7 @@ def run_simulate(args: argparse.Namespace, *, out: TextIO) -> int:
                 queue=args.queue,
                 timeline=args.plot is not None,
                 defrag_moves=defrag_moves,
+                defrag_whole_gpu_below=whole_gpu_below,
             )
             for p in policies
         ]
@@ -201,6 +212,21 @@ def _defrag_moves(args: argparse.Namespace) -> int:
     return moves
 
 
+def _whole_gpu_below(args: argparse.Namespace) -> float | None:
+    """``--defrag-whole-gpu-below`` as ``replay``'s fraction (None: not given)."""
+    percent: float | None = args.defrag_whole_gpu_below
+    if percent is None:
+        return None
+    if args.defrag_on_reject is None:
+        raise ConfigError("--defrag-whole-gpu-below needs --defrag-on-reject K")
+    if not 0 < percent <= 100:  # also refuses nan
+        raise ConfigError(
+            f"--defrag-whole-gpu-below is a percentage of the fleet's memory slices in use, "
+            f"more than 0 and at most 100, got {percent:g}"
+        )
+    return percent / 100
+
+
 def simulation_json(results: Sequence[ReplayResult], floor: FloorResult) -> dict[str, Any]:
     policies: dict[str, Any] = {}
     for r in results:
@@ -222,6 +248,8 @@ def simulation_json(results: Sequence[ReplayResult], floor: FloorResult) -> dict
                 moves=r.moves,
                 defrag_budget_hit=r.defrag_budget_hit,
             )
+        if r.defrag_whole_gpu_below is not None:
+            entry["defrag_whole_gpu_below"] = r.defrag_whole_gpu_below
         policies[r.policy] = entry
     return {"policies": policies, "floor": {"rejected": floor.rejected}}
 
@@ -268,6 +296,14 @@ def render_simulation(
             f"defragged: requests admitted by moving at most {limit} running request(s) each "
             "(a move is a pod evicted to restart elsewhere); moves: requests moved in all.\n"
         )
+        below = [r.defrag_whole_gpu_below for r in results if r.defrag_whole_gpu_below is not None]
+        if below:
+            note += (
+                f"whole-GPU requests moved others only below {max(below) * 100:g}% of memory slices "
+                "in use; so a policy may reject fewer than the floor (which admits every request "
+                "that fits): the slices of a whole-GPU request turned away can hold several small "
+                "ones.\n"
+            )
         hit = [f"{r.policy} {r.defrag_budget_hit}" for r in results if r.defrag_budget_hit]
         if hit:
             note += f"plan searches that stopped at their budget: {', '.join(hit)}.\n"

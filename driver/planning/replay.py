@@ -11,7 +11,10 @@ With ``defrag_moves=K`` (not with the queue), a request that does not fit asks `
 the fewest running requests, at most K, to move so that it fits; if there is such a plan, the moved
 requests take their new places (in a cluster: their pods are evicted and restart there, keeping their
 departure times) and the request is admitted at the plan's target. Requests of several slices get
-targets on one GPU, as the engine places them.
+targets on one GPU, as the engine places them. With ``defrag_whole_gpu_below=U`` as well, a request
+that takes every memory slice of a GPU (such as 7g.40gb) may defragment only while less than the
+fraction U of the fleet's memory slices is in use; smaller requests always may (issue 17i: at 95%
+load, plans that admit whole-GPU requests hold memory several later small requests needed).
 
 Figures per run: accepted / rejected, *stranded* (rejected although one GPU of a model offering the
 profile had enough free memory slices — counted without placement rules: the fragmentation a policy
@@ -66,6 +69,9 @@ class ReplayResult:
     wait_p99_s: float | None = None
     defrag_moves: int = 0
     """The most running requests moved to admit one rejected request (0: defragmentation off)."""
+    defrag_whole_gpu_below: float | None = None
+    """Whole-GPU requests defragment only below this fraction of memory slices in use (None:
+    always)."""
     defragged: int = 0
     """Requests admitted thanks to a defragmentation plan (counted in ``accepted``)."""
     moves: int = 0
@@ -167,6 +173,7 @@ def replay(
     queue: bool = False,
     timeline: bool = False,
     defrag_moves: int = 0,
+    defrag_whole_gpu_below: float | None = None,
     check_invariants: bool = False,
 ) -> ReplayResult:
     """Replay ``trace`` on an empty ``fleet`` with ``policy``; see the module docstring.
@@ -175,7 +182,16 @@ def replay(
     placements after every arrival, and checks that the engine is empty once every request still
     running at the end has departed; ``AssertionError`` naming the differences otherwise."""
     _check_defrag_moves(defrag_moves, queue=queue)
+    _check_whole_gpu_below(defrag_whole_gpu_below, defrag_moves=defrag_moves)
     needs = check_trace(trace, fleet)
+    gpu_slices = {group.model.name: group.model.memory_slices for group in fleet.groups}
+    # (profile, count) of the requests that take a whole GPU on every model that offers them.
+    whole_gpu = frozenset(
+        key for key, need in needs.items() if all(n >= gpu_slices[m] for m, n in need)
+    )
+    whole_gpu_limit = (
+        math.inf if defrag_whole_gpu_below is None else defrag_whole_gpu_below * fleet.memory_slices
+    )
     # Requests of a profile several GPU models offer may change model when they move.
     mobile = frozenset(profile for (profile, _), need in needs.items() if len(need) > 1)
     started = time.perf_counter()
@@ -227,6 +243,8 @@ def replay(
         """Admit ``request`` by moving at most ``defrag_moves`` running requests, if a plan does."""
         nonlocal defragged, moves, searched, budget_hit
         if not running.could_make_room(engine, need, mobile):
+            return False
+        if use.used >= whole_gpu_limit and (request.profile, request.count) in whole_gpu:
             return False
         searched += 1
         plan = plan_defrag(
@@ -327,6 +345,7 @@ def replay(
         wait_p50_s=round(percentile(waits, 0.50), 3) if queue else None,
         wait_p99_s=round(percentile(waits, 0.99), 3) if queue else None,
         defrag_moves=defrag_moves,
+        defrag_whole_gpu_below=defrag_whole_gpu_below,
         defragged=defragged,
         moves=moves,
         defrag_searched=searched,
@@ -349,6 +368,18 @@ def _check_defrag_moves(defrag_moves: int, *, queue: bool) -> None:
         raise ConfigError(
             "defragmentation on rejection and the queue do not combine: with the queue a request "
             "that does not fit waits instead of being rejected"
+        )
+
+
+def _check_whole_gpu_below(below: float | None, *, defrag_moves: int) -> None:
+    if below is None:
+        return
+    if not defrag_moves:
+        raise ConfigError("defrag_whole_gpu_below needs defragmentation on (defrag_moves ≥ 1)")
+    if not 0 < below <= 1:
+        raise ConfigError(
+            f"defrag_whole_gpu_below is a fraction of the fleet's memory slices in use, more than "
+            f"0 and at most 1, got {below}"
         )
 
 

@@ -53,3 +53,27 @@ def test_simulate_bench_quick_with_defrag_moves_adds_its_rows(tmp_path: Path) ->
     for d in rows:
         assert d["defragged"] <= d["moves"] <= d["moves_max"] * d["defragged"]
         assert comparison["floor"] <= d["rejected"]
+
+
+def test_simulate_bench_whole_gpu_limit_is_in_the_rows_only_when_given(tmp_path: Path) -> None:
+    argv = ["--quick", "--out", str(tmp_path), "simulate", "--defrag-moves", "1"]
+    assert main([*argv, "--defrag-whole-gpu-below", "50"]) == 0
+    (comparison,) = json.loads((tmp_path / "simulate.json").read_text())["comparisons"]
+    assert {d["whole_gpu_below"] for d in comparison["defrag"]} == {0.5}
+    assert main(argv) == 0
+    (comparison,) = json.loads((tmp_path / "simulate.json").read_text())["comparisons"]
+    assert all("whole_gpu_below" not in d for d in comparison["defrag"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--defrag-whole-gpu-below", "50"], "needs --defrag-moves"),
+        (["--defrag-moves", "1", "--defrag-whole-gpu-below", "0"], "got 0"),
+    ],
+)
+def test_simulate_bench_refuses_bad_whole_gpu_limits(
+    tmp_path: Path, extra: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit, match=message):
+        main(["--quick", "--out", str(tmp_path), "simulate", *extra])
