@@ -285,8 +285,8 @@ def render_simulation(
         for row in rows
     ]
     note = (
-        "floor: rejections of a fluid fleet (only the total of free memory slices counts); "
-        "no policy can do better.\n"
+        "floor: rejections of a fluid fleet (only the total of free memory slices counts, every "
+        "request that fits is admitted): the excess above it is what placement rules cost.\n"
     )
     if queue:
         note += "with --queue, 'rejected' counts requests that never fit, even on empty GPUs.\n"

@@ -400,7 +400,9 @@ def _check(engine: Engine, running: RunningRequests, *, when: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class FloorResult:
-    """Rejections of a *fluid* fleet on the same trace: no online policy can do better."""
+    """Rejections of a *fluid* fleet on the same trace (every request that fits in the total of
+    free memory slices is admitted): what placement rules add is measured against it. Only a
+    policy that turns requests away, such as ``defrag_whole_gpu_below``, can reject fewer."""
 
     requests: int
     rejected: int
