@@ -242,9 +242,9 @@ def replay(
     def defragment(request: TraceRequest, need: Need) -> bool:
         """Admit ``request`` by moving at most ``defrag_moves`` running requests, if a plan does."""
         nonlocal defragged, moves, searched, budget_hit
-        if not running.could_make_room(engine, need, mobile):
-            return False
         if use.used >= whole_gpu_limit and (request.profile, request.count) in whole_gpu:
+            return False
+        if not running.could_make_room(engine, need, mobile):  # reads every GPU: after the rule
             return False
         searched += 1
         plan = plan_defrag(
