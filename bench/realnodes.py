@@ -74,21 +74,23 @@ def _stat(pid: int) -> list[str] | None:
         return None
 
 
+def _cpu_ticks(pid: int | None, *fields: int) -> float | None:
+    """The sum of these ``/proc/PID/stat`` time fields (after the command), in seconds."""
+    stat = _stat(pid) if pid else None
+    if stat is None:
+        return None
+    return sum(int(stat[f]) for f in fields) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds(pid: int | None) -> float | None:
     """User + system CPU seconds ``pid`` has used so far (Linux ``/proc``; None when unknown)."""
-    fields = _stat(pid) if pid else None
-    if fields is None:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return _cpu_ticks(pid, 11, 12)
 
 
 def system_cpu_seconds(pid: int | None) -> float | None:
     """The system (kernel) part of :func:`cpu_seconds`: for a process that mostly talks over
     sockets, the kernel's network stack and TLS record syscalls show here, not in Python."""
-    fields = _stat(pid) if pid else None
-    if fields is None:
-        return None
-    return int(fields[12]) / os.sysconf("SC_CLK_TCK")
+    return _cpu_ticks(pid, 12)
 
 
 def machine_busy_s() -> float | None:

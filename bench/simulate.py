@@ -128,6 +128,8 @@ def defrag_rows(
     first-fit's excess without moves, the requests admitted by moving others, moves per 1,000
     requests, searches that hit ``plan_defrag``'s budget, and the replay's CPU seconds."""
     rows = []
+    excess = firstfit - floor
+    below: dict[str, Any] = {} if whole_gpu_below is None else {"whole_gpu_below": whole_gpu_below}
     for k in moves:
         for policy in POLICIES:
             cpu = time.process_time()
@@ -137,10 +139,6 @@ def defrag_rows(
                 policy=policy,
                 defrag_moves=k,
                 defrag_whole_gpu_below=whole_gpu_below,
-            )
-            excess = firstfit - floor
-            below: dict[str, Any] = (
-                {} if whole_gpu_below is None else {"whole_gpu_below": whole_gpu_below}
             )
             rows.append(
                 below
