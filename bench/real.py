@@ -21,6 +21,11 @@ Paths, one round each per repeat, alternating:
   and do nothing else. Not a product path: a yardstick. Alternated with ``controller``, it shows
   how much of the webhook latency kube-apiserver measures is ours and how much any webhook would
   get on the same machine under the same burst.
+* ``stubcontroller``: pods created already gated (as ``pregated``), placed by a stand-in controller
+  instead of ours — ``bench/controllerstub.py``, the same four writes per pod through the same
+  Python transport, informers and write functions, with no placement search or checks. Not a
+  product path: a yardstick. Alternated with ``pregated``, its CPU per pod is the floor any Python
+  controller doing this protocol pays, under ours.
 
 Figures per round: ``pods_per_s`` = pods / (last bound - first create sent); create→bound latency
 (create call sent → ``spec.nodeName`` seen by a pod informer here) p50/p99/max; ``overlaps`` (two
@@ -123,7 +128,7 @@ WEBHOOKS = ("pod-gate.instaslice.dev", "claim-gate.instaslice.dev")
 """Our webhooks of deploy/base/webhook.yaml: classic pods go to the first, pods with claims (every
 pod of this benchmark) to the second."""
 WEBHOOK_CONFIG = "instaslice-pod-gate"
-PATHS = ("scheduler", "controller", "pregated", "stubhook")
+PATHS = ("scheduler", "controller", "pregated", "stubhook", "stubcontroller")
 DEFAULT_PATHS = ("scheduler", "controller")
 FULL = {"nodes": 20, "pods": 1000}
 QUICK = {"nodes": 2, "pods": 10}
@@ -149,7 +154,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"controller --workers (default {DEFAULT_WORKERS})",
     )
     group.add_argument(
-        "--controller-args", default="", help="more controller flags, space-separated"
+        "--controller-args",
+        default="",
+        help="more controller flags, space-separated (the stubcontroller path's stand-in takes "
+        "only --[no-]nominate-node)",
     )
     group.add_argument(
         "--burst-timeout",
@@ -364,6 +372,7 @@ class _Controller:
         webhook: bool,
         stub: str | None = None,
         nice: int = 0,
+        stand_in: bool = False,
     ) -> None:
         self._api = api
         self._webhook = webhook
@@ -383,13 +392,21 @@ class _Controller:
         hook_port = self.stub_port or self.port
         url = f"https://127.0.0.1:{hook_port}{WEBHOOK_PATH}"
         self._log = (tmp / "controller.log").open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "controller", "--kubeconfig", str(stack_dir() / "kubeconfig"),
+        kubeconfig = str(stack_dir() / "kubeconfig")
+        command = (
+            [sys.executable, "-m", "bench.controllerstub", "--kubeconfig", kubeconfig,
+             "--healthz-address", f"127.0.0.1:{self.health}", "--workers", str(workers),
+             *extra]
+            if stand_in
+            else [sys.executable, "-m", "controller", "--kubeconfig", kubeconfig,
              "--no-leader-elect", "--webhook-port", str(self.port),
              "--webhook-cert-dir", str(tmp / "certs"), "--cert-mode", "files",
              "--metrics-address", f"127.0.0.1:{self.metrics}",
              "--healthz-address", f"127.0.0.1:{self.health}",
-             "--workers", str(workers), "--log-level", "WARNING", *extra],
+             "--workers", str(workers), "--log-level", "WARNING", *extra]
+        )  # fmt: skip
+        self.process = subprocess.Popen(
+            command,
             cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
             # A session of its own, like the control plane's processes (start.sh's setsid): with
             # the kernel's autogroups a session is one scheduling group, and left in ours the
@@ -631,8 +648,9 @@ def _round(
                 webhook=path in ("controller", "stubhook"),
                 stub=_stub(options) if path == "stubhook" else None,
                 nice=options.controller_nice,
+                stand_in=path == "stubcontroller",
             )
-            if path in ("controller", "pregated", "stubhook")
+            if path in ("controller", "pregated", "stubhook", "stubcontroller")
             else None
         )
         try:
@@ -667,7 +685,7 @@ def _round(
                 pods,
                 options.clients,
                 gated=controller is not None,
-                pregated=path == "pregated",
+                pregated=path in ("pregated", "stubcontroller"),
                 timeout=options.burst_timeout,
             )
             cpu_after = {name: cpu_seconds(pid) for name, pid in pids.items()}
@@ -858,6 +876,7 @@ def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, 
         "result_name": f"real-{pods}pods-{nodes}nodes"
         + (f"-schedqps{options.scheduler_qps:g}" if options.scheduler_qps else "")
         + ("-stubhook" if "stubhook" in paths else "")
+        + ("-stubcontroller" if "stubcontroller" in paths else "")
         + (f"-cpnice{options.control_plane_nice}" if options.control_plane_nice else "")
         + (f"-ctlnice{options.controller_nice}" if options.controller_nice else ""),
         "date": started.strftime("%Y-%m-%d %H:%M UTC"),

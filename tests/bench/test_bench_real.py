@@ -12,7 +12,10 @@ import pytest
 
 from bench import real, realmetrics
 from bench.__main__ import main
+from bench.controllerstub import free_devices
+from bench.realnodes import GPUS_PER_NODE, PROFILE, gpus_of
 from controller.metrics import WebhookMetrics
+from driver.resourceslices import build_pool, complete_pools, parse_devices
 
 SERIES = "apiserver_admission_webhook_admission_duration_seconds"
 LABELS = 'name="claim-gate.instaslice.dev",operation="CREATE",rejected="false",type="admit"'
@@ -157,3 +160,24 @@ def test_our_webhook_servers_histogram_is_read_from_the_controllers_metrics() ->
     assert figures["mean_ms"] == 50.95
     assert figures["within_25ms"] == 0.75
     assert figures["p50_ms"] <= 0.5  # half the calls within the first bucket (0.5 ms)
+
+
+def test_the_stand_in_controller_hands_out_disjoint_devices_of_the_benchmark_profile() -> None:
+    slices = [
+        s
+        for node in ("n-a", "n-b")
+        for s in build_pool(node=node, gpus=gpus_of(node), generation=1)
+    ]
+    handed = free_devices(slices)
+    devices = {
+        (d.node, d.name): d for pool in complete_pools(slices).values() for d in parse_devices(pool)
+    }
+    assert len(handed) == len(set(handed)) == 2 * GPUS_PER_NODE * 7  # 7 x 1g.5gb per A100-40GB
+    used: dict[tuple[str, int], int] = {}
+    for key in handed:
+        device = devices[key]
+        assert device.profile == PROFILE
+        gpu = (device.node, device.gpu_index)
+        assert not used.get(gpu, 0) & device.placement.mask
+        used[gpu] = used.get(gpu, 0) | device.placement.mask
+    assert [node for node, _ in handed[:7]] == ["n-a"] * 7  # node by node, GPU by GPU
