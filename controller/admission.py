@@ -26,6 +26,17 @@ must lift our gate from a gated pod once all of its claims are known and none us
 DeviceClasses and it has no classic MIG request** (only our gate; other gates are someone else's).
 The same applies to pods whose claims were deleted and recreated for another driver.
 
+**Claims: the delete-protection finalizer at creation.** On ResourceClaim CREATE (webhook 3 of
+deploy/base/webhook.yaml) a claim whose requests name one of our DeviceClasses gets
+``resource.kubernetes.io/delete-protection`` in ``metadata.finalizers``: the finalizer the allocator
+must write before an allocation (docs/design.md F3), added here instead of by an update of its own
+once the claim's pod arrives — one write per placed pod fewer for the controller and for
+kube-apiserver (F25). Nothing relies on it: a claim admitted without it (an outage; that webhook
+fails open) gets it from the controller as before. A claim being deleted that was never allocated
+loses it to kube-controller-manager (its resourceclaim controller lifts the finalizer of an
+unreserved claim being deleted, allocated or not), so it never blocks a deletion. Claims of other
+drivers, of system namespaces and with the finalizer already are left unchanged.
+
 Failure policy (deploy/base/webhook.yaml): ``failurePolicy: Fail`` narrowed by ``matchConditions``
 to pods that reference claims or request ``nvidia.com/mig-*``, because a MIG pod admitted without the
 gate cannot be repaired and kube-scheduler would race our allocator. Each replica serves the webhook
@@ -43,6 +54,7 @@ from typing import Any, Final, Protocol
 
 from api.names import (
     CLASSIC_RESOURCE_PREFIX,
+    DELETE_PROTECTION_FINALIZER,
     SCHEDULING_GATE,
     SYSTEM_NAMESPACE,
     classic_resource_name,
@@ -104,7 +116,8 @@ class AdmissionDecision:
 
 
 def review_pod(review: Mapping[str, Any], context: AdmissionContext) -> dict[str, Any]:
-    """Answer one ``AdmissionReview`` (v1) for a pod; ``MalformedReviewError`` if it is not one."""
+    """Answer one ``AdmissionReview`` (v1) for a pod or a ResourceClaim; ``MalformedReviewError``
+    if it is not one."""
     request = views.path(review, "request")
     uid = views.path(request, "uid")
     if not isinstance(request, Mapping) or not isinstance(uid, str):
@@ -128,6 +141,8 @@ def decide(request: Mapping[str, Any], context: AdmissionContext) -> AdmissionDe
     kind = views.path(request, "kind")
     if views.path(request, "operation") != "CREATE" or not isinstance(obj, Mapping):
         return AdmissionDecision(allowed=True)
+    if isinstance(kind, Mapping) and views.path(kind, "kind") == "ResourceClaim":
+        return _protect_claim(request, obj, context)
     if isinstance(kind, Mapping) and views.path(kind, "kind") not in (None, "Pod"):
         return AdmissionDecision(allowed=True)
     pod = PodView.of(dict(obj))
@@ -155,6 +170,36 @@ def decide(request: Mapping[str, Any], context: AdmissionContext) -> AdmissionDe
         ]
     _log.debug("gating pod %s/%s", namespace, pod.name or "<generated>")
     return AdmissionDecision(allowed=True, patch=patch, warnings=tuple(warnings))
+
+
+def _protect_claim(
+    request: Mapping[str, Any], obj: Mapping[str, Any], context: AdmissionContext
+) -> AdmissionDecision:
+    """Add the delete-protection finalizer to a new claim of ours (the module docstring)."""
+    metadata = views.path(obj, "metadata")
+    namespace = views.text(views.path(request, "namespace")) or views.text(
+        views.path(metadata, "namespace")
+    )
+    spec = views.path(obj, "spec")
+    if namespace in SKIPPED_NAMESPACES or not isinstance(spec, Mapping):
+        return AdmissionDecision(allowed=True)
+    finalizers = views.path(metadata, "finalizers")
+    if isinstance(finalizers, list) and DELETE_PROTECTION_FINALIZER in finalizers:
+        return AdmissionDecision(allowed=True)
+    classes = device_classes_of_claim_spec(spec)
+    ours = context.our_device_classes()
+    if not (ours.intersection(classes) or any(is_our_device_class_name(c) for c in classes)):
+        return AdmissionDecision(allowed=True)
+    patch: list[dict[str, Any]]
+    if isinstance(finalizers, list):
+        patch = [
+            {"op": "add", "path": "/metadata/finalizers/-", "value": DELETE_PROTECTION_FINALIZER}
+        ]
+    else:
+        patch = [
+            {"op": "add", "path": "/metadata/finalizers", "value": [DELETE_PROTECTION_FINALIZER]}
+        ]
+    return AdmissionDecision(allowed=True, patch=patch)
 
 
 def _classic_requests(pod: PodView, context: AdmissionContext) -> tuple[list[str], bool]:

@@ -7,6 +7,7 @@ from the allocator when scraped, so they can never drift from it.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable, Iterator, Mapping
 from typing import Final
 
@@ -170,9 +171,10 @@ WEBHOOK_NAMESPACE: Final = "instaslice_webhook"
 _ANSWER_BUCKETS: Final = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 )  # fmt: skip
-ADMISSION_DECISIONS: Final = ("gated", "allowed", "refused")
-"""``gated``: the scheduling gate added (the controller places the pod); ``allowed``: admitted
-unchanged (not ours, or gated already); ``refused``: a classic request we cannot serve."""
+ADMISSION_DECISIONS: Final = ("gated", "protected", "allowed", "refused")
+"""``gated``: the scheduling gate added (the controller places the pod); ``protected``: a new
+ResourceClaim of ours given the delete-protection finalizer; ``allowed``: admitted unchanged (not
+ours, or gated or protected already); ``refused``: a classic request we cannot serve."""
 
 
 def admission_decision(answer: Mapping[str, object]) -> str:
@@ -180,7 +182,14 @@ def admission_decision(answer: Mapping[str, object]) -> str:
     response = answer.get("response")
     if not isinstance(response, Mapping) or response.get("allowed") is not True:
         return "refused"
-    return "gated" if response.get("patch") else "allowed"
+    patch = response.get("patch")
+    if not patch:
+        return "allowed"
+    try:
+        protects = isinstance(patch, str) and b"/metadata/finalizers" in base64.b64decode(patch)
+    except ValueError:  # binascii.Error: not ours to judge here
+        protects = False
+    return "protected" if protects else "gated"
 
 
 class WebhookMetrics:
@@ -209,8 +218,9 @@ class WebhookMetrics:
         self._ok = requests.labels(code="200")  # the common case, without a label lookup
         admissions = Counter(
             "admissions",
-            "Pod admissions answered, by decision: gated (scheduling gate added), allowed "
-            "(unchanged), refused.",
+            "Admissions answered, by decision: gated (a pod's scheduling gate added), "
+            "protected (a claim's delete-protection finalizer added), allowed (unchanged), "
+            "refused.",
             ["decision"],
             namespace=WEBHOOK_NAMESPACE,
             registry=self.registry,

@@ -39,8 +39,10 @@ AnswerObserver = Callable[[int, float, "Mapping[str, Any] | None"], None]
 """Told of every answered POST: HTTP status, seconds from headers read to answer written, and the
 answering ``AdmissionReview`` (None for an error answer) — ``metrics.WebhookMetrics.answered``."""
 
-DEFAULT_PATHS: Final = ("/mutate-pods", "/mutate-v1-pod")
-"""``/mutate-v1-pod`` is what deploy/base/webhook.yaml names; ``/mutate-pods`` is the short form."""
+DEFAULT_PATHS: Final = ("/mutate-pods", "/mutate-v1-pod", "/mutate-resource-v1-resourceclaim")
+"""``/mutate-v1-pod`` and ``/mutate-resource-v1-resourceclaim`` are what deploy/base/webhook.yaml
+names (the review answers by the object's kind; the paths keep kube-apiserver's metrics and logs
+apart); ``/mutate-pods`` is the short form."""
 
 MAX_BODY_BYTES: Final = 8 * 1024 * 1024
 IDLE_TIMEOUT_S: Final = 120.0

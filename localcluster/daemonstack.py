@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import ClassVar, Protocol, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 from api import names
 from controller.certificates import generate_ca, issue_serving_certificate
@@ -171,15 +172,19 @@ def webhook_configuration(
 ) -> JsonObject:
     """The MutatingWebhookConfiguration of ``source`` (``deploy/base/webhook.yaml``: the same
     rules), calling ``url`` — a webhook on this machine, as kube-apiserver reaches it — instead of
-    the Service."""
+    the Service: its scheme and host, with each entry's own Service path (``url``'s path for an
+    entry that names none)."""
     configs = [
         o for o in load_file(source) if o.get("kind") == MUTATING_WEBHOOK_CONFIGURATIONS.kind
     ]
     if len(configs) != 1:
         raise ConfigError(f"{source} must hold one webhook configuration")
     config = copy.deepcopy(configs[0])
+    base = urlsplit(url)
     for hook in config.get("webhooks") or []:
-        hook["clientConfig"] = {"url": url, "caBundle": base64.b64encode(ca_bundle).decode()}
+        service = (hook.get("clientConfig") or {}).get("service") or {}
+        hook_url = urlunsplit((base.scheme, base.netloc, service.get("path") or base.path, "", ""))
+        hook["clientConfig"] = {"url": hook_url, "caBundle": base64.b64encode(ca_bundle).decode()}
     return config
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from api.names import SCHEDULING_GATE, profile_device_class
+from api.names import DELETE_PROTECTION_FINALIZER, SCHEDULING_GATE, profile_device_class
 from controller.admission import (
     AdmissionContext,
     MalformedReviewError,
@@ -19,12 +19,15 @@ from controller.admission import (
     device_classes_of_claim_spec,
     review_pod,
 )
+from controller.metrics import admission_decision
 from driver.errors import ClusterError
 from localcluster.admission import match_conditions_hold
+from localcluster.patch import json_patch
 
 OUR_CLASSES = frozenset(
     {"mig.instaslice.dev", profile_device_class("1g.5gb"), profile_device_class("2g.10gb")}
 )
+OUR_CLASSES_LIST = sorted(OUR_CLASSES)
 A100_40GB = {
     "1g.5gb": 7,
     "1g.5gb+me": 1,
@@ -399,11 +402,14 @@ def _webhooks() -> list[dict[str, Any]]:
 
 
 def _reached(obj: dict[str, Any]) -> list[tuple[str, str]]:
-    """(name, failurePolicy) of every deployed webhook whose matchConditions send us ``obj``."""
+    """(name, failurePolicy) of every deployed webhook whose rules take ``obj``'s kind and whose
+    matchConditions send us ``obj`` (kube-apiserver evaluates conditions only for matching rules)."""
+    resource = {"Pod": "pods", "ResourceClaim": "resourceclaims"}[obj.get("kind", "Pod")]
     return [
         (str(w["name"]), str(w["failurePolicy"]))
         for w in _webhooks()
-        if match_conditions_hold(w, obj, None)
+        if any(resource in rule["resources"] for rule in w["rules"])
+        and match_conditions_hold(w, obj, None)
     ]
 
 
@@ -448,3 +454,128 @@ def test_a_claim_naming_a_class_of_our_domain_that_does_not_exist_is_gated() -> 
     response = review_pod(review(obj), context)["response"]
     patched = apply_patch(obj, json.loads(base64.b64decode(response["patch"])))
     assert [g["name"] for g in patched["spec"]["schedulingGates"]] == [SCHEDULING_GATE]
+
+
+# --- ResourceClaim CREATE: the delete-protection finalizer (webhook 3) ---
+
+
+def claim(
+    *requests: dict[str, Any], finalizers: list[str] | None = None, namespace: str = "team-a"
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": "c", "namespace": namespace}
+    if finalizers is not None:
+        metadata["finalizers"] = finalizers
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": metadata,
+        "spec": {"devices": {"requests": list(requests)}},
+    }
+
+
+def claim_review(
+    obj: dict[str, Any], *, namespace: str = "team-a", operation: str = "CREATE"
+) -> dict[str, Any]:
+    answer = review(obj, namespace=namespace, operation=operation)
+    answer["request"]["kind"] = {
+        "group": "resource.k8s.io",
+        "version": "v1",
+        "kind": "ResourceClaim",
+    }
+    answer["request"]["resource"] = {
+        "group": "resource.k8s.io",
+        "version": "v1",
+        "resource": "resourceclaims",
+    }
+    return answer
+
+
+def exactly(device_class: str) -> dict[str, Any]:
+    return {"name": "gpu", "exactly": {"deviceClassName": device_class}}
+
+
+def first_available(*device_classes: str) -> dict[str, Any]:
+    return {
+        "name": "gpu",
+        "firstAvailable": [
+            {"name": f"s{i}", "deviceClassName": c} for i, c in enumerate(device_classes)
+        ],
+    }
+
+
+PROTECTED_CASES = [
+    ("exactly-ours", claim(exactly(profile_device_class("1g.5gb"))), []),
+    ("any-profile-class", claim(exactly("mig.instaslice.dev")), []),
+    ("ours-as-an-alternative", claim(first_available("gpu.nvidia.com", "mig.instaslice.dev")), []),
+    ("second-request-ours", claim(exactly("nic.example.com"), exactly(OUR_CLASSES_LIST[0])), []),
+    # a class of our domain that does not exist yet is ours (as for pods)
+    ("unknown-class-of-our-domain", claim(exactly("mig-9g.99gb.instaslice.dev")), []),
+    (
+        "other-finalizers-kept",
+        claim(exactly(profile_device_class("2g.10gb")), finalizers=["example.com/keep"]),
+        ["example.com/keep"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("obj", "kept"), [c[1:] for c in PROTECTED_CASES], ids=[c[0] for c in PROTECTED_CASES]
+)
+def test_new_claims_of_our_classes_get_the_delete_protection_finalizer(
+    obj: dict[str, Any], kept: list[str]
+) -> None:
+    response = review_pod(claim_review(obj), default_context())["response"]
+    assert response["allowed"] is True
+    assert response["patchType"] == "JSONPatch"
+    # RFC 6902 as kube-apiserver applies it
+    patched = json_patch(obj, json.loads(base64.b64decode(response["patch"])))
+    assert patched["metadata"]["finalizers"] == [*kept, DELETE_PROTECTION_FINALIZER]
+    assert patched["spec"] == obj["spec"]
+    assert admission_decision(review_pod(claim_review(obj), default_context())) == "protected"
+
+
+UNCHANGED_CLAIM_CASES = [
+    ("another-driver", claim(exactly("gpu.nvidia.com")), "team-a", "CREATE"),
+    ("no-requests", claim(), "team-a", "CREATE"),
+    (
+        "protected-already",
+        claim(exactly(OUR_CLASSES_LIST[0]), finalizers=[DELETE_PROTECTION_FINALIZER]),
+        "team-a",
+        "CREATE",
+    ),
+    (
+        "system-namespace",
+        claim(exactly(OUR_CLASSES_LIST[0]), namespace="kube-system"),
+        "kube-system",
+        "CREATE",
+    ),
+    ("update", claim(exactly(OUR_CLASSES_LIST[0])), "team-a", "UPDATE"),
+    ("spec-not-an-object", {**claim(), "spec": "nonsense"}, "team-a", "CREATE"),
+]
+
+
+@pytest.mark.parametrize(
+    ("obj", "namespace", "operation"),
+    [c[1:] for c in UNCHANGED_CLAIM_CASES],
+    ids=[c[0] for c in UNCHANGED_CLAIM_CASES],
+)
+def test_other_claims_are_admitted_unchanged(
+    obj: dict[str, Any], namespace: str, operation: str
+) -> None:
+    answer = review_pod(
+        claim_review(obj, namespace=namespace, operation=operation), default_context()
+    )
+    assert answer["response"] == {"uid": answer["response"]["uid"], "allowed": True}
+    assert admission_decision(answer) == "allowed"
+
+
+def test_deployed_match_conditions_send_new_claims_of_our_domain_to_the_claim_entry_only() -> None:
+    """The claim entry's conditions must let through every claim the webhook would protect (by
+    name: a class of our domain) and nothing it leaves alone; pods never reach it, claims never
+    reach the pod entries."""
+    for _, obj, _ in PROTECTED_CASES:
+        assert _reached(obj) == [("claim-finalizer.instaslice.dev", "Ignore")], obj
+    for _, obj, _, _ in UNCHANGED_CLAIM_CASES[:3]:
+        assert _reached(obj) == [], obj
+    for obj in [c[1] for c in GATE_CASES]:
+        assert ("claim-finalizer.instaslice.dev", "Ignore") not in _reached(obj)

@@ -28,7 +28,14 @@ from controller.metrics import WebhookMetrics, admission_decision
 from controller.webhook_server import WebhookServer
 from driver.errors import ConfigError
 from tests.controller.certfakes import InMemoryCertificateStore, StepClock
-from tests.controller.test_admission import default_context, pod, review
+from tests.controller.test_admission import (
+    claim,
+    claim_review,
+    default_context,
+    exactly,
+    pod,
+    review,
+)
 
 SERVICE_NAME = "instaslice-webhook.instaslice-system.svc"
 
@@ -321,22 +328,32 @@ def test_every_answer_is_told_with_its_status_time_and_decision(cert_dir: Path) 
         refused = review(pod(limits={"nvidia.com/mig-9g.99gb": "1"}))
         assert post(connection, "/mutate-pods", json.dumps(refused).encode())[0] == 200
         assert post(connection, "/mutate-pods", json.dumps(review(pod())).encode())[0] == 200
+        protected = claim_review(claim(exactly("mig-1g.5gb.instaslice.dev")))
+        assert (
+            post(connection, "/mutate-resource-v1-resourceclaim", json.dumps(protected).encode())[0]
+            == 200
+        )
         assert post(connection, "/mutate-pods", b"not json")[0] == 400
         assert post(connection, "/elsewhere", b"{}")[0] == 404  # closes: its body is unread
         assert post(another, "/mutate-pods", b'{"explode": true}')[0] == 500
-    assert [code for code, _, _ in seen] == [200, 200, 200, 400, 404, 500]
+    assert [code for code, _, _ in seen] == [200, 200, 200, 200, 400, 404, 500]
     assert all(seconds >= 0 for _, seconds, _ in seen)
-    assert [answer is None for _, _, answer in seen] == [False] * 3 + [True] * 3
+    assert [answer is None for _, _, answer in seen] == [False] * 4 + [True] * 3
     text = metrics.exposition().decode()
-    for decision, count in (("gated", 1), ("refused", 1), ("allowed", 1)):
+    for decision, count in (("gated", 1), ("refused", 1), ("allowed", 1), ("protected", 1)):
         assert f'instaslice_webhook_admissions_total{{decision="{decision}"}} {count}.0' in text
-    for code, count in (("200", 3), ("400", 1), ("404", 1), ("500", 1)):
+    for code, count in (("200", 4), ("400", 1), ("404", 1), ("500", 1)):
         assert f'instaslice_webhook_requests_total{{code="{code}"}} {count}.0' in text
-    assert "instaslice_webhook_request_duration_seconds_count 6.0" in text
+    assert "instaslice_webhook_request_duration_seconds_count 7.0" in text
 
 
 def test_an_answer_is_classed_by_what_it_allows_and_patches() -> None:
     assert admission_decision({"response": {"allowed": True, "patch": "W10="}}) == "gated"
+    finalizer = base64.b64encode(
+        json.dumps([{"op": "add", "path": "/metadata/finalizers", "value": ["f"]}]).encode()
+    ).decode()
+    assert admission_decision({"response": {"allowed": True, "patch": finalizer}}) == "protected"
+    assert admission_decision({"response": {"allowed": True, "patch": "!!"}}) == "gated"
     assert admission_decision({"response": {"allowed": True}}) == "allowed"
     assert admission_decision({"response": {"allowed": False, "status": {}}}) == "refused"
     assert admission_decision({"kind": "AdmissionReview"}) == "refused"  # no verdict: not allowed

@@ -35,11 +35,17 @@ def _classes() -> set[str]:
     return {d["metadata"]["name"] for d in yaml.safe_load_all(text) if d}
 
 
-def _reached_webhooks(pod_spec: dict[str, Any]) -> list[str]:
-    """Names of the deployed webhooks whose matchConditions send this pod to us."""
+def _reached_webhooks(pod_spec: dict[str, Any], *, resource: str = "pods") -> list[str]:
+    """Names of the deployed webhooks whose rules take ``resource`` and whose matchConditions send
+    this object (a pod's spec, or a claim's) to us."""
     (config,) = m.find(m.render(m.DEPLOY / "base"), "MutatingWebhookConfiguration")
-    pod = {"spec": pod_spec}
-    return [w["name"] for w in config["webhooks"] if match_conditions_hold(w, pod, None)]
+    obj = {"spec": pod_spec, "metadata": {}}
+    return [
+        w["name"]
+        for w in config["webhooks"]
+        if any(resource in rule["resources"] for rule in w["rules"])
+        and match_conditions_hold(w, obj, None)
+    ]
 
 
 def _containers(pod_spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -181,6 +187,23 @@ def test_samples_live_in_their_own_namespaces_which_the_webhook_serves(folder: s
             continue
         assert namespace in declared, f"{obj['kind']}/{obj['metadata']['name']}"
         assert namespace not in {"kube-system", names.SYSTEM_NAMESPACE}
+
+
+@pytest.mark.parametrize("folder", sorted(SAMPLE_DIRS))
+def test_every_sample_claim_and_template_reaches_the_claim_finalizer_webhook(folder: str) -> None:
+    """Claims the samples create (directly, or through kube-controller-manager from a template)
+    name our classes, so each gets the delete-protection finalizer at creation."""
+    specs = [
+        obj["spec"] if obj["kind"] == "ResourceClaim" else obj["spec"]["spec"]
+        for obj in m.render(SAMPLE_DIRS[folder])
+        if obj["kind"] in ("ResourceClaim", "ResourceClaimTemplate")
+    ]
+    for spec in specs:
+        assert _reached_webhooks(spec, resource="resourceclaims") == [
+            "claim-finalizer.instaslice.dev"
+        ]
+    if folder == "samples":
+        assert specs, "the core samples create claims"
 
 
 @pytest.mark.parametrize("folder", sorted(SAMPLE_DIRS))

@@ -8,6 +8,7 @@ import argparse
 import pytest
 
 from api import names
+from controller.webhook_server import DEFAULT_PATHS
 from tests.deploy import flags
 from tests.deploy import manifests as m
 
@@ -197,6 +198,9 @@ def test_probes_and_ports_match_the_configured_addresses(overlay: str, component
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
 
+CLAIM_WEBHOOK_PATH = "/mutate-resource-v1-resourceclaim"
+
+
 def test_webhook_is_wired_to_the_controller_through_its_service() -> None:
     objects = _overlay("gpu")
     controller = _controller(objects)
@@ -205,7 +209,7 @@ def test_webhook_is_wired_to_the_controller_through_its_service() -> None:
     env = _env(container)
     assert config["metadata"]["name"] == env["INSTASLICE_WEBHOOK_CONFIG_NAME"]["value"]
     service = m.one(objects, "Service", env["INSTASLICE_WEBHOOK_SERVICE"]["value"])
-    assert len(config["webhooks"]) == 2
+    assert len(config["webhooks"]) == 3
     for webhook in config["webhooks"]:
         reference = webhook["clientConfig"]["service"]
         assert (reference["name"], reference["namespace"]) == (
@@ -215,7 +219,12 @@ def test_webhook_is_wired_to_the_controller_through_its_service() -> None:
         (service_port,) = service["spec"]["ports"]
         assert reference["port"] == service_port["port"]
         assert service_port["targetPort"] == "webhook"
-        assert reference["path"] == getattr(names, "WEBHOOK_PATH", "/mutate-v1-pod")
+        assert reference["path"] == (
+            CLAIM_WEBHOOK_PATH
+            if webhook["name"] == "claim-finalizer.instaslice.dev"
+            else getattr(names, "WEBHOOK_PATH", "/mutate-v1-pod")
+        )
+        assert reference["path"] in DEFAULT_PATHS  # the server answers there
     assert _port(container, "webhook") == int(env["INSTASLICE_WEBHOOK_PORT"]["value"])
     assert service["spec"]["selector"] == controller["spec"]["selector"]["matchLabels"]
 
@@ -223,14 +232,19 @@ def test_webhook_is_wired_to_the_controller_through_its_service() -> None:
 def test_webhook_gates_pod_creation_only_and_spares_system_namespaces() -> None:
     (config,) = m.find(_overlay("gpu"), "MutatingWebhookConfiguration")
     policies = {w["name"]: w["failurePolicy"] for w in config["webhooks"]}
-    # Classic pods fail closed; claim-bearing pods (any DRA driver's) fail open.
-    assert policies == {"pod-gate.instaslice.dev": "Fail", "claim-gate.instaslice.dev": "Ignore"}
+    # Classic pods fail closed; claim-bearing pods (any DRA driver's) fail open; so does the claim
+    # finalizer (the controller adds it when the webhook did not).
+    assert policies == {
+        "pod-gate.instaslice.dev": "Fail",
+        "claim-gate.instaslice.dev": "Ignore",
+        "claim-finalizer.instaslice.dev": "Ignore",
+    }
     for webhook in config["webhooks"]:
         (rule,) = webhook["rules"]
         assert (rule["operations"], rule["resources"], rule["apiGroups"]) == (
-            ["CREATE"],
-            ["pods"],
-            [""],
+            (["CREATE"], ["resourceclaims"], ["resource.k8s.io"])
+            if webhook["name"] == "claim-finalizer.instaslice.dev"
+            else (["CREATE"], ["pods"], [""])
         )
         assert webhook["sideEffects"] == "None"
         assert 1 <= webhook["timeoutSeconds"] <= (10 if webhook["failurePolicy"] == "Fail" else 3)

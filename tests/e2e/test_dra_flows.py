@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
+from api import names
 from api.names import DRIVER_NAME
 from driver.cluster.port import PODS, RESOURCE_CLAIMS
+from driver.errors import ApiNotFoundError
 from localcluster.manifests import JOBS
 from localcluster.stack import InstaSliceStack
 from tests.e2e.conftest import E2E_NS
@@ -255,4 +258,73 @@ def test_the_controllers_metrics_count_the_pods_our_webhook_gated(
         lambda: (_gated_count(cluster) or 0.0) >= before + 1 or None,
         timeout=30,
         message="one more gated pod counted",
+    )
+
+
+def _gone(cluster: InstaSliceStack, name: str) -> bool:
+    try:
+        cluster.api.get(RESOURCE_CLAIMS, name=name, namespace=E2E_NS)
+    except ApiNotFoundError:
+        return True
+    return False
+
+
+def _claim(name: str, device_class: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": E2E_NS},
+        "spec": {
+            "devices": {"requests": [{"name": "mig", "exactly": {"deviceClassName": device_class}}]}
+        },
+    }
+
+
+def test_claims_of_our_classes_are_created_protected_and_still_go_away_unallocated(
+    cluster: InstaSliceStack,
+) -> None:
+    """docs/design.md F25: the webhook adds the delete-protection finalizer when a claim of ours is
+    created — the one the allocator needs before an allocation — so the controller has no update
+    of its own to write. A claim that is deleted before it was ever allocated must not be held by
+    it: kube-controller-manager lifts the finalizer of any unreserved claim being deleted."""
+    listed = cluster.api.list_objects(RESOURCE_CLAIMS, namespace=E2E_NS)
+    ours = cluster.api.create(
+        RESOURCE_CLAIMS, _claim("protected", names.profile_device_class("1g.5gb")), namespace=E2E_NS
+    )
+    assert names.DELETE_PROTECTION_FINALIZER in ours["metadata"].get("finalizers", [])
+    foreign = cluster.api.create(
+        RESOURCE_CLAIMS, _claim("not-ours", "gpu.example.com"), namespace=E2E_NS
+    )
+    assert names.DELETE_PROTECTION_FINALIZER not in foreign["metadata"].get("finalizers", [])
+
+    # a claim made for a pod from a template is protected from its first version on
+    apply(cluster, [claim_template("protected", profile="1g.5gb", namespace=E2E_NS)])
+    apply(cluster, [dra_pod("protected", template="protected", namespace=E2E_NS)])
+    wait_pod_running(cluster, E2E_NS, "protected")
+    first_seen: dict[str, list[str]] = {}
+    with cluster.api.watch(
+        RESOURCE_CLAIMS,
+        resource_version=listed.resource_version,
+        namespace=E2E_NS,
+        timeout_seconds=5,
+    ) as events:
+        for event in events:
+            claim = event.object
+            owners = claim["metadata"].get("ownerReferences") or []
+            if any(o.get("name") == "protected" for o in owners):
+                first_seen.setdefault(
+                    claim["metadata"]["name"], claim["metadata"].get("finalizers", [])
+                )
+                break
+    assert len(first_seen) == 1, first_seen  # the pod's one generated claim
+    ((generated, finalizers),) = first_seen.items()
+    assert names.DELETE_PROTECTION_FINALIZER in finalizers, (generated, finalizers)
+
+    for name in ("protected", "not-ours"):
+        cluster.api.delete(RESOURCE_CLAIMS, name=name, namespace=E2E_NS)
+    wait_for(
+        cluster,
+        lambda: all(_gone(cluster, n) for n in ("protected", "not-ours")) or None,
+        timeout=60,
+        message="both unallocated claims deleted (the finalizer lifted by the claim controller)",
     )
