@@ -77,3 +77,28 @@ def test_simulate_bench_refuses_bad_whole_gpu_limits(
 ) -> None:
     with pytest.raises(SystemExit, match=message):
         main(["--quick", "--out", str(tmp_path), "simulate", *extra])
+
+
+def test_simulate_bench_whole_gpu_reserve_is_in_the_rows_only_when_given(tmp_path: Path) -> None:
+    argv = ["--quick", "--out", str(tmp_path), "simulate", "--defrag-moves", "1"]
+    assert main([*argv, "--defrag-whole-gpu-reserve", "15"]) == 0
+    (comparison,) = json.loads((tmp_path / "simulate.json").read_text())["comparisons"]
+    assert {d["whole_gpu_reserve_s"] for d in comparison["defrag"]} == {15.0}
+    assert main(argv) == 0
+    (comparison,) = json.loads((tmp_path / "simulate.json").read_text())["comparisons"]
+    assert all("whole_gpu_reserve_s" not in d for d in comparison["defrag"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--defrag-whole-gpu-reserve", "15"], "needs --defrag-moves"),
+        (["--defrag-moves", "1", "--defrag-whole-gpu-reserve", "0"], "got 0"),
+        (["--defrag-moves", "1", "--defrag-whole-gpu-reserve", "nan"], "got nan"),
+    ],
+)
+def test_simulate_bench_refuses_bad_whole_gpu_reserves(
+    tmp_path: Path, extra: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit, match=message):
+        main(["--quick", "--out", str(tmp_path), "simulate", *extra])
