@@ -61,6 +61,15 @@ TRACES: dict[str, TraceSpec] = {
 }
 """Trace name → how it was synthesized (``bench/traces/<name>.jsonl.gz``)."""
 
+HELD_OUT: dict[str, TraceSpec] = {
+    "a100-issue-mix-load095-seed21": TraceSpec("20x8xA100-40GB", MIX_ISSUE, 0.95, 21),
+    "a100-issue-mix-load085-seed23": TraceSpec("20x8xA100-40GB", MIX_ISSUE, 0.85, 23),
+    "a100-small-mix-load090-seed32": TraceSpec("20x8xA100-40GB", MIX_SMALL, 0.90, 32),
+}
+"""Traces kept to check a rule on traffic it was not tuned on (issue 17j's held-out checks; see
+``bench/traces/README.md``). ``--regenerate`` writes them too; ``python -m bench simulate`` does not
+replay them."""
+
 SPEED_GPUS = "20x8xA100-40GB"
 SPEED_EVENTS = 100_000
 
@@ -71,7 +80,7 @@ def trace_path(name: str) -> Path:
 
 def regenerate() -> None:
     TRACES_DIR.mkdir(exist_ok=True)
-    for name, spec in TRACES.items():
+    for name, spec in (TRACES | HELD_OUT).items():
         requests = synthesize(
             fleet=parse_fleet(spec.gpus),
             mix=parse_mix(spec.mix),

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import main
-from bench.simulate import TRACES, trace_path
+from bench.simulate import HELD_OUT, TRACES, trace_path
 from driver.planning.fleet import parse_fleet
 from driver.planning.trace import parse_mix, read_trace, synthesize
 
 
-@pytest.mark.parametrize("name", list(TRACES)[:2])
+@pytest.mark.parametrize("name", [*list(TRACES)[:2], next(iter(HELD_OUT))])
 def test_kept_traces_are_reproducible(name: str) -> None:
-    spec = TRACES[name]
+    spec = (TRACES | HELD_OUT)[name]
     made = synthesize(
         fleet=parse_fleet(spec.gpus),
         mix=parse_mix(spec.mix),
@@ -30,7 +30,7 @@ def test_kept_traces_are_reproducible(name: str) -> None:
 
 
 def test_every_kept_trace_exists() -> None:
-    for name in TRACES:
+    for name in TRACES | HELD_OUT:
         assert trace_path(name).stat().st_size > 0
 
 
