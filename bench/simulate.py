@@ -62,7 +62,7 @@ TRACES: dict[str, TraceSpec] = {
 """Trace name → how it was synthesized (``bench/traces/<name>.jsonl.gz``)."""
 
 HELD_OUT: dict[str, TraceSpec] = {
-    "a100-issue-mix-load095-seed21": TraceSpec("20x8xA100-40GB", MIX_ISSUE, 0.95, 21),
+    "a100-10x8-issue-mix-load095-seed34": TraceSpec("10x8xA100-40GB", MIX_ISSUE, 0.95, 34),
     "a100-issue-mix-load085-seed23": TraceSpec("20x8xA100-40GB", MIX_ISSUE, 0.85, 23),
     "a100-small-mix-load090-seed32": TraceSpec("20x8xA100-40GB", MIX_SMALL, 0.90, 32),
 }
