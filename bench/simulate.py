@@ -11,7 +11,9 @@ work (issue 17): the best policy's rejections above the floor at most a quarter 
 room), each K in turn, against the same floor and first-fit's rejections without moves (issue 17g).
 That takes minutes per K and policy, so it is off by default. ``--defrag-whole-gpu-below PCT``
 adds ``replay(defrag_whole_gpu_below=PCT / 100)`` to those replays: whole-GPU requests move others
-only below PCT% of memory slices in use (issue 17i).
+only below PCT% of memory slices in use (issue 17i). ``--defrag-whole-gpu-reserve S`` adds
+``replay(defrag_whole_gpu_reserve=S)``: whole-GPU requests move others only if the slices left free
+hold S seconds of the smaller requests' recent demand (issue 17j).
 """
 
 from __future__ import annotations
@@ -59,6 +61,15 @@ TRACES: dict[str, TraceSpec] = {
 }
 """Trace name → how it was synthesized (``bench/traces/<name>.jsonl.gz``)."""
 
+HELD_OUT: dict[str, TraceSpec] = {
+    "a100-10x8-issue-mix-load095-seed34": TraceSpec("10x8xA100-40GB", MIX_ISSUE, 0.95, 34),
+    "a100-issue-mix-load085-seed23": TraceSpec("20x8xA100-40GB", MIX_ISSUE, 0.85, 23),
+    "a100-small-mix-load090-seed32": TraceSpec("20x8xA100-40GB", MIX_SMALL, 0.90, 32),
+}
+"""Traces kept to check a rule on traffic it was not tuned on (issue 17j's held-out checks; see
+``bench/traces/README.md``). ``--regenerate`` writes them too; ``python -m bench simulate`` does not
+replay them."""
+
 SPEED_GPUS = "20x8xA100-40GB"
 SPEED_EVENTS = 100_000
 
@@ -69,7 +80,7 @@ def trace_path(name: str) -> Path:
 
 def regenerate() -> None:
     TRACES_DIR.mkdir(exist_ok=True)
-    for name, spec in TRACES.items():
+    for name, spec in (TRACES | HELD_OUT).items():
         requests = synthesize(
             fleet=parse_fleet(spec.gpus),
             mix=parse_mix(spec.mix),
@@ -96,6 +107,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="simulate, with --defrag-moves: whole-GPU requests move others only while less than "
         "PCT%% of the fleet's memory slices are in use (more than 0, at most 100)",
     )
+    parser.add_argument(
+        "--defrag-whole-gpu-reserve",
+        type=float,
+        metavar="SECONDS",
+        help="simulate, with --defrag-moves: whole-GPU requests move others only if the memory "
+        "slices left free hold SECONDS seconds of the smaller requests' recent demand (more than 0)",
+    )
 
 
 def _moves_list(text: str) -> tuple[int, ...]:
@@ -115,6 +133,16 @@ def _whole_gpu_below(percent: float | None, *, moves: tuple[int, ...]) -> float 
     return percent / 100
 
 
+def _whole_gpu_reserve(seconds: float | None, *, moves: tuple[int, ...]) -> float | None:
+    if seconds is None:
+        return None
+    if not moves:
+        raise SystemExit("--defrag-whole-gpu-reserve needs --defrag-moves")
+    if not 0 < seconds < float("inf"):
+        raise SystemExit(f"--defrag-whole-gpu-reserve: more than 0 and finite, got {seconds:g}")
+    return seconds
+
+
 def defrag_rows(
     trace: Sequence[TraceRequest],
     fleet: Fleet,
@@ -123,6 +151,7 @@ def defrag_rows(
     firstfit: int,
     moves: tuple[int, ...],
     whole_gpu_below: float | None = None,
+    whole_gpu_reserve: float | None = None,
 ) -> list[dict[str, Any]]:
     """Per K and policy: rejections with at most K moves per rejected request, the gap against
     first-fit's excess without moves, the requests admitted by moving others, moves per 1,000
@@ -130,6 +159,8 @@ def defrag_rows(
     rows = []
     excess = firstfit - floor
     below: dict[str, Any] = {} if whole_gpu_below is None else {"whole_gpu_below": whole_gpu_below}
+    if whole_gpu_reserve is not None:
+        below["whole_gpu_reserve_s"] = whole_gpu_reserve
     for k in moves:
         for policy in POLICIES:
             cpu = time.process_time()
@@ -139,6 +170,7 @@ def defrag_rows(
                 policy=policy,
                 defrag_moves=k,
                 defrag_whole_gpu_below=whole_gpu_below,
+                defrag_whole_gpu_reserve=whole_gpu_reserve,
             )
             rows.append(
                 below
@@ -164,6 +196,7 @@ def _compare(
     *,
     moves: tuple[int, ...] = (),
     whole_gpu_below: float | None = None,
+    whole_gpu_reserve: float | None = None,
 ) -> dict[str, Any]:
     fleet = parse_fleet(spec.gpus)
     trace = read_trace(trace_path(name))
@@ -180,6 +213,7 @@ def _compare(
                 firstfit=rejected["firstfit"],
                 moves=moves,
                 whole_gpu_below=whole_gpu_below,
+                whole_gpu_reserve=whole_gpu_reserve,
             )
         }
         if moves
@@ -232,6 +266,7 @@ def _speed(events: int) -> list[dict[str, Any]]:
 def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, Any]:
     moves = _moves_list(getattr(options, "defrag_moves", "") or "")
     below = _whole_gpu_below(getattr(options, "defrag_whole_gpu_below", None), moves=moves)
+    reserve = _whole_gpu_reserve(getattr(options, "defrag_whole_gpu_reserve", None), moves=moves)
     names = list(TRACES)[:1] if quick else list(TRACES)
     comparisons = []
     for name in names:
@@ -253,10 +288,13 @@ def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, 
                     firstfit=rejected["firstfit"],
                     moves=moves,
                     whole_gpu_below=below,
+                    whole_gpu_reserve=reserve,
                 )
             comparisons.append(quick_result)
             continue
-        comparisons.append(_compare(name, spec, moves=moves, whole_gpu_below=below))
+        comparisons.append(
+            _compare(name, spec, moves=moves, whole_gpu_below=below, whole_gpu_reserve=reserve)
+        )
     return {
         "benchmark": "simulate",
         "quick": quick,
@@ -293,7 +331,11 @@ def summary(result: dict[str, Any]) -> str:
 
 def _below_text(row: dict[str, Any]) -> str:
     below = row.get("whole_gpu_below")
-    return "" if below is None else f" (whole GPU below {below * 100:g}% use)"
+    text = "" if below is None else f" (whole GPU below {below * 100:g}% use)"
+    reserve = row.get("whole_gpu_reserve_s")
+    if reserve is not None:
+        text += f" (whole GPU only if {reserve:g} s of smaller demand stay free)"
+    return text
 
 
 if __name__ == "__main__":

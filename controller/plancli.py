@@ -4,6 +4,8 @@
                                                 the fluid floor beside them (``driver.planning``)
 ``simulate … --defrag-on-reject K``              move up to K running pods to admit a rejected request
 ``simulate … --defrag-whole-gpu-below PCT``      … whole-GPU requests only below PCT% memory in use
+``simulate … --defrag-whole-gpu-reserve S``      … only if S seconds of smaller requests' demand
+                                                stay free
 ``simulate --synthesize --trace FILE …``         write a synthetic trace to start from
 ``simulate --from-cluster [--add 3g.20gb=4]``   how many more of each profile fit the cluster now
 ``defrag --profile 7g.40gb [--count N]``          the fewest pods to move to make room; ``--apply``
@@ -27,6 +29,7 @@ from driver.planning.defrag import DefragPlan, plan_defrag
 from driver.planning.fleet import parse_fleet
 from driver.planning.headroom import fit_batch, free_by_profile, parse_batch
 from driver.planning.replay import (
+    DEMAND_WINDOW_S,
     FloorResult,
     ReplayResult,
     check_trace,
@@ -87,6 +90,15 @@ def add_planning_parsers(
         help="with --defrag-on-reject: a request that takes a whole GPU (such as 7g.40gb) may "
         "move running requests only while less than PCT%% of the fleet's memory slices are in "
         "use (more than 0, at most 100); smaller requests always may",
+    )
+    simulate.add_argument(
+        "--defrag-whole-gpu-reserve",
+        type=float,
+        metavar="SECONDS",
+        help="with --defrag-on-reject: a request that takes a whole GPU may move running requests "
+        "only if the memory slices left free once it is placed would still hold SECONDS seconds "
+        "of the smaller requests' demand (the memory slices they asked for over the last "
+        f"{DEMAND_WINDOW_S:g} s of the trace, per second; more than 0); smaller requests always may",
     )
     simulate.add_argument(
         "--plot", type=Path, metavar="PNG", help="utilization and rejections over time (matplotlib)"
@@ -158,6 +170,7 @@ def run_simulate(args: argparse.Namespace, *, out: TextIO) -> int:
         policies = _policies(args.policy)
         defrag_moves = _defrag_moves(args)
         whole_gpu_below = _whole_gpu_below(args)
+        whole_gpu_reserve = _whole_gpu_reserve(args)
         trace = read_trace(args.trace)
         if not trace:
             raise ConfigError(f"trace {args.trace} has no requests")
@@ -172,6 +185,7 @@ def run_simulate(args: argparse.Namespace, *, out: TextIO) -> int:
                 timeline=args.plot is not None,
                 defrag_moves=defrag_moves,
                 defrag_whole_gpu_below=whole_gpu_below,
+                defrag_whole_gpu_reserve=whole_gpu_reserve,
             )
             for p in policies
         ]
@@ -227,6 +241,21 @@ def _whole_gpu_below(args: argparse.Namespace) -> float | None:
     return percent / 100
 
 
+def _whole_gpu_reserve(args: argparse.Namespace) -> float | None:
+    """``--defrag-whole-gpu-reserve`` as ``replay``'s seconds (None: not given)."""
+    seconds: float | None = args.defrag_whole_gpu_reserve
+    if seconds is None:
+        return None
+    if args.defrag_on_reject is None:
+        raise ConfigError("--defrag-whole-gpu-reserve needs --defrag-on-reject K")
+    if not 0 < seconds < float("inf"):  # also refuses nan
+        raise ConfigError(
+            f"--defrag-whole-gpu-reserve is seconds of the smaller requests' demand, more than 0 "
+            f"and finite, got {seconds:g}"
+        )
+    return seconds
+
+
 def simulation_json(results: Sequence[ReplayResult], floor: FloorResult) -> dict[str, Any]:
     policies: dict[str, Any] = {}
     for r in results:
@@ -250,6 +279,8 @@ def simulation_json(results: Sequence[ReplayResult], floor: FloorResult) -> dict
             )
         if r.defrag_whole_gpu_below is not None:
             entry["defrag_whole_gpu_below"] = r.defrag_whole_gpu_below
+        if r.defrag_whole_gpu_reserve is not None:
+            entry["defrag_whole_gpu_reserve_s"] = r.defrag_whole_gpu_reserve
         policies[r.policy] = entry
     return {"policies": policies, "floor": {"rejected": floor.rejected}}
 
@@ -303,6 +334,15 @@ def render_simulation(
                 "in use; so a policy may reject fewer than the floor (which admits every request "
                 "that fits): the slices of a whole-GPU request turned away can hold several small "
                 "ones.\n"
+            )
+        reserve = [
+            r.defrag_whole_gpu_reserve for r in results if r.defrag_whole_gpu_reserve is not None
+        ]
+        if reserve:
+            note += (
+                f"whole-GPU requests moved others only if the memory slices left free held "
+                f"{max(reserve):g} s of the smaller requests' demand (slices asked per second over "
+                f"the last {DEMAND_WINDOW_S:g} s); so a policy may reject fewer than the floor.\n"
             )
         hit = [f"{r.policy} {r.defrag_budget_hit}" for r in results if r.defrag_budget_hit]
         if hit:

@@ -14,7 +14,11 @@ departure times) and the request is admitted at the plan's target. Requests of s
 targets on one GPU, as the engine places them. With ``defrag_whole_gpu_below=U`` as well, a request
 that takes every memory slice of a GPU (such as 7g.40gb) may defragment only while less than the
 fraction U of the fleet's memory slices is in use; smaller requests always may (issue 17i: at 95%
-load, plans that admit whole-GPU requests hold memory several later small requests needed).
+load, plans that admit whole-GPU requests hold memory several later small requests needed). With
+``defrag_whole_gpu_reserve=H`` (seconds), a whole-GPU request may defragment only if the memory
+slices still free once it is admitted would hold H seconds of the smaller requests' recent demand:
+the memory slices they asked for over the last ``DEMAND_WINDOW_S`` seconds of the trace, admitted
+or not, per second (issue 17j: a rule relative to the fleet's own traffic, not a fixed use level).
 
 Figures per run: accepted / rejected, *stranded* (rejected although one GPU of a model offering the
 profile had enough free memory slices — counted without placement rules: the fragmentation a policy
@@ -41,6 +45,10 @@ from driver.planning.trace import TraceRequest
 
 Need = tuple[tuple[str, int], ...]
 """Per GPU model offering the request's profile: (model name, memory slices it needs there)."""
+
+DEMAND_WINDOW_S = 120.0
+"""``defrag_whole_gpu_reserve`` measures the smaller requests' demand over this many seconds of
+trace time before each arrival."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +80,9 @@ class ReplayResult:
     defrag_whole_gpu_below: float | None = None
     """Whole-GPU requests defragment only below this fraction of memory slices in use (None:
     always)."""
+    defrag_whole_gpu_reserve: float | None = None
+    """Whole-GPU requests defragment only if the slices left free hold this many seconds of the
+    smaller requests' recent demand (None: always)."""
     defragged: int = 0
     """Requests admitted thanks to a defragmentation plan (counted in ``accepted``)."""
     moves: int = 0
@@ -165,6 +176,53 @@ class _Utilization:
         return self.area / span / self.capacity
 
 
+class _WholeGpuAdmission:
+    """May a rejected whole-GPU request defragment? ``defrag_whole_gpu_below`` and
+    ``defrag_whole_gpu_reserve`` (both must allow it when both are given); other requests may."""
+
+    def __init__(
+        self,
+        capacity: int,
+        needs: dict[tuple[str, int], Need],
+        whole_gpu: frozenset[tuple[str, int]],
+        *,
+        below: float | None,
+        reserve: float | None,
+    ) -> None:
+        self.capacity = capacity
+        self.whole_gpu = whole_gpu
+        self.limit = math.inf if below is None else below * capacity
+        self.reserve = reserve
+        # Memory slices per (profile, count): the fewest any GPU model offering it needs.
+        self.slices = {key: min(n for _, n in need) for key, need in needs.items()}
+        # The smaller requests that arrived in the last DEMAND_WINDOW_S seconds (admitted or not),
+        # oldest first, as (time, memory slices), and the sum of their slices.
+        self.demand: deque[tuple[float, int]] = deque()
+        self.demand_slices = 0
+
+    def arrive(self, now: float, key: tuple[str, int]) -> None:
+        """Count an arrival in the smaller requests' demand (kept only with ``reserve``)."""
+        if self.reserve is None:
+            return
+        demand = self.demand
+        if key not in self.whole_gpu:
+            slices = self.slices[key]
+            demand.append((now, slices))
+            self.demand_slices += slices
+        while demand and demand[0][0] < now - DEMAND_WINDOW_S:
+            self.demand_slices -= demand.popleft()[1]
+
+    def allows(self, key: tuple[str, int], used: int) -> bool:
+        if key not in self.whole_gpu:
+            return True
+        if used >= self.limit:
+            return False
+        if self.reserve is None:
+            return True
+        free_after = self.capacity - used - self.slices[key]
+        return free_after >= self.reserve * self.demand_slices / DEMAND_WINDOW_S
+
+
 def replay(
     trace: Sequence[TraceRequest],
     fleet: Fleet,
@@ -174,6 +232,7 @@ def replay(
     timeline: bool = False,
     defrag_moves: int = 0,
     defrag_whole_gpu_below: float | None = None,
+    defrag_whole_gpu_reserve: float | None = None,
     check_invariants: bool = False,
 ) -> ReplayResult:
     """Replay ``trace`` on an empty ``fleet`` with ``policy``; see the module docstring.
@@ -183,14 +242,19 @@ def replay(
     running at the end has departed; ``AssertionError`` naming the differences otherwise."""
     _check_defrag_moves(defrag_moves, queue=queue)
     _check_whole_gpu_below(defrag_whole_gpu_below, defrag_moves=defrag_moves)
+    _check_whole_gpu_reserve(defrag_whole_gpu_reserve, defrag_moves=defrag_moves)
     needs = check_trace(trace, fleet)
     gpu_slices = {group.model.name: group.model.memory_slices for group in fleet.groups}
     # (profile, count) of the requests that take a whole GPU on every model that offers them.
     whole_gpu = frozenset(
         key for key, need in needs.items() if all(n >= gpu_slices[m] for m, n in need)
     )
-    whole_gpu_limit = (
-        math.inf if defrag_whole_gpu_below is None else defrag_whole_gpu_below * fleet.memory_slices
+    admission = _WholeGpuAdmission(
+        fleet.memory_slices,
+        needs,
+        whole_gpu,
+        below=defrag_whole_gpu_below,
+        reserve=defrag_whole_gpu_reserve,
     )
     # Requests of a profile several GPU models offer may change model when they move.
     mobile = frozenset(profile for (profile, _), need in needs.items() if len(need) > 1)
@@ -242,7 +306,7 @@ def replay(
     def defragment(request: TraceRequest, need: Need) -> bool:
         """Admit ``request`` by moving at most ``defrag_moves`` running requests, if a plan does."""
         nonlocal defragged, moves, searched, budget_hit
-        if use.used >= whole_gpu_limit and (request.profile, request.count) in whole_gpu:
+        if not admission.allows((request.profile, request.count), use.used):
             return False
         if not running.could_make_room(engine, need, mobile):  # reads every GPU: after the rule
             return False
@@ -303,6 +367,7 @@ def replay(
         release_until(request.t)
         use.advance(request.t)
         key = (request.profile, request.count)
+        admission.arrive(request.t, key)
         if key in impossible:
             rejected += 1
         elif queue and waiting:
@@ -346,6 +411,7 @@ def replay(
         wait_p99_s=round(percentile(waits, 0.99), 3) if queue else None,
         defrag_moves=defrag_moves,
         defrag_whole_gpu_below=defrag_whole_gpu_below,
+        defrag_whole_gpu_reserve=defrag_whole_gpu_reserve,
         defragged=defragged,
         moves=moves,
         defrag_searched=searched,
@@ -380,6 +446,18 @@ def _check_whole_gpu_below(below: float | None, *, defrag_moves: int) -> None:
         raise ConfigError(
             f"defrag_whole_gpu_below is a fraction of the fleet's memory slices in use, more than "
             f"0 and at most 1, got {below}"
+        )
+
+
+def _check_whole_gpu_reserve(reserve: float | None, *, defrag_moves: int) -> None:
+    if reserve is None:
+        return
+    if not defrag_moves:
+        raise ConfigError("defrag_whole_gpu_reserve needs defragmentation on (defrag_moves ≥ 1)")
+    if not 0 < reserve < math.inf:  # also refuses nan
+        raise ConfigError(
+            f"defrag_whole_gpu_reserve is seconds of the smaller requests' demand, more than 0 "
+            f"and finite, got {reserve}"
         )
 
 

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import main
-from bench.simulate import TRACES, trace_path
+from bench.simulate import HELD_OUT, TRACES, trace_path
 from driver.planning.fleet import parse_fleet
 from driver.planning.trace import parse_mix, read_trace, synthesize
 
 
-@pytest.mark.parametrize("name", list(TRACES)[:2])
+@pytest.mark.parametrize("name", [*list(TRACES)[:2], next(iter(HELD_OUT))])
 def test_kept_traces_are_reproducible(name: str) -> None:
-    spec = TRACES[name]
+    spec = (TRACES | HELD_OUT)[name]
     made = synthesize(
         fleet=parse_fleet(spec.gpus),
         mix=parse_mix(spec.mix),
@@ -30,7 +30,7 @@ def test_kept_traces_are_reproducible(name: str) -> None:
 
 
 def test_every_kept_trace_exists() -> None:
-    for name in TRACES:
+    for name in TRACES | HELD_OUT:
         assert trace_path(name).stat().st_size > 0
 
 
@@ -73,6 +73,31 @@ def test_simulate_bench_whole_gpu_limit_is_in_the_rows_only_when_given(tmp_path:
     ],
 )
 def test_simulate_bench_refuses_bad_whole_gpu_limits(
+    tmp_path: Path, extra: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit, match=message):
+        main(["--quick", "--out", str(tmp_path), "simulate", *extra])
+
+
+def test_simulate_bench_whole_gpu_reserve_is_in_the_rows_only_when_given(tmp_path: Path) -> None:
+    argv = ["--quick", "--out", str(tmp_path), "simulate", "--defrag-moves", "1"]
+    assert main([*argv, "--defrag-whole-gpu-reserve", "15"]) == 0
+    (comparison,) = json.loads((tmp_path / "simulate.json").read_text())["comparisons"]
+    assert {d["whole_gpu_reserve_s"] for d in comparison["defrag"]} == {15.0}
+    assert main(argv) == 0
+    (comparison,) = json.loads((tmp_path / "simulate.json").read_text())["comparisons"]
+    assert all("whole_gpu_reserve_s" not in d for d in comparison["defrag"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--defrag-whole-gpu-reserve", "15"], "needs --defrag-moves"),
+        (["--defrag-moves", "1", "--defrag-whole-gpu-reserve", "0"], "got 0"),
+        (["--defrag-moves", "1", "--defrag-whole-gpu-reserve", "nan"], "got nan"),
+    ],
+)
+def test_simulate_bench_refuses_bad_whole_gpu_reserves(
     tmp_path: Path, extra: list[str], message: str
 ) -> None:
     with pytest.raises(SystemExit, match=message):
