@@ -45,6 +45,7 @@ from driver.cluster.port import (
     namespace_of,
 )
 from driver.cluster.throttle import ClientSettings
+from driver.cluster.views import ClaimView
 from driver.errors import ClusterError
 from driver.resourceslices import complete_pools, parse_devices
 
@@ -146,7 +147,8 @@ class Stub:
         claim = self.claims.get(claim_name, namespace=namespace_of(pod)) if claim_name else None
         if claim is None:
             return False
-        if not ((claim.get("status") or {}).get("allocation")):
+        allocation = ClaimView.of(claim).allocation
+        if allocation is None:
             with self._lock:
                 node, device = self._devices.popleft()
             claim = ops.add_claim_finalizer(self._api, claim=claim)
@@ -169,10 +171,8 @@ class Stub:
                 allocated_at=datetime.now(UTC),
                 reserved_for=[ops.pod_reference(pod)],
             )
-        else:
-            node = claim["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0][
-                "matchFields"
-            ][0]["values"][0]
+        else:  # allocated by an earlier try whose later writes failed
+            node = allocation.node_names()[0]
         if self._nominate:
             pod = ops.nominate_node(self._api, pod=pod, node=node)
         ops.remove_scheduling_gate(self._api, pod=pod)

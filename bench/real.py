@@ -664,12 +664,11 @@ def _round(
         # after the controller and its webhook are up, as in a running cluster: our claims get the
         # delete-protection finalizer at creation where the webhook is registered
         claims_started = time.monotonic()
-        apiserver_cpu = cpu_seconds(dict(_component_pids()).get("kube-apiserver"))
+        apiserver = _component_pids()["kube-apiserver"]
+        apiserver_cpu = cpu_seconds(apiserver)
         _parallel(lambda i: api.create(RESOURCE_CLAIMS, _claim(i), namespace=NS), range(pods))
         claims_s = time.monotonic() - claims_started
-        claims_cpu = (cpu_seconds(dict(_component_pids()).get("kube-apiserver")) or 0.0) - (
-            apiserver_cpu or 0.0
-        )
+        claims_cpu = (cpu_seconds(apiserver) or 0.0) - (apiserver_cpu or 0.0)
         _progress(f"{path}: {pods} claims created")
         try:
             pids: dict[str, int | None] = dict(_component_pids())

@@ -186,9 +186,7 @@ def _protect_claim(
     finalizers = views.path(metadata, "finalizers")
     if isinstance(finalizers, list) and DELETE_PROTECTION_FINALIZER in finalizers:
         return AdmissionDecision(allowed=True)
-    classes = device_classes_of_claim_spec(spec)
-    ours = context.our_device_classes()
-    if not (ours.intersection(classes) or any(is_our_device_class_name(c) for c in classes)):
+    if not _names_our_class(device_classes_of_claim_spec(spec), context.our_device_classes()):
         return AdmissionDecision(allowed=True)
     patch: list[dict[str, Any]]
     if isinstance(finalizers, list):
@@ -292,7 +290,12 @@ def _references_our_claims(
                 f"{SCHEDULING_GATE} gate until the InstaSlice controller has seen it"
             )
             return True, warnings
-        # a class of our domain that does not exist (yet) is ours too, as for the controller
-        if ours.intersection(classes) or any(is_our_device_class_name(c) for c in classes):
+        if _names_our_class(classes, ours):
             return True, warnings
     return False, warnings
+
+
+def _names_our_class(classes: Sequence[str], ours: frozenset[str]) -> bool:
+    """Whether ``classes`` name one of our DeviceClasses — a class of our domain that does not
+    exist (yet) is ours too, as for the controller."""
+    return bool(ours.intersection(classes)) or any(is_our_device_class_name(c) for c in classes)
