@@ -78,9 +78,9 @@ HELD_OUT: dict[str, TraceSpec] = {
         "20x8xA100-40GB", MIX_SMALL, 0.90, 46, mean_duration=1800.0
     ),
 }
-"""Traces kept to check a rule on traffic it was not tuned on (issues 17j and 17k's held-out checks;
-see ``bench/traces/README.md``). ``--regenerate`` writes them too; ``python -m bench simulate`` does not
-replay them."""
+"""Traces kept to check a rule on traffic it was not tuned on (issues 17j and 17k's held-out
+checks; see ``bench/traces/README.md``). ``--regenerate`` writes them too; ``python -m bench
+simulate`` does not replay them."""
 
 SPEED_GPUS = "20x8xA100-40GB"
 SPEED_EVENTS = 100_000
