@@ -30,6 +30,7 @@ from driver.planning.fleet import parse_fleet
 from driver.planning.headroom import fit_batch, free_by_profile, parse_batch
 from driver.planning.replay import (
     DEMAND_WINDOW_LIFETIMES,
+    LIFETIME_SAMPLE,
     FloorResult,
     ReplayResult,
     check_trace,
@@ -99,8 +100,8 @@ def add_planning_parsers(
         "only if the memory slices left free once it is placed would still hold the smaller "
         "requests' demand over LIFETIMES mean request lifetimes (the memory slices they asked for "
         f"per second over the last {DEMAND_WINDOW_LIFETIMES:g} lifetimes; the mean lifetime is "
-        "that of the requests departed so far; more than 0, at most 1, 0.05 suggested); smaller "
-        "requests always may",
+        f"that of the last {LIFETIME_SAMPLE:,} requests to depart; more than 0, at most 1; 0.04 "
+        "suggested, with --policy scarcity --defrag-on-reject 2); smaller requests always may",
     )
     simulate.add_argument(
         "--plot", type=Path, metavar="PNG", help="utilization and rejections over time (matplotlib)"
