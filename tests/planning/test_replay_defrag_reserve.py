@@ -14,7 +14,7 @@ import pytest
 from controller import cli
 from driver.errors import ConfigError
 from driver.planning import replay as replay_module
-from driver.planning.fleet import parse_fleet
+from driver.planning.fleet import Fleet, parse_fleet
 from driver.planning.replay import DEMAND_WINDOW_LIFETIMES, LIFETIME_SAMPLE, ReplayResult, replay
 from driver.planning.trace import TraceRequest, parse_mix, save_trace, synthesize
 from tests.planning.test_replay_defrag import ONE_MOVE, TWO_A100, _trace
@@ -51,14 +51,21 @@ def _counts(result: ReplayResult) -> tuple[int, int, int, int, int]:
     )
 
 
-def _replay(trace: list[TraceRequest], reserve: float | None) -> ReplayResult:
+def _replay(
+    trace: list[TraceRequest],
+    reserve: float | None,
+    *,
+    fleet: Fleet = TWO_A100,
+    policy: str = "firstfit",
+) -> ReplayResult:
     return replay(
         trace,
-        TWO_A100,
-        policy="firstfit",
+        fleet,
+        policy=policy,
         defrag_moves=1,
         defrag_whole_gpu_reserve=reserve,
         check_invariants=True,
+        timeline=True,
     )
 
 
@@ -117,14 +124,7 @@ def test_a_synthesized_trace_and_its_time_scaled_copy_get_the_same_decisions() -
     )
 
     def run(requests: list[TraceRequest], reserve: float | None) -> ReplayResult:
-        return replay(
-            requests,
-            fleet,
-            policy="bestfit",
-            defrag_moves=1,
-            defrag_whole_gpu_reserve=reserve,
-            timeline=True,
-        )
+        return _replay(requests, reserve, fleet=fleet, policy="bestfit")
 
     plain = run(trace, None)
     reserved = run(trace, 0.05)
