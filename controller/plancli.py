@@ -4,8 +4,8 @@
                                                 the fluid floor beside them (``driver.planning``)
 ``simulate … --defrag-on-reject K``              move up to K running pods to admit a rejected request
 ``simulate … --defrag-whole-gpu-below PCT``      … whole-GPU requests only below PCT% memory in use
-``simulate … --defrag-whole-gpu-reserve S``      … only if S seconds of smaller requests' demand
-                                                stay free
+``simulate … --defrag-whole-gpu-reserve F``      … only if F mean request lifetimes of smaller
+                                                requests' demand stay free
 ``simulate --synthesize --trace FILE …``         write a synthetic trace to start from
 ``simulate --from-cluster [--add 3g.20gb=4]``   how many more of each profile fit the cluster now
 ``defrag --profile 7g.40gb [--count N]``          the fewest pods to move to make room; ``--apply``
@@ -29,7 +29,8 @@ from driver.planning.defrag import DefragPlan, plan_defrag
 from driver.planning.fleet import parse_fleet
 from driver.planning.headroom import fit_batch, free_by_profile, parse_batch
 from driver.planning.replay import (
-    DEMAND_WINDOW_S,
+    DEMAND_WINDOW_LIFETIMES,
+    LIFETIME_SAMPLE,
     FloorResult,
     ReplayResult,
     check_trace,
@@ -94,11 +95,13 @@ def add_planning_parsers(
     simulate.add_argument(
         "--defrag-whole-gpu-reserve",
         type=float,
-        metavar="SECONDS",
+        metavar="LIFETIMES",
         help="with --defrag-on-reject: a request that takes a whole GPU may move running requests "
-        "only if the memory slices left free once it is placed would still hold SECONDS seconds "
-        "of the smaller requests' demand (the memory slices they asked for over the last "
-        f"{DEMAND_WINDOW_S:g} s of the trace, per second; more than 0); smaller requests always may",
+        "only if the memory slices left free once it is placed would still hold the smaller "
+        "requests' demand over LIFETIMES mean request lifetimes (the memory slices they asked for "
+        f"per second over the last {DEMAND_WINDOW_LIFETIMES:g} lifetimes; the mean lifetime is "
+        f"that of the last {LIFETIME_SAMPLE:,} requests to depart; more than 0, at most 1; 0.04 "
+        "suggested, with --policy scarcity --defrag-on-reject 2); smaller requests always may",
     )
     simulate.add_argument(
         "--plot", type=Path, metavar="PNG", help="utilization and rejections over time (matplotlib)"
@@ -242,18 +245,19 @@ def _whole_gpu_below(args: argparse.Namespace) -> float | None:
 
 
 def _whole_gpu_reserve(args: argparse.Namespace) -> float | None:
-    """``--defrag-whole-gpu-reserve`` as ``replay``'s seconds (None: not given)."""
-    seconds: float | None = args.defrag_whole_gpu_reserve
-    if seconds is None:
+    """``--defrag-whole-gpu-reserve`` as ``replay``'s share of the mean lifetime (None: not
+    given)."""
+    lifetimes: float | None = args.defrag_whole_gpu_reserve
+    if lifetimes is None:
         return None
     if args.defrag_on_reject is None:
         raise ConfigError("--defrag-whole-gpu-reserve needs --defrag-on-reject K")
-    if not 0 < seconds < float("inf"):  # also refuses nan
+    if not 0 < lifetimes <= 1:  # also refuses nan
         raise ConfigError(
-            f"--defrag-whole-gpu-reserve is seconds of the smaller requests' demand, more than 0 "
-            f"and finite, got {seconds:g}"
+            f"--defrag-whole-gpu-reserve is a share of the mean request lifetime, more than 0 and "
+            f"at most 1, got {lifetimes:g}"
         )
-    return seconds
+    return lifetimes
 
 
 def simulation_json(results: Sequence[ReplayResult], floor: FloorResult) -> dict[str, Any]:
@@ -280,7 +284,7 @@ def simulation_json(results: Sequence[ReplayResult], floor: FloorResult) -> dict
         if r.defrag_whole_gpu_below is not None:
             entry["defrag_whole_gpu_below"] = r.defrag_whole_gpu_below
         if r.defrag_whole_gpu_reserve is not None:
-            entry["defrag_whole_gpu_reserve_s"] = r.defrag_whole_gpu_reserve
+            entry["defrag_whole_gpu_reserve_lifetimes"] = r.defrag_whole_gpu_reserve
         policies[r.policy] = entry
     return {"policies": policies, "floor": {"rejected": floor.rejected}}
 
@@ -341,8 +345,9 @@ def render_simulation(
         if reserve:
             note += (
                 f"whole-GPU requests moved others only if the memory slices left free held "
-                f"{max(reserve):g} s of the smaller requests' demand (slices asked per second over "
-                f"the last {DEMAND_WINDOW_S:g} s); so a policy may reject fewer than the floor.\n"
+                f"{max(reserve):g} mean request lifetimes of the smaller requests' demand (slices "
+                f"asked per second over the last {DEMAND_WINDOW_LIFETIMES:g} lifetimes); so a policy "
+                "may reject fewer than the floor.\n"
             )
         hit = [f"{r.policy} {r.defrag_budget_hit}" for r in results if r.defrag_budget_hit]
         if hit:

@@ -15,10 +15,15 @@ targets on one GPU, as the engine places them. With ``defrag_whole_gpu_below=U``
 that takes every memory slice of a GPU (such as 7g.40gb) may defragment only while less than the
 fraction U of the fleet's memory slices is in use; smaller requests always may (issue 17i: at 95%
 load, plans that admit whole-GPU requests hold memory several later small requests needed). With
-``defrag_whole_gpu_reserve=H`` (seconds), a whole-GPU request may defragment only if the memory
-slices still free once it is admitted would hold H seconds of the smaller requests' recent demand:
-the memory slices they asked for over the last ``DEMAND_WINDOW_S`` seconds of the trace, admitted
-or not, per second (issue 17j: a rule relative to the fleet's own traffic, not a fixed use level).
+``defrag_whole_gpu_reserve=F``, a whole-GPU request may defragment only if the memory slices still
+free once it is admitted would hold the smaller requests' recent demand over F mean request
+lifetimes: the memory slices they asked for (admitted or not) per second over the last
+``DEMAND_WINDOW_LIFETIMES`` mean lifetimes, times F mean lifetimes. The mean lifetime is what the
+replay has seen so far: the mean duration of the last ``LIFETIME_SAMPLE`` requests to depart
+(before the first departure the rule allows). Every time in the rule is a multiple of that mean,
+so a trace whose times and durations are all scaled by one factor gets the same decisions
+(issue 17j: a rule relative to the fleet's own traffic, not a fixed use level; issue 17k: relative
+to its request lifetimes, not a number of seconds tuned on 300 s jobs).
 
 Figures per run: accepted / rejected, *stranded* (rejected although one GPU of a model offering the
 profile had enough free memory slices — counted without placement rules: the fragmentation a policy
@@ -32,6 +37,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -46,9 +52,12 @@ from driver.planning.trace import TraceRequest
 Need = tuple[tuple[str, int], ...]
 """Per GPU model offering the request's profile: (model name, memory slices it needs there)."""
 
-DEMAND_WINDOW_S = 120.0
-"""``defrag_whole_gpu_reserve`` measures the smaller requests' demand over this many seconds of
-trace time before each arrival."""
+DEMAND_WINDOW_LIFETIMES = 0.4
+"""``defrag_whole_gpu_reserve`` measures the smaller requests' demand over this many mean request
+lifetimes of trace time before each arrival (120 s on traces of 300 s jobs, as issue 17j set it)."""
+
+LIFETIME_SAMPLE = 1_000
+"""The mean request lifetime is the mean duration of this many latest departures."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +90,8 @@ class ReplayResult:
     """Whole-GPU requests defragment only below this fraction of memory slices in use (None:
     always)."""
     defrag_whole_gpu_reserve: float | None = None
-    """Whole-GPU requests defragment only if the slices left free hold this many seconds of the
-    smaller requests' recent demand (None: always)."""
+    """Whole-GPU requests defragment only if the slices left free hold the smaller requests' recent
+    demand over this many mean request lifetimes (None: always)."""
     defragged: int = 0
     """Requests admitted thanks to a defragmentation plan (counted in ``accepted``)."""
     moves: int = 0
@@ -195,32 +204,46 @@ class _WholeGpuAdmission:
         self.reserve = reserve
         # Memory slices per (profile, count): the fewest any GPU model offering it needs.
         self.slices = {key: min(n for _, n in need) for key, need in needs.items()}
-        # The smaller requests that arrived in the last DEMAND_WINDOW_S seconds (admitted or not),
-        # oldest first, as (time, memory slices), and the sum of their slices.
-        self.demand: deque[tuple[float, int]] = deque()
-        self.demand_slices = 0
+        # The smaller requests' arrivals (admitted or not): their times and the running sum of
+        # their memory slices (``asked[i]``: the slices of the first i), so that the demand over
+        # any window, which moves with the lifetime estimate, is two bisections away.
+        self.times: list[float] = []
+        self.asked: list[int] = [0]
+        # Durations of the latest departures (at most LIFETIME_SAMPLE) and their sum.
+        self.lifetimes: deque[float] = deque()
+        self.lifetime_sum = 0.0
 
     def arrive(self, now: float, key: tuple[str, int]) -> None:
         """Count an arrival in the smaller requests' demand (kept only with ``reserve``)."""
+        if self.reserve is None or key in self.whole_gpu:
+            return
+        self.times.append(now)
+        self.asked.append(self.asked[-1] + self.slices[key])
+
+    def depart(self, duration: float) -> None:
+        """Count a departure's duration in the lifetime estimate (kept only with ``reserve``)."""
         if self.reserve is None:
             return
-        demand = self.demand
-        if key not in self.whole_gpu:
-            slices = self.slices[key]
-            demand.append((now, slices))
-            self.demand_slices += slices
-        while demand and demand[0][0] < now - DEMAND_WINDOW_S:
-            self.demand_slices -= demand.popleft()[1]
+        lifetimes = self.lifetimes
+        lifetimes.append(duration)
+        self.lifetime_sum += duration
+        if len(lifetimes) > LIFETIME_SAMPLE:
+            self.lifetime_sum -= lifetimes.popleft()
 
-    def allows(self, key: tuple[str, int], used: int) -> bool:
+    def allows(self, key: tuple[str, int], used: int, now: float) -> bool:
         if key not in self.whole_gpu:
             return True
         if used >= self.limit:
             return False
-        if self.reserve is None:
+        if self.reserve is None or not self.lifetimes:
+            return True  # no departure yet: no lifetime to measure the reserve in
+        lifetime = self.lifetime_sum / len(self.lifetimes)
+        window = DEMAND_WINDOW_LIFETIMES * lifetime
+        if window <= 0:  # every departure so far lasted no time at all
             return True
+        demand = self.asked[-1] - self.asked[bisect_left(self.times, now - window)]
         free_after = self.capacity - used - self.slices[key]
-        return free_after >= self.reserve * self.demand_slices / DEMAND_WINDOW_S
+        return free_after >= self.reserve * lifetime * demand / window
 
 
 def replay(
@@ -273,8 +296,9 @@ def replay(
     first = trace[0].t if trace else 0.0
     last_arrival = trace[-1].t if trace else 0.0
     use = _Utilization(fleet.memory_slices, first)
-    # Departure time and sequence number; ``running`` says where the request is when it departs.
-    departures: list[tuple[float, int]] = []
+    # Departure time, sequence number and duration; ``running`` says where the request is when it
+    # departs.
+    departures: list[tuple[float, int, float]] = []
     running = RunningRequests()
     waiting: deque[TraceRequest] = deque()
     waits: list[float] = []
@@ -293,7 +317,7 @@ def replay(
         use.take(slices)
         sequence += 1
         running.add(sequence, placed, slices)
-        heapq.heappush(departures, (now + request.duration, sequence))
+        heapq.heappush(departures, (now + request.duration, sequence, request.duration))
         accepted += 1
 
     def try_place(request: TraceRequest, now: float) -> Placed | NoFit:
@@ -306,7 +330,7 @@ def replay(
     def defragment(request: TraceRequest, need: Need) -> bool:
         """Admit ``request`` by moving at most ``defrag_moves`` running requests, if a plan does."""
         nonlocal defragged, moves, searched, budget_hit
-        if not admission.allows((request.profile, request.count), use.used):
+        if not admission.allows((request.profile, request.count), use.used, request.t):
             return False
         if not running.could_make_room(engine, need, mobile):  # reads every GPU: after the rule
             return False
@@ -355,7 +379,8 @@ def replay(
 
     def release_until(now: float) -> None:
         while departures and departures[0][0] <= now:
-            end, departing = heapq.heappop(departures)
+            end, departing, duration = heapq.heappop(departures)
+            admission.depart(duration)
             use.advance(min(end, last_arrival))
             placed, slices = running.pop(departing)
             engine.release_placed(placed)
@@ -454,10 +479,10 @@ def _check_whole_gpu_reserve(reserve: float | None, *, defrag_moves: int) -> Non
         return
     if not defrag_moves:
         raise ConfigError("defrag_whole_gpu_reserve needs defragmentation on (defrag_moves ≥ 1)")
-    if not 0 < reserve < math.inf:  # also refuses nan
+    if not 0 < reserve <= 1:  # also refuses nan
         raise ConfigError(
-            f"defrag_whole_gpu_reserve is seconds of the smaller requests' demand, more than 0 "
-            f"and finite, got {reserve}"
+            f"defrag_whole_gpu_reserve is a share of the mean request lifetime, more than 0 and "
+            f"at most 1, got {reserve}"
         )
 
 

@@ -13,7 +13,7 @@ from driver.planning.fleet import parse_fleet
 from driver.planning.trace import parse_mix, read_trace, synthesize
 
 
-@pytest.mark.parametrize("name", [*list(TRACES)[:2], next(iter(HELD_OUT))])
+@pytest.mark.parametrize("name", [*list(TRACES)[:2], *list(HELD_OUT)[:1], *list(HELD_OUT)[-1:]])
 def test_kept_traces_are_reproducible(name: str) -> None:
     spec = (TRACES | HELD_OUT)[name]
     made = synthesize(
@@ -22,6 +22,7 @@ def test_kept_traces_are_reproducible(name: str) -> None:
         load=spec.load,
         events=spec.events,
         seed=spec.seed,
+        mean_duration=spec.mean_duration,
     )
     kept = read_trace(trace_path(name))
     assert [(r.t, r.profile, r.count, r.duration) for r in kept] == [
@@ -81,19 +82,20 @@ def test_simulate_bench_refuses_bad_whole_gpu_limits(
 
 def test_simulate_bench_whole_gpu_reserve_is_in_the_rows_only_when_given(tmp_path: Path) -> None:
     argv = ["--quick", "--out", str(tmp_path), "simulate", "--defrag-moves", "1"]
-    assert main([*argv, "--defrag-whole-gpu-reserve", "15"]) == 0
+    assert main([*argv, "--defrag-whole-gpu-reserve", "0.05"]) == 0
     (comparison,) = json.loads((tmp_path / "simulate.json").read_text())["comparisons"]
-    assert {d["whole_gpu_reserve_s"] for d in comparison["defrag"]} == {15.0}
+    assert {d["whole_gpu_reserve_lifetimes"] for d in comparison["defrag"]} == {0.05}
     assert main(argv) == 0
     (comparison,) = json.loads((tmp_path / "simulate.json").read_text())["comparisons"]
-    assert all("whole_gpu_reserve_s" not in d for d in comparison["defrag"])
+    assert all("whole_gpu_reserve_lifetimes" not in d for d in comparison["defrag"])
 
 
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--defrag-whole-gpu-reserve", "15"], "needs --defrag-moves"),
+        (["--defrag-whole-gpu-reserve", "0.05"], "needs --defrag-moves"),
         (["--defrag-moves", "1", "--defrag-whole-gpu-reserve", "0"], "got 0"),
+        (["--defrag-moves", "1", "--defrag-whole-gpu-reserve", "14"], "at most 1, got 14"),
         (["--defrag-moves", "1", "--defrag-whole-gpu-reserve", "nan"], "got nan"),
     ],
 )
