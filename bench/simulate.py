@@ -138,25 +138,26 @@ def _moves_list(text: str) -> tuple[int, ...]:
 
 
 def _whole_gpu_below(percent: float | None, *, moves: tuple[int, ...]) -> float | None:
-    if percent is None:
-        return None
-    if not moves:
-        raise SystemExit("--defrag-whole-gpu-below needs --defrag-moves")
-    if not 0 < percent <= 100:
-        raise SystemExit(f"--defrag-whole-gpu-below: more than 0 and at most 100, got {percent:g}")
-    return percent / 100
+    checked = _whole_gpu_rule("--defrag-whole-gpu-below", percent, moves=moves, most=100)
+    return None if checked is None else checked / 100
 
 
 def _whole_gpu_reserve(lifetimes: float | None, *, moves: tuple[int, ...]) -> float | None:
-    if lifetimes is None:
+    return _whole_gpu_rule("--defrag-whole-gpu-reserve", lifetimes, moves=moves, most=1)
+
+
+def _whole_gpu_rule(
+    flag: str, value: float | None, *, moves: tuple[int, ...], most: float
+) -> float | None:
+    """A whole-GPU admission rule's value as given (None: not given), checked: it needs
+    ``--defrag-moves`` and lies in (0, ``most``]."""
+    if value is None:
         return None
     if not moves:
-        raise SystemExit("--defrag-whole-gpu-reserve needs --defrag-moves")
-    if not 0 < lifetimes <= 1:
-        raise SystemExit(
-            f"--defrag-whole-gpu-reserve: more than 0 and at most 1, got {lifetimes:g}"
-        )
-    return lifetimes
+        raise SystemExit(f"{flag} needs --defrag-moves")
+    if not 0 < value <= most:
+        raise SystemExit(f"{flag}: more than 0 and at most {most:g}, got {value:g}")
+    return value
 
 
 def defrag_rows(

@@ -231,33 +231,40 @@ def _defrag_moves(args: argparse.Namespace) -> int:
 
 def _whole_gpu_below(args: argparse.Namespace) -> float | None:
     """``--defrag-whole-gpu-below`` as ``replay``'s fraction (None: not given)."""
-    percent: float | None = args.defrag_whole_gpu_below
-    if percent is None:
-        return None
-    if args.defrag_on_reject is None:
-        raise ConfigError("--defrag-whole-gpu-below needs --defrag-on-reject K")
-    if not 0 < percent <= 100:  # also refuses nan
-        raise ConfigError(
-            f"--defrag-whole-gpu-below is a percentage of the fleet's memory slices in use, "
-            f"more than 0 and at most 100, got {percent:g}"
-        )
-    return percent / 100
+    percent = _whole_gpu_rule(
+        args,
+        "--defrag-whole-gpu-below",
+        args.defrag_whole_gpu_below,
+        "a percentage of the fleet's memory slices in use",
+        most=100,
+    )
+    return None if percent is None else percent / 100
 
 
 def _whole_gpu_reserve(args: argparse.Namespace) -> float | None:
     """``--defrag-whole-gpu-reserve`` as ``replay``'s share of the mean lifetime (None: not
     given)."""
-    lifetimes: float | None = args.defrag_whole_gpu_reserve
-    if lifetimes is None:
+    return _whole_gpu_rule(
+        args,
+        "--defrag-whole-gpu-reserve",
+        args.defrag_whole_gpu_reserve,
+        "a share of the mean request lifetime",
+        most=1,
+    )
+
+
+def _whole_gpu_rule(
+    args: argparse.Namespace, flag: str, value: float | None, what: str, *, most: float
+) -> float | None:
+    """A whole-GPU admission rule's value as given (None: not given), checked: it needs
+    ``--defrag-on-reject`` and lies in (0, ``most``]."""
+    if value is None:
         return None
     if args.defrag_on_reject is None:
-        raise ConfigError("--defrag-whole-gpu-reserve needs --defrag-on-reject K")
-    if not 0 < lifetimes <= 1:  # also refuses nan
-        raise ConfigError(
-            f"--defrag-whole-gpu-reserve is a share of the mean request lifetime, more than 0 and "
-            f"at most 1, got {lifetimes:g}"
-        )
-    return lifetimes
+        raise ConfigError(f"{flag} needs --defrag-on-reject K")
+    if not 0 < value <= most:  # also refuses nan
+        raise ConfigError(f"{flag} is {what}, more than 0 and at most {most:g}, got {value:g}")
+    return value
 
 
 def simulation_json(results: Sequence[ReplayResult], floor: FloorResult) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from driver.planning import replay as replay_module
 from driver.planning.fleet import Fleet, parse_fleet
 from driver.planning.replay import DEMAND_WINDOW_LIFETIMES, LIFETIME_SAMPLE, ReplayResult, replay
 from driver.planning.trace import TraceRequest, parse_mix, save_trace, synthesize
-from tests.planning.test_replay_defrag import ONE_MOVE, TWO_A100, _trace
+from tests.planning.test_replay_defrag import ONE_MOVE, TWO_A100, _counts, _trace
 from tests.planning.test_replay_defrag_rule import SMALL_AFTER_MOVE
 
 
@@ -39,16 +39,6 @@ RESERVED = _reserved(13)
 HOLDS = 0.24
 ADMITTED = (4, 0, 1, 1, 1)
 TURNED_AWAY = (3, 1, 0, 0, 0)
-
-
-def _counts(result: ReplayResult) -> tuple[int, int, int, int, int]:
-    return (
-        result.accepted,
-        result.rejected,
-        result.defragged,
-        result.moves,
-        result.defrag_searched,
-    )
 
 
 def _replay(

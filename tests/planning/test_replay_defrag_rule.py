@@ -9,22 +9,12 @@ import pytest
 
 from controller import cli
 from driver.errors import ConfigError
-from driver.planning.replay import ReplayResult, replay
-from tests.planning.test_replay_defrag import ONE_MOVE, TWO_A100, _trace, _trace_file
+from driver.planning.replay import replay
+from tests.planning.test_replay_defrag import ONE_MOVE, TWO_A100, _counts, _trace, _trace_file
 
 # First-fit: the 1g takes GPU 0 and the first 4g GPU 1; the second 4g fits only if the 1g moves to
 # GPU 1, with 5 of the 16 memory slices in use (31.25%).
 SMALL_AFTER_MOVE = _trace((0, "1g.5gb", 100), (1, "4g.20gb", 100), (2, "4g.20gb", 100))
-
-
-def _counts(result: ReplayResult) -> tuple[int, int, int, int, int]:
-    return (
-        result.accepted,
-        result.rejected,
-        result.defragged,
-        result.moves,
-        result.defrag_searched,
-    )
 
 
 def test_a_whole_gpu_request_does_not_defragment_at_or_above_the_limit() -> None:
