@@ -11,18 +11,21 @@ ARG PYTHON_VERSION=3.11
 FROM python:${PYTHON_VERSION}-slim AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python -m venv /opt/instaslice
+# Two virtualenvs: /opt/instaslice is what ships; /opt/build holds the build backend only.
+RUN python -m venv /opt/instaslice && python -m venv /opt/build
 WORKDIR /src
-# Dependencies first (their layer survives source edits), then the packages.
+# Dependencies first (their layer survives source edits), exactly as locked: versions and hashes.
+COPY requirements/product.lock requirements/build.lock requirements/
+RUN /opt/instaslice/bin/pip install --require-hashes --no-deps -r requirements/product.lock \
+ && /opt/build/bin/pip install --require-hashes --no-deps -r requirements/build.lock
 COPY pyproject.toml README.md ./
-RUN /opt/instaslice/bin/python -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; open('/tmp/requirements.txt', 'w').write('\n'.join(deps))" \
- && /opt/instaslice/bin/pip install -r /tmp/requirements.txt
 COPY api/ api/
 COPY driver/ driver/
 COPY protos/ protos/
 COPY controller/ controller/
 COPY kubeletplugin/ kubeletplugin/
-RUN /opt/instaslice/bin/pip install --no-deps . \
+RUN /opt/build/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /tmp/wheel . \
+ && /opt/instaslice/bin/pip install --no-deps /tmp/wheel/*.whl \
  && /opt/instaslice/bin/instaslice --help >/dev/null
 
 FROM python:${PYTHON_VERSION}-slim AS runtime

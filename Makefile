@@ -7,31 +7,44 @@ TYPECHECKED := $(PACKAGES) tests bench
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: help install protos protos-check lint fmt typecheck test test-real test-unit bench demo check-nvml clean
+.PHONY: help install lock protos protos-check lint fmt typecheck test test-real test-unit bench demo check-nvml clean
 
 help: ## list targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-28s %s\n", $$1, $$2}'
 
 $(PY):
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
 
 INSTALLED := $(VENV)/.installed
+LOCKS := requirements/dev.lock requirements/product.lock requirements/build.lock
 # The installed package is the product alone; the checkout's own packages that never ship
 # (localcluster/, bench/, tests/) are found through this .pth file naming the checkout.
 CHECKOUT_PTH = $(PY) -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_path("purelib"), "instaslice-checkout.pth").write_text("$(CURDIR)\n")'
+# Every dependency (pip itself included) from the lock, exact versions and hashes; then the
+# project itself, editable, without resolving anything again.
+INSTALL_LOCKED = $(PY) -m pip install -q --require-hashes -r requirements/dev.lock \
+	&& $(PY) -m pip install -q --no-deps --no-build-isolation -e . \
+	&& $(CHECKOUT_PTH) && touch $(INSTALLED)
 
-install: $(PY) ## create .venv and install the project with its dev tools
-	$(PY) -m pip install -q -e '.[dev]'
-	@$(CHECKOUT_PTH)
-	@touch $(INSTALLED)
+install: $(PY) ## create .venv and install the project with its dev tools, from requirements/dev.lock
+	@$(INSTALL_LOCKED)
 
 # what every target below needs when `make install` never ran (a fresh clone), or ran before
-# pyproject.toml last changed
-$(INSTALLED): pyproject.toml | $(PY)
-	$(PY) -m pip install -q -e '.[dev]'
-	@$(CHECKOUT_PTH)
-	@touch $(INSTALLED)
+# pyproject.toml or the lock last changed
+$(INSTALLED): pyproject.toml requirements/dev.lock | $(PY)
+	@$(INSTALL_LOCKED)
+
+# The lock's inputs: pyproject.toml's ranges. Universal: one file for every platform and
+# architecture the images are built for, each version with all its files' hashes.
+UV_COMPILE = $(PY) -m uv pip compile --quiet --universal --python-version 3.11 --generate-hashes \
+	--custom-compile-command 'make lock'
+lock: $(PY) ## re-resolve requirements/*.lock from pyproject.toml (newest allowed versions); then `make protos`
+	$(PY) -m pip show -q uv >/dev/null 2>&1 || $(PY) -m pip install -q uv
+	$(UV_COMPILE) --upgrade pyproject.toml -o requirements/product.lock
+	$(UV_COMPILE) --upgrade pyproject.toml --extra dev -c requirements/product.lock -o requirements/dev.lock.in-progress \
+	  requirements/tools.in
+	mv requirements/dev.lock.in-progress requirements/dev.lock
+	$(UV_COMPILE) --upgrade requirements/build.in -c requirements/dev.lock -o requirements/build.lock
 
 protos: $(INSTALLED) ## regenerate the kubelet API stubs in protos/ from the .proto files
 	$(PY) -m protos.generate

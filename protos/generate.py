@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import filecmp
 import logging
-import re
 import shutil
 import sys
 import tempfile
@@ -33,17 +32,6 @@ REPO_ROOT = PROTOS_DIR.parent
 # Every file name protoc + its plugins write for one `x.proto`; also what counts as generated
 # when looking for stubs whose .proto is gone.
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
-
-# Lines that only carry the version of the generator. They are ignored by the staleness check so
-# that a newer grpcio-tools in a fresh virtualenv does not flag stubs whose content is unchanged.
-_VERSION_STAMPS = (
-    re.compile(r"^# Protobuf Python Version: .*$", re.MULTILINE),
-    re.compile(
-        r"ValidateProtobufRuntimeVersion\(\s*_runtime_version\.Domain\.PUBLIC,"
-        r"\s*\d+,\s*\d+,\s*\d+,\s*'[^']*',"
-    ),
-    re.compile(r"^GRPC_GENERATED_VERSION = '[^']*'$", re.MULTILINE),
-)
 
 
 class GenerationError(RuntimeError):
@@ -119,20 +107,6 @@ def _existing_generated(repo_root: Path) -> set[str]:
     }
 
 
-def _without_version_stamps(text: str) -> str:
-    for stamp in _VERSION_STAMPS:
-        text = stamp.sub("<generator version>", text)
-    return text
-
-
-def _same_content(fresh: Path, committed: Path) -> bool:
-    if filecmp.cmp(fresh, committed, shallow=False):
-        return True
-    fresh_text = fresh.read_text(encoding="utf-8")
-    committed_text = committed.read_text(encoding="utf-8")
-    return _without_version_stamps(fresh_text) == _without_version_stamps(committed_text)
-
-
 def stale_files(*, repo_root: Path = REPO_ROOT) -> list[StaleFile]:
     """Generate into a temporary directory and compare with the committed stubs."""
     with tempfile.TemporaryDirectory(prefix="protos-check-") as tmp:
@@ -143,7 +117,7 @@ def stale_files(*, repo_root: Path = REPO_ROOT) -> list[StaleFile]:
             committed = repo_root / relative
             if not committed.is_file():
                 stale.append(StaleFile(relative, "missing"))
-            elif not _same_content(out_dir / relative, committed):
+            elif not filecmp.cmp(out_dir / relative, committed, shallow=False):
                 stale.append(StaleFile(relative, "differs"))
     stale.extend(
         StaleFile(relative, "orphaned")

@@ -1,9 +1,9 @@
-"""RBAC against what the components really do (issue 9: "RBAC grants nothing beyond what the code
-calls").
+"""RBAC against what the components really do: a grant nothing calls is too much.
 
 One recorded run: the real ``instaslice-controller`` and ``instaslice-kubelet-plugin`` processes of
 an ``InstaSliceStack`` (one node, one emulated A100) against a local API server with an audit log.
-It exercises leader election, the plugin's slice publishing and pool repair, a DRA pod, a classic
+It exercises leader election, the plugin's slice publishing and pool repair, a DRA pod, a DRA pod
+whose claim was admitted while the claim webhook was down (the controller adds the finalizer), a classic
 pod that finishes (shadow claim released), a pod that must wait (condition and event), deletion
 and teardown, and the self-managed webhook certificate (Secret and ``caBundle``). Each request
 is attributed to a component by its user agent (``ClientSettings.user_agent``), then:
@@ -161,6 +161,7 @@ def _exercise(stack: InstaSliceStack) -> None:
     classic = {names.classic_resource_name(PROFILE): "1"}
     apply_object(api, _pod("classic", limits=classic, run_seconds=0.5))
     _wait_phase(stack, "dra", "Running")
+    _claim_admitted_while_its_webhook_is_down(stack)
     apply_object(api, _pod("waits", limits={names.classic_resource_name("7g.40gb"): "1"}))
     _wait_phase(stack, "classic", "Succeeded")
     stack.wait_for(
@@ -169,11 +170,11 @@ def _exercise(stack: InstaSliceStack) -> None:
         message="the waiting pod got no Placement=False condition",
     )
     stack.wait_for(
-        lambda: len(_allocated_claims(stack)) == 1,
+        lambda: len(_allocated_claims(stack)) == 2,  # the two DRA pods' claims
         timeout=WAIT_S,
         message="the finished classic pod's shadow claim was not released",
     )
-    for name in ("dra", "classic", "waits"):
+    for name in ("dra", "unprotected", "classic", "waits"):
         api.delete(PODS, name=name, namespace=NAMESPACE)
     stack.wait_for(
         lambda: not api.list_objects(RESOURCE_CLAIMS, namespace=NAMESPACE).items,
@@ -185,6 +186,47 @@ def _exercise(stack: InstaSliceStack) -> None:
         timeout=WAIT_S,
         message="MIG instances left on the node",
     )
+
+
+CLAIM_WEBHOOK = "claim-finalizer.instaslice.dev"
+
+
+def _claim_admitted_while_its_webhook_is_down(stack: InstaSliceStack) -> None:
+    """The claim webhook fails open: a claim created while it cannot be reached lacks the
+    delete-protection finalizer, and the controller adds it before writing the allocation
+    (resourceclaims update). Its endpoint is pointed at a closed port for one pod's claim; the
+    controller's write is what ``test_every_grant_is_used_or_explained`` then finds."""
+    api = stack.api
+    config = api.get(MUTATING_WEBHOOK_CONFIGURATIONS, name=WEBHOOK_CONFIGURATION)
+    working = copy.deepcopy(config["webhooks"])
+    for hook in config["webhooks"]:
+        if hook["name"] == CLAIM_WEBHOOK:
+            hook["clientConfig"]["url"] = f"https://127.0.0.1:{free_port()}/unreachable"
+    api.update(MUTATING_WEBHOOK_CONFIGURATIONS, config)
+    try:
+        apply_object(api, _pod("unprotected", template="mig"))
+        stack.wait_for(
+            lambda: _claim_of(stack, "unprotected") is not None,
+            timeout=WAIT_S,
+            message="the pod's claim was not created",
+        )
+    finally:
+        restored = api.get(MUTATING_WEBHOOK_CONFIGURATIONS, name=WEBHOOK_CONFIGURATION)
+        restored["webhooks"] = working
+        api.update(MUTATING_WEBHOOK_CONFIGURATIONS, restored)
+    _wait_phase(stack, "unprotected", "Running")
+    claim = _claim_of(stack, "unprotected")
+    assert claim is not None
+    assert names.DELETE_PROTECTION_FINALIZER in (claim["metadata"].get("finalizers") or [])
+
+
+def _claim_of(stack: InstaSliceStack, pod: str) -> JsonObject | None:
+    """The claim generated for ``pod`` from its template (None until it exists)."""
+    for claim in stack.api.list_objects(RESOURCE_CLAIMS, namespace=NAMESPACE).items:
+        owners = claim["metadata"].get("ownerReferences") or []
+        if any(o.get("kind") == "Pod" and o.get("name") == pod for o in owners):
+            return claim
+    return None
 
 
 def _classic_shim_off(stack: InstaSliceStack) -> None:

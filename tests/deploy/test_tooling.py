@@ -126,7 +126,8 @@ def test_image_build_context_holds_exactly_the_packages_pyproject_installs() -> 
     ignore = (m.REPO_ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
     assert ignore[ignore.index("**") + 1 :], "everything is ignored except an allow-list"
     allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
-    assert allowed == packages | {"pyproject.toml", "README.md"}
+    locks = {"requirements/product.lock", "requirements/build.lock"}
+    assert allowed == packages | {"pyproject.toml", "README.md"} | locks
 
 
 def _make_dry_run(*args: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 import shutil
 import subprocess
@@ -102,16 +103,8 @@ def test_hand_edit_of_a_stub_is_reported(tree_copy: Path) -> None:
     ]
 
 
-def test_generator_version_stamps_alone_do_not_make_stubs_stale(tree_copy: Path) -> None:
-    message_stub = tree_copy / "protos/dra/v1/api_pb2.py"
-    text = message_stub.read_text(encoding="utf-8")
-    text, stamps = re.subn(
-        r"# Protobuf Python Version: \S+", "# Protobuf Python Version: 1.2.3", text
-    )
-    assert stamps == 1
-    text, validations = re.subn(r"PUBLIC,\n    \d+,\n    \d+,", "PUBLIC,\n    1,\n    2,", text)
-    assert validations == 1
-    message_stub.write_text(text, encoding="utf-8")
+def test_another_generator_version_makes_stubs_stale(tree_copy: Path) -> None:
+    """The stubs are what the locked grpcio-tools writes, version stamp included."""
     service_stub = tree_copy / "protos/dra/v1/api_pb2_grpc.py"
     text, versions = re.subn(
         r"^GRPC_GENERATED_VERSION = '[^']*'$",
@@ -122,7 +115,28 @@ def test_generator_version_stamps_alone_do_not_make_stubs_stale(tree_copy: Path)
     assert versions == 1
     service_stub.write_text(text, encoding="utf-8")
 
-    assert generate.stale_files(repo_root=tree_copy) == []
+    assert [str(e) for e in generate.stale_files(repo_root=tree_copy)] == [
+        "protos/dra/v1/api_pb2_grpc.py (differs)"
+    ]
+
+
+def _locked_version(package: str) -> str:
+    lock = (REPO_ROOT / "requirements/dev.lock").read_text(encoding="utf-8")
+    found = re.search(rf"^{re.escape(package)}==(\S+)", lock, flags=re.MULTILINE)
+    assert found, f"{package} is not pinned in requirements/dev.lock"
+    return found.group(1)
+
+
+def test_stubs_come_from_the_locked_grpcio_tools() -> None:
+    locked = _locked_version("grpcio-tools")
+    installed = importlib.metadata.version("grpcio-tools")
+    assert installed == locked, (
+        f"grpcio-tools {installed} is installed, the lock pins {locked}: run `make install`"
+    )
+    for stub in sorted((REPO_ROOT / "protos").rglob("*_pb2_grpc.py")):
+        stamp = re.search(r"^GRPC_GENERATED_VERSION = '([^']*)'$", stub.read_text(), re.MULTILINE)
+        assert stamp, stub
+        assert stamp.group(1) == locked, f"{stub}: run `make protos`"
 
 
 def test_write_stubs_restores_missing_and_removes_orphaned(tree_copy: Path) -> None:
