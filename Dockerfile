@@ -24,6 +24,7 @@ COPY driver/ driver/
 COPY protos/ protos/
 COPY controller/ controller/
 COPY kubeletplugin/ kubeletplugin/
+COPY instaslice/ instaslice/
 RUN /opt/build/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /tmp/wheel . \
  && /opt/instaslice/bin/pip install --no-deps /tmp/wheel/*.whl \
  && /opt/instaslice/bin/instaslice --help >/dev/null

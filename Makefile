@@ -1,7 +1,7 @@
 # InstaSlice — one tool per target. Everything runs inside the project's own virtualenv.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PACKAGES := api driver controller kubeletplugin localcluster protos
+PACKAGES := api driver controller kubeletplugin instaslice localcluster protos
 # mypy --strict covers the tests and benchmarks too (they are code we maintain)
 TYPECHECKED := $(PACKAGES) tests bench
 PYTEST_ARGS ?=
@@ -72,7 +72,7 @@ bench: $(INSTALLED) ## run the benchmarks; figures go to stdout and bench/result
 	$(PY) -m bench
 
 demo: $(INSTALLED) ## the whole system on this machine: real controller + kubelet plugins, emulated GPUs, samples/ applied and removed (DEMO_ARGS="--nodes 3 --gpus 2xH100-80GB --fast")
-	$(PY) -m controller.cli demo $(DEMO_ARGS)
+	$(PY) -m instaslice demo $(DEMO_ARGS)
 
 check-nvml: $(INSTALLED) ## read-only NVML discovery on a real GPU host (never changes MIG state)
 	$(PY) -m pytest -m gpu tests/contract -p no:cacheprovider $(PYTEST_ARGS)

@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 
 from api.names import DRIVER_NAME, SCHEDULING_GATE
 from bench.realnodes import PROFILE
-from controller.results import node_selector
+from controller.allocation.results import node_selector
 from driver.cluster import ops
 from driver.cluster.informer import Informer, ListWatch, strip_managed_fields
 from driver.cluster.kube import KubeClusterApi, connect

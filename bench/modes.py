@@ -48,9 +48,9 @@ from driver.cluster.kube import KubeClusterApi, load_configuration
 from driver.cluster.port import NODES, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES, JsonObject, name_of
 from driver.cluster.throttle import ClientSettings
 from driver.mig.catalog import CATALOG
-from driver.planning.fleet import parse_fleet
-from driver.planning.trace import TraceRequest
 from driver.resourceslices import GpuInventory, build_pool
+from instaslice.planning.fleet import parse_fleet
+from instaslice.planning.trace import TraceRequest
 from localcluster.cluster.client import LocalClusterClient
 
 ROOT = Path(__file__).resolve().parent.parent

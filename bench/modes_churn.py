@@ -1,6 +1,6 @@
 """The mixed-profile churn workload of ``python -m bench.modes --workload churn``.
 
-A request trace from ``driver.planning.trace.synthesize`` (Poisson arrivals, exponential lifetimes,
+A request trace from ``instaslice.planning.trace.synthesize`` (Poisson arrivals, exponential lifetimes,
 a weighted profile mix with some multi-slice claims, offered load near the fleet's memory slices,
 one seed for both modes) is played in real time against the real control plane: at its arrival each
 request becomes a ResourceClaim (``count`` slices of its profile on one GPU: the ``matchAttribute``
@@ -11,10 +11,10 @@ deleted with ``gracePeriodSeconds=0`` (what a kubelet's last step does).
 
 Figures per mode, from the published ResourceSlices and the claims' allocations (an informer):
 requests, placed, rejected, *stranded* (rejected although one GPU had enough free memory slices at
-that moment, placement rules aside — the fragmentation a policy leaves, as ``driver.planning.replay``
+that moment, placement rules aside — the fragmentation a policy leaves, as ``instaslice.planning.replay``
 counts it), time-weighted mean memory-slice utilization between the first and the last arrival, the
 most allocations ever seen sharing a memory slice (must be 0), and create → bound p50/p99 of the
-placed requests. The trace's fluid floor (``driver.planning.replay.fluid_floor``: no GPU
+placed requests. The trace's fluid floor (``instaslice.planning.replay.fluid_floor``: no GPU
 boundaries, a request rejected *at arrival* if too few memory slices are free) and the product's
 first-fit replay of the same trace (same reject-at-arrival rule) are computed offline for
 comparison. Neither is a strict bound for the live runs: those let a request wait up to
@@ -36,10 +36,10 @@ from bench.controller import _percentile
 from driver.cluster.informer import Informer, ListWatch
 from driver.cluster.port import PODS, RESOURCE_CLAIMS, RESOURCE_SLICES, JsonObject, name_of
 from driver.errors import ApiNotFoundError, ClusterError
-from driver.planning.fleet import Fleet
-from driver.planning.replay import fluid_floor, replay
-from driver.planning.trace import TraceRequest, parse_mix, synthesize
 from driver.resourceslices import complete_pools, parse_devices
+from instaslice.planning.fleet import Fleet
+from instaslice.planning.replay import fluid_floor, replay
+from instaslice.planning.trace import TraceRequest, parse_mix, synthesize
 from localcluster.cluster.client import LocalClusterClient
 
 NS = "default"

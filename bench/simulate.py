@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from driver.placement import POLICIES
-from driver.planning.fleet import Fleet, parse_fleet
-from driver.planning.replay import fluid_floor, replay
-from driver.planning.trace import TraceRequest, parse_mix, read_trace, save_trace, synthesize
+from instaslice.planning.fleet import Fleet, parse_fleet
+from instaslice.planning.replay import fluid_floor, replay
+from instaslice.planning.trace import TraceRequest, parse_mix, read_trace, save_trace, synthesize
 
 TRACES_DIR = Path(__file__).resolve().parent / "traces"
 

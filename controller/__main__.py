@@ -15,14 +15,14 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from controller.allocator import AllocatorConfig
+from controller.allocation.allocator import AllocatorConfig
+from controller.allocation.outcome import SyncConfig
 from controller.app import COMPONENT, Controller
 from controller.logs import FIELDS as LOG_FIELDS
 from controller.metrics import CONTENT_TYPE, WebhookMetrics
-from controller.outcome import SyncConfig
 from controller.settings import Settings, build_parser, parse_settings, split_address
-from controller.webhook import WebhookRunner
-from controller.webhook_child import WebhookChild
+from controller.webhook.child import WebhookChild
+from controller.webhook.replica import WebhookRunner
 from driver.cluster.kube import connect
 from driver.cluster.leader import LeaderElectionConfig
 from driver.cluster.port import ClusterApi

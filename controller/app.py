@@ -11,10 +11,10 @@ import logging
 import threading
 
 from api.names import SYSTEM_NAMESPACE
-from controller.allocator import Allocator, AllocatorConfig
-from controller.context import CacheAdmissionContext
+from controller.allocation.allocator import Allocator, AllocatorConfig
 from controller.informers import ClusterInformers
 from controller.metrics import ControllerMetrics
+from controller.webhook.context import CacheAdmissionContext
 from driver.cluster.clock import Clock, SystemClock
 from driver.cluster.events import EventRecorder
 from driver.cluster.leader import LeaderElectionConfig, LeaderElector

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Final
 
 from api.names import SYSTEM_NAMESPACE
-from controller.certificates import CertMode
+from controller.webhook.certificates import CertMode
 from driver.daemon import flags
 from driver.daemon.flags import LOG_FORMATS, LOG_LEVELS, add_flag, env_var
 from driver.placement import DEFAULT_POLICY, POLICIES

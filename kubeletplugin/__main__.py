@@ -4,87 +4,33 @@ SIGTERM and SIGINT stop the plugin gracefully: sockets removed, prepared slices 
 kept (a restarted plugin answers for them again).
 
 ``instaslice-kubelet-plugin check [flags] [--create-one]`` runs the node self-check instead
-(``kubeletplugin.selfcheck``); every other invocation runs the daemon as before.
+(``kubeletplugin.selfcheck``); every other invocation runs the daemon.
 """
 
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from driver import cdi
-from driver.cdi_common import CommonEdits, resolve_common_edits
-from driver.cluster.events import WARNING, EventRecorder
+from driver.cluster.events import EventRecorder
 from driver.cluster.kube import connect
 from driver.cluster.throttle import ClientSettings
 from driver.daemon.logs import configure_logging
 from driver.daemon.signals import stop_on_signals
 from driver.errors import DriverError
-from driver.gpu.backend import MigModeBackend
 from kubeletplugin.deviceplugin import Shim, ShimConfig
 from kubeletplugin.deviceplugin.podresources import PodResourcesClient
 from kubeletplugin.logs import FIELDS as LOG_FIELDS
-from kubeletplugin.migmode import enable_mig_when_idle
-from kubeletplugin.nodecapacity import KUBELET_CHECKPOINT, StaleCapacityCleaner
-from kubeletplugin.nodeevents import NodeEvents
+from kubeletplugin.node.capacity import KUBELET_CHECKPOINT, StaleCapacityCleaner
+from kubeletplugin.node.events import NodeEvents
+from kubeletplugin.node.setup import build_backend, prepare_node
 from kubeletplugin.plugin import KubeletPlugin, PluginConfig
-from kubeletplugin.recovery import read_boot_id
-from kubeletplugin.settings import Settings, parse_settings
+from kubeletplugin.settings import parse_settings
+from kubeletplugin.state.recovery import read_boot_id
 
 logger = logging.getLogger("kubeletplugin")
 
 COMPONENT = "instaslice-kubelet-plugin"
-
-
-def build_backend(settings: Settings) -> MigModeBackend:
-    if settings.gpu_backend == "emulated":
-        from driver.gpu.emulated import EmulatedGpuBackend  # noqa: PLC0415 - chosen at run time
-
-        settings.emulated_state_file.parent.mkdir(parents=True, exist_ok=True)
-        return EmulatedGpuBackend(
-            node_name=settings.node_name,
-            spec=settings.emulated_gpus or "",
-            state_file=settings.emulated_state_file,
-        )
-    from driver.gpu.nvml import NvmlGpuBackend  # noqa: PLC0415 - imports pynvml only when chosen
-
-    return NvmlGpuBackend()
-
-
-REASON_CDI_COMMON_EDITS_MISSING = "CdiCommonEditsMissing"
-
-
-def resolve_cdi_common(settings: Settings) -> CommonEdits:
-    """The common CDI edits ``--cdi-common-edits`` names (``ConfigError`` if unusable)."""
-    return resolve_common_edits(
-        settings.cdi_common_edits, emulated=settings.gpu_backend == "emulated"
-    )
-
-
-def prepare_node(
-    settings: Settings,
-    *,
-    backend: MigModeBackend,
-    node_events: NodeEvents,
-    resolve: Callable[[Settings], CommonEdits] = resolve_cdi_common,
-) -> CommonEdits:
-    """Before the plugin starts: resolve the common CDI edits (a Warning event on the Node when
-    ``auto`` found no toolkit) and, with ``--mig-mode when-idle``, enable MIG mode on idle GPUs
-    (each step a Node event). ``DriverError`` when the edits named cannot be used."""
-    cdi_common = resolve(settings)
-    logger.info("common CDI edits: %s", cdi_common.source)
-    if cdi_common.warning:
-        logger.warning("%s", cdi_common.warning)
-        node_events.post(
-            event_type=WARNING, reason=REASON_CDI_COMMON_EDITS_MISSING, message=cdi_common.warning
-        )
-    if settings.mig_mode == "when-idle":
-        enable_mig_when_idle(
-            backend,
-            report=lambda step: node_events.post(
-                event_type=step.event_type, reason=step.reason, message=step.message
-            ),
-        )
-    return cdi_common
 
 
 def main(argv: Sequence[str] | None = None) -> int:

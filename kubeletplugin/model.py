@@ -42,7 +42,7 @@ class PrepareResult:
 
 
 class ClaimPreparer(Protocol):
-    """What the DRA gRPC service delegates to (``kubeletplugin.devicestate.DeviceState``).
+    """What the DRA gRPC service delegates to (``kubeletplugin.state.devicestate.DeviceState``).
 
     Both methods answer every claim asked about (key = claim UID) and report failures per claim,
     never by raising.

@@ -29,25 +29,25 @@ from driver.daemon.http import endpoints_by_address
 from driver.errors import DriverError
 from driver.gpu.backend import GpuBackend
 from driver.taints import EFFECT_NO_SCHEDULE
-from kubeletplugin.devicestate import DeviceState, StepHook, slices_in_use
-from kubeletplugin.devicestatus import DeviceStatusWriter, RecordingPreparer
-from kubeletplugin.dra_service import add_dra_services
-from kubeletplugin.health import HealthChecker
-from kubeletplugin.health_settings import XidPolicy
-from kubeletplugin.health_stream import DeviceHealthBoard, DraHealthServicer, add_health_service
-from kubeletplugin.journal import CheckpointJournal
-from kubeletplugin.metrics import PluginMetrics
-from kubeletplugin.publisher import SlicePublisher
-from kubeletplugin.recovery import Recovery, RecoveryReport
-from kubeletplugin.registration import (
+from kubeletplugin.dra.registration import (
     RegistrationServicer,
     RegistrationTracker,
     add_registration_service,
     registration_socket_path,
 )
+from kubeletplugin.dra.service import add_dra_services
+from kubeletplugin.health.liveness import HealthChecker
+from kubeletplugin.health.settings import XidPolicy
+from kubeletplugin.health.stream import DeviceHealthBoard, DraHealthServicer, add_health_service
+from kubeletplugin.health.xid import XidHealth
+from kubeletplugin.metrics import PluginMetrics
+from kubeletplugin.node.publisher import SlicePublisher
 from kubeletplugin.settings import split_address
 from kubeletplugin.sockets import UnixGrpcServer, ensure_directory
-from kubeletplugin.xid_health import XidHealth
+from kubeletplugin.state.devicestate import DeviceState, StepHook, slices_in_use
+from kubeletplugin.state.devicestatus import DeviceStatusWriter, RecordingPreparer
+from kubeletplugin.state.journal import CheckpointJournal
+from kubeletplugin.state.recovery import Recovery, RecoveryReport
 
 logger = logging.getLogger(__name__)
 

@@ -42,9 +42,10 @@ from driver.gpu.backend import GpuInfo, MigInstance, MigModeBackend
 from driver.gpu.rules import Occupant, refusal
 from driver.mig.catalog import CATALOG
 from driver.mig.model import GpuModel
-from kubeletplugin.nodeinventory import InventoryDevice, build_inventory
+from kubeletplugin.node.inventory import InventoryDevice, build_inventory
+from kubeletplugin.node.setup import build_backend, resolve_cdi_common
 from kubeletplugin.settings import Settings, parse_settings
-from kubeletplugin.slices import SliceOperations
+from kubeletplugin.state.slices import SliceOperations
 
 logger = logging.getLogger(__name__)
 
@@ -412,8 +413,6 @@ def main(
     settings = parse_settings(rest, environ=environ)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if env is None:
-        from kubeletplugin.__main__ import build_backend, resolve_cdi_common  # noqa: PLC0415
-
         env = CheckEnvironment(build_backend=build_backend, resolve_common=resolve_cdi_common)
     report = run_checks(settings, create_one=known.create_one, env=env)
     for result in report.results:

@@ -17,7 +17,7 @@ from typing import Final
 from driver.cdi_common import CommonEditsChoice, parse_common_edits_flag
 from driver.daemon import flags
 from driver.daemon.flags import LOG_FORMATS, LOG_LEVELS, add_flag, env_var
-from kubeletplugin.health_settings import HealthSettings, add_health_flags, health_settings
+from kubeletplugin.health.settings import HealthSettings, add_health_flags, health_settings
 
 NODE_NAME_FALLBACK_ENV: Final = "NODE_NAME"
 
@@ -78,7 +78,7 @@ class Settings:
     """Where the edits every slice's container shares come from (``driver.cdi_common``)."""
     mig_mode: str = "never"
     """``when-idle``: enable MIG mode on GPUs that have it off and run no process
-    (``kubeletplugin.migmode``); ``never``: MIG mode is only read."""
+    (``kubeletplugin.node.migmode``); ``never``: MIG mode is only read."""
 
 
 def build_parser() -> argparse.ArgumentParser:

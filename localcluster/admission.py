@@ -165,7 +165,7 @@ _CEL_LOCK = threading.Lock()
 threads at once, expressions came out wrong — a true matchCondition read false (33 of 3,200
 evaluations in 8 threads), so a webhook was silently skipped and a pod admitted without its gate
 (the demo's rare "no MIG slice" Job pod). Programs are compiled once, under this lock, as the
-controller's selectors are (``controller/selectors.py``); evaluating a shared program is safe."""
+controller's selectors are (``controller/allocation/selectors.py``); evaluating a shared program is safe."""
 _PROGRAMS: dict[str, Any] = {}
 
 

@@ -23,13 +23,13 @@ from typing import ClassVar, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from api import names
-from controller.certificates import generate_ca, issue_serving_certificate
-from controller.status import ClusterView, mig_uuids_from_checkpoints, read_view
+from controller.webhook.certificates import generate_ca, issue_serving_certificate
 from driver.checkpoint import CHECKPOINT_FILE_NAME
 from driver.cluster.port import LEASES, RESOURCE_SLICES, ClusterApi, JsonObject
 from driver.daemon.http import scrape_loopback
 from driver.errors import ApiNotFoundError, ConfigError
 from driver.resourceslices import complete_pools
+from instaslice.status import ClusterView, mig_uuids_from_checkpoints, read_view
 from localcluster.manifests import MUTATING_WEBHOOK_CONFIGURATIONS, load_file
 from localcluster.processes import ManagedProcess
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, TextIO
 
-from controller.status import ClusterView, Style, TakenSlice, memory_bar, render_view
+from instaslice.status import ClusterView, Style, TakenSlice, memory_bar, render_view
 from localcluster import podstages
 from localcluster.podstages import StageChange
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from controller.selectors import SelectorCompileError, compile_selector
+from controller.allocation.selectors import SelectorCompileError, compile_selector
 from localcluster.errors import FieldError
 from localcluster.names import label_value_errors, name_errors, qualified_name_errors
 

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 
 from driver.mig.model import MigProfile, Placement
 from kubeletplugin.deviceplugin.resources import ResourceSpec
-from kubeletplugin.nodeinventory import NodeInventory
+from kubeletplugin.node.inventory import NodeInventory
 
 
 def max_disjoint(placements: Iterable[Placement]) -> int:

@@ -52,8 +52,8 @@ from kubeletplugin.deviceplugin.podresources import (
 from kubeletplugin.deviceplugin.resources import ResourceSpec
 from kubeletplugin.deviceplugin.shadow import ShadowClaim, Slot, list_shadow_claims
 from kubeletplugin.model import ClaimRef
-from kubeletplugin.nodeinventory import NodeInventory
-from kubeletplugin.overlaps import StaleSliceJudge
+from kubeletplugin.node.inventory import NodeInventory
+from kubeletplugin.state.overlaps import StaleSliceJudge
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class NoReservationError(AllocateError):
 
 
 class SlicePreparer(Protocol):
-    """The plugin's prepare path (``kubeletplugin.devicestate.DeviceState``)."""
+    """The plugin's prepare path (``kubeletplugin.state.devicestate.DeviceState``)."""
 
     def prepare_claim(
         self, ref: ClaimRef, *, visible_devices_env: bool = True, shim: ShimBinding | None = None
@@ -82,7 +82,7 @@ class SlicePreparer(Protocol):
     def unprepare_claim(self, ref: ClaimRef) -> None: ...
 
     def set_stale_judge(self, judge: StaleSliceJudge | None) -> None:
-        """Who may release a prepared claim in a new prepare's way (``kubeletplugin.overlaps``)."""
+        """Who may release a prepared claim in a new prepare's way (``kubeletplugin.state.overlaps``)."""
         ...
 
 

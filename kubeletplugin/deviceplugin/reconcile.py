@@ -58,7 +58,7 @@ from kubeletplugin.deviceplugin.shadow import (
     move_claim,
 )
 from kubeletplugin.deviceplugin.staleness import claim_gone
-from kubeletplugin.nodeinventory import NodeInventory
+from kubeletplugin.node.inventory import NodeInventory
 
 logger = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ from api.names import (
 from driver.cluster.port import PODS, RESOURCE_CLAIMS, ClusterApi, JsonObject
 from driver.cluster.views import ClaimView, items, path
 from driver.ids import ClaimUid, PodUid
-from kubeletplugin.claims import allocated_nodes
-from kubeletplugin.nodeinventory import NodeInventory
+from kubeletplugin.node.inventory import NodeInventory
+from kubeletplugin.state.claims import allocated_nodes
 
 logger = logging.getLogger(__name__)
 

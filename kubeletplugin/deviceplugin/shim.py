@@ -51,7 +51,7 @@ from kubeletplugin.deviceplugin.server import (
 )
 from kubeletplugin.deviceplugin.staleness import ShimSliceJudge
 from kubeletplugin.deviceplugin.watcher import KubeletWatcher, SocketIdentity, socket_identity
-from kubeletplugin.nodeinventory import NodeInventory
+from kubeletplugin.node.inventory import NodeInventory
 
 logger = logging.getLogger(__name__)
 

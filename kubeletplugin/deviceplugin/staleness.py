@@ -5,7 +5,7 @@ The controller frees a placement as soon as the API server shows the shadow clai
 deleted and garbage-collected, or a finished pod's claim deallocated), while the shim destroys the
 old slice only on its next reconcile pass. The next pod placed there must not fail its ``Allocate``
 (or a DRA pod its prepare) because of that slice: ``ShimSliceJudge`` tells ``DeviceState`` which
-prepared shim claim in the way is stale, and it is released first (``kubeletplugin.overlaps``).
+prepared shim claim in the way is stale, and it is released first (``kubeletplugin.state.overlaps``).
 
 Both conditions are checked afresh, never from a cache:
 
@@ -27,10 +27,10 @@ from driver.cluster.port import RESOURCE_CLAIMS, ClusterApi
 from driver.cluster.views import ClaimView
 from driver.errors import ApiNotFoundError
 from driver.ids import ClaimUid
-from kubeletplugin.claims import ClaimRejectedError, check_claim
 from kubeletplugin.deviceplugin.podresources import PodResourcesSource
 from kubeletplugin.model import ClaimRef
-from kubeletplugin.overlaps import Verdict
+from kubeletplugin.state.claims import ClaimRejectedError, check_claim
+from kubeletplugin.state.overlaps import Verdict
 
 logger = logging.getLogger(__name__)
 

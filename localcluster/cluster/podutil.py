@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from controller.cel_library import Quantity
+from controller.allocation.cel_library import Quantity
 from driver.cluster.port import JsonObject, metadata, name_of, uid_of
 
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"

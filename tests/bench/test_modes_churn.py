@@ -8,9 +8,9 @@ import pytest
 from bench.modes_churn import ChurnSettings, _claim, _Gpus, make_trace, offline
 from driver.cluster.port import JsonObject
 from driver.mig.catalog import CATALOG
-from driver.planning.fleet import parse_fleet
-from driver.planning.trace import TraceRequest
 from driver.resourceslices import GpuInventory, build_pool
+from instaslice.planning.fleet import parse_fleet
+from instaslice.planning.trace import TraceRequest
 
 NODE = "n0"
 

@@ -9,8 +9,8 @@ import pytest
 
 from bench.__main__ import main
 from bench.simulate import HELD_OUT, TRACES, trace_path
-from driver.planning.fleet import parse_fleet
-from driver.planning.trace import parse_mix, read_trace, synthesize
+from instaslice.planning.fleet import parse_fleet
+from instaslice.planning.trace import parse_mix, read_trace, synthesize
 
 
 @pytest.mark.parametrize("name", [*list(TRACES)[:2], *list(HELD_OUT)[:1], *list(HELD_OUT)[-1:]])

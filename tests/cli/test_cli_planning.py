@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from controller import cli, plancli
 from driver.cluster.kube import KubeClusterApi, connect
 from driver.cluster.port import PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
 from driver.errors import ApiNotFoundError, TooManyRequestsError
-from driver.planning.trace import read_trace
+from instaslice import cli, plancli
+from instaslice.planning.trace import read_trace
 from localcluster.apiserver import LocalApiServer
 from tests.cli.objects import claim, pod, pool
 

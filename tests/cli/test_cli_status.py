@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from api.checkpoint import Checkpoint, PreparedClaim, PreparedDevice, PrepareState
-from controller import cli
 from driver.checkpoint import CheckpointStore
 from driver.cluster.kube import KubeClusterApi, connect
 from driver.cluster.port import PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
+from instaslice import cli
 from localcluster.apiserver import LocalApiServer
 from tests.cli.objects import claim, pod, pool
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from controller.status import ClusterView, Style, build_view, compact_starts, render_view
+from instaslice.status import ClusterView, Style, build_view, compact_starts, render_view
 from tests.cli.objects import claim, pod, pool
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

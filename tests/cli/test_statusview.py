@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from controller.status import ClusterView, GpuView, build_view
 from driver.mig.model import Placement
+from instaslice.status import ClusterView, GpuView, build_view
 from tests.cli.objects import claim, pod, pool
 
 

@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from bench.realnodes import gpus_of, node_owner
+from controller.allocation.selectors import device_views_from_slice
 from controller.informers import admission_claim
-from controller.selectors import device_views_from_slice
 from driver.cluster.indexes import pod_claim_keys_inputs
 from driver.cluster.informer import JsonInterner, chain, strip_managed_fields
 from driver.cluster.port import JsonObject

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.certificates import generate_ca, issue_serving_certificate
+from controller.webhook.certificates import generate_ca, issue_serving_certificate
 from driver.cluster.kube import KubeClusterApi, configuration_for_url
 from driver.cluster.port import NODES, WatchEventType
 from driver.cluster.throttle import ClientSettings

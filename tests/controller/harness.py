@@ -16,9 +16,9 @@ from api.names import (
     classic_resource_name,
     profile_device_class,
 )
-from controller.allocator import AllocatorConfig
+from controller.allocation.allocator import AllocatorConfig
+from controller.allocation.sync import SyncConfig
 from controller.app import Controller
-from controller.sync import SyncConfig
 from driver.cluster import ops
 from driver.cluster.kube import KubeClusterApi, configuration_for_url
 from driver.cluster.leader import LeaderElectionConfig

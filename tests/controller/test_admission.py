@@ -12,14 +12,14 @@ import pytest
 import yaml
 
 from api.names import DELETE_PROTECTION_FINALIZER, SCHEDULING_GATE, profile_device_class
-from controller.admission import (
+from controller.metrics import admission_decision
+from controller.webhook.admission import (
     AdmissionContext,
     MalformedReviewError,
     decide,
     device_classes_of_claim_spec,
     review_pod,
 )
-from controller.metrics import admission_decision
 from driver.errors import ClusterError
 from localcluster.admission import match_conditions_hold
 from localcluster.patch import json_patch

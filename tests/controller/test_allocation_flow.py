@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from api.names import DELETE_PROTECTION_FINALIZER, DRIVER_NAME, profile_device_class
-from controller.results import node_selector
-from controller.sync import SyncConfig
+from controller.allocation.results import node_selector
+from controller.allocation.sync import SyncConfig
 from driver.cluster import ops
 from driver.cluster.kube import KubeClusterApi
 from driver.cluster.port import DEVICE_CLASSES, PODS, RESOURCE_CLAIMS

@@ -4,7 +4,7 @@ from fractions import Fraction
 
 import pytest
 
-from controller.cel_library import Quantity, Semver
+from controller.allocation.cel_library import Quantity, Semver
 
 
 @pytest.mark.parametrize(

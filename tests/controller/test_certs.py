@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 
-from controller.certificates import (
+from controller.webhook.certificates import (
     CA_FILE,
     CA_KEY,
     CERT_FILE,

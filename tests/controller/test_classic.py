@@ -15,7 +15,7 @@ from api.names import (
     SHADOW_CLAIM_PROFILE_LABEL,
     profile_device_class,
 )
-from controller import classic
+from controller.classic import shadow
 from driver.cluster.kube import KubeClusterApi
 from driver.cluster.port import PODS, RESOURCE_CLAIMS, JsonObject
 from localcluster.apiserver import LocalApiServer
@@ -94,9 +94,9 @@ def test_shadow_claims_are_created_once_however_often_we_retry(api: KubeClusterA
     created = api.create(
         PODS, pod_object("twice", classic={"nvidia.com/mig-2g.10gb": 1}), namespace=NS
     )
-    requests = classic.classic_requests(created, profiles={"nvidia.com/mig-2g.10gb": "2g.10gb"})
-    first = classic.ensure_shadow_claims(api, created, requests, cached=lambda ns, name: None)
-    second = classic.ensure_shadow_claims(api, created, requests, cached=lambda ns, name: None)
+    requests = shadow.classic_requests(created, profiles={"nvidia.com/mig-2g.10gb": "2g.10gb"})
+    first = shadow.ensure_shadow_claims(api, created, requests, cached=lambda ns, name: None)
+    second = shadow.ensure_shadow_claims(api, created, requests, cached=lambda ns, name: None)
     assert [c["metadata"]["uid"] for c in first] == [c["metadata"]["uid"] for c in second]
     assert len(_shadow_claims(api, created)) == 1
 

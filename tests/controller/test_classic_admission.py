@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from controller.nodefilter import ADMISSION_REJECTED, NodeFilter
+from controller.allocation.nodefilter import ADMISSION_REJECTED, NodeFilter
 from driver.cluster.kube import KubeClusterApi, configuration_for_url
 from driver.cluster.port import PODS, RESOURCE_CLAIMS, JsonObject
 from localcluster.apiserver import LocalApiServer

@@ -1,4 +1,4 @@
-"""Hand-offs to kube-scheduler (controller/handoff.py): a DRA pod without capacity past
+"""Hand-offs to kube-scheduler (controller/allocation/handoff.py): a DRA pod without capacity past
 ``handoff_after`` is ungated with its claims unallocated; a placed pod kube-scheduler cannot bind
 has our unreserved allocations withdrawn; classic pods are never handed over in controller mode;
 in scheduler mode every gated pod is handed over and a classic pod's shadow claims are dropped."""
@@ -18,10 +18,11 @@ from api.names import (
     SCHEDULING_GATE,
     classic_resource_name,
 )
-from controller import classic, handoff
+from controller.allocation import handoff
+from controller.allocation.results import node_selector
+from controller.allocation.sync import SyncConfig
 from controller.app import Controller
-from controller.results import node_selector
-from controller.sync import SyncConfig
+from controller.classic import shadow
 from driver.cluster import ops
 from driver.cluster.kube import KubeClusterApi
 from driver.cluster.port import (
@@ -196,11 +197,11 @@ def test_scheduler_mode_hands_every_gated_pod_over_and_drops_shadow_claims(
     profile_resource = classic_resource_name("1g.5gb")
     pod = api.create(PODS, pod_object("classic", classic={profile_resource: 1}), namespace=NS)
     # A shadow claim left from controller mode (created, protected, allocated) before the switch.
-    shadow = classic.shadow_claim(
-        pod, classic.ClassicRequest(container="main", profile="1g.5gb", count=1)
+    left = shadow.shadow_claim(
+        pod, shadow.ClassicRequest(container="main", profile="1g.5gb", count=1)
     )
-    shadow["metadata"]["finalizers"] = [DELETE_PROTECTION_FINALIZER]
-    shadow = api.create(RESOURCE_CLAIMS, shadow, namespace=NS)
+    left["metadata"]["finalizers"] = [DELETE_PROTECTION_FINALIZER]
+    left = api.create(RESOURCE_CLAIMS, left, namespace=NS)
     device = next(
         d["name"]
         for s in api.list_objects(RESOURCE_SLICES).items
@@ -209,7 +210,7 @@ def test_scheduler_mode_hands_every_gated_pod_over_and_drops_shadow_claims(
     )
     ops.write_claim_allocation(
         api,
-        claim=shadow,
+        claim=left,
         allocation={
             "devices": {
                 "results": [
@@ -230,7 +231,7 @@ def test_scheduler_mode_hands_every_gated_pod_over_and_drops_shadow_claims(
     assert allocated_claims(api) == []
 
     # The shadow claim holds nothing any more (kube-scheduler makes its own claim for the pod).
-    kept = api.get(RESOURCE_CLAIMS, name=shadow["metadata"]["name"], namespace=NS)
+    kept = api.get(RESOURCE_CLAIMS, name=left["metadata"]["name"], namespace=NS)
     assert not (kept.get("status") or {}).get("allocation")
     assert not (kept.get("status") or {}).get("reservedFor")
     assert _handoffs(controller, "scheduler-mode") == 2.0

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from api.names import SCHEDULING_GATE
-from controller.certificates import CertMode
 from controller.settings import build_parser, parse_settings
+from controller.webhook.certificates import CertMode
 from driver.cluster.port import LEASES, PODS, RESOURCE_CLAIMS, gate_names
 from localcluster.apiserver import LocalApiServer
 from localcluster.stack import free_port

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from api.names import SCHEDULING_GATE
+from controller.allocation.sync import Result, SyncConfig
 from controller.informers import ClusterInformers
-from controller.sync import Result, SyncConfig
 from driver.cluster.kube import KubeClusterApi
 from driver.cluster.port import PODS, gate_names
 from driver.cluster.views import PodView

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.selectors import (
+from controller.allocation.selectors import (
     DeviceView,
     SelectorCompileError,
     SelectorError,

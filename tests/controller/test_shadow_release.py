@@ -1,4 +1,4 @@
-"""Shadow claims of classic pods that are gone: released by us (``controller.shadowrelease``).
+"""Shadow claims of classic pods that are gone: released by us (``controller.classic.release``).
 
 No kube-controller-manager claim controller runs here, which is what a stale one amounts to: when
 the garbage collector deletes a shadow claim whose pod its cache still holds, it keeps the claim's
@@ -15,10 +15,10 @@ from datetime import UTC, datetime
 import pytest
 
 from api.names import DELETE_PROTECTION_FINALIZER, DRIVER_NAME, SHADOW_CLAIM_LABEL
-from controller import classic
-from controller.results import node_selector
-from controller.shadowrelease import PodFate, pod_fate
-from controller.sync import SyncConfig
+from controller.allocation.results import node_selector
+from controller.allocation.sync import SyncConfig
+from controller.classic import shadow
+from controller.classic.release import PodFate, pod_fate
 from driver.cluster import ops
 from driver.cluster.kube import KubeClusterApi
 from driver.cluster.port import PODS, RESOURCE_CLAIMS, RESOURCE_SLICES, JsonObject
@@ -267,13 +267,13 @@ def test_release_keeps_the_allocation_while_another_consumer_reserves_the_claim(
     )
     api.delete(RESOURCE_CLAIMS, name="shared", namespace=NS)
 
-    assert classic.release(api, _claim(api, "shared"), pod_uid="uid-gone") is False
+    assert shadow.release(api, _claim(api, "shared"), pod_uid="uid-gone") is False
     kept = _claim(api, "shared")
     assert kept["status"]["reservedFor"] == [other]
     assert kept["status"]["allocation"]
     assert kept["metadata"]["finalizers"] == [DELETE_PROTECTION_FINALIZER]
 
-    assert classic.release(api, kept, pod_uid="uid-other") is True
+    assert shadow.release(api, kept, pod_uid="uid-other") is True
     assert _gone(api, "shared"), "unreserved and unallocated, the finalizer is lifted"
 
 

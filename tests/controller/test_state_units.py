@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from api.names import DRIVER_NAME
-from controller.candidates import CandidateCache
-from controller.inventory import SliceInventory, gpu_model_of
-from controller.nodefilter import NodeFilter, node_info, pod_usage, static_fit
-from controller.occupancy import ClaimOccupancy
-from controller.state import AllocationState, SliceState
+from controller.allocation.candidates import CandidateCache
+from controller.allocation.inventory import SliceInventory, gpu_model_of
+from controller.allocation.nodefilter import NodeFilter, node_info, pod_usage, static_fit
+from controller.allocation.occupancy import ClaimOccupancy
+from controller.allocation.state import AllocationState, SliceState
 from driver.mig.catalog import CATALOG
 from driver.placement import Engine, PodRequest
 from driver.resourceslices import GpuInventory, build_pool, parse_devices

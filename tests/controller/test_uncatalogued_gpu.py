@@ -12,7 +12,7 @@ from driver.cluster.port import DEVICE_CLASSES, NODES, RESOURCE_CLAIMS, RESOURCE
 from driver.gpu.fake_nvml import FakeNvml
 from driver.gpu.nvml import NvmlGpuBackend
 from driver.resourceslices import build_pool
-from kubeletplugin.nodeinventory import build_inventory
+from kubeletplugin.node.inventory import build_inventory
 from localcluster.apiserver import LocalApiServer
 from tests.controller.harness import (
     NS,

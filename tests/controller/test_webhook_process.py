@@ -16,8 +16,8 @@ import pytest
 from api.names import SCHEDULING_GATE
 from controller.metrics import ControllerMetrics, WebhookMetrics
 from controller.settings import parse_settings
-from controller.webhook_child import WebhookChild
-from controller.webhook_process import main as webhook_main
+from controller.webhook.child import WebhookChild
+from controller.webhook.process import main as webhook_main
 from driver.cluster.port import PODS, RESOURCE_CLAIMS, gate_names
 from localcluster.apiserver import LocalApiServer
 from localcluster.stack import free_port
@@ -78,7 +78,7 @@ def _gone(pid: int) -> bool:
 
 
 def _webhook_children(pid: int) -> list[int]:
-    return [child for child, command in _children(pid) if "controller.webhook_process" in command]
+    return [child for child, command in _children(pid) if "controller.webhook.process" in command]
 
 
 def test_the_flag_is_on_by_default_and_can_be_turned_off() -> None:

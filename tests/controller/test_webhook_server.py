@@ -1,4 +1,4 @@
-"""The webhook over real HTTPS: certificates from ``controller.certificates``, verification against their CA."""
+"""The webhook over real HTTPS: certificates from ``controller.webhook.certificates``, verification against their CA."""
 
 import base64
 import http.client
@@ -16,16 +16,16 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from api.names import SCHEDULING_GATE
-from controller.admission import review_pod
-from controller.certificates import (
+from controller.metrics import WebhookMetrics, admission_decision
+from controller.webhook.admission import review_pod
+from controller.webhook.certificates import (
     CA_FILE,
     CERT_FILE,
     KEY_FILE,
     CertificateManager,
     CertificateSettings,
 )
-from controller.metrics import WebhookMetrics, admission_decision
-from controller.webhook_server import WebhookServer
+from controller.webhook.server import WebhookServer
 from driver.errors import ConfigError
 from tests.controller.certfakes import InMemoryCertificateStore, StepClock
 from tests.controller.test_admission import (

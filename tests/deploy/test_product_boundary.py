@@ -21,7 +21,7 @@ PRODUCT = sorted(
         "setuptools"
     ]["packages"]["find"]["include"]
 )
-ENTRY_POINTS = ("controller.__main__", "kubeletplugin.__main__", "controller.cli")
+ENTRY_POINTS = ("controller.__main__", "kubeletplugin.__main__", "instaslice.cli")
 
 # Run in a fresh interpreter: import the entry points, build the CLI's parser, and report which
 # modules of the checkout's non-product packages got imported.
@@ -29,8 +29,8 @@ _IMPORTS = f"""
 import importlib, sys
 for name in {ENTRY_POINTS!r}:
     importlib.import_module(name)
-import controller.cli
-controller.cli.build_parser()
+import instaslice.cli
+instaslice.cli.build_parser()
 print(sorted(m for m in sys.modules if m.split(".")[0] in {NOT_SHIPPED!r}))
 """
 
@@ -45,8 +45,8 @@ class Blocker:
         return None
 
 sys.meta_path.insert(0, Blocker())
-import controller.cli
-sys.exit(controller.cli.main(sys.argv[1:]))
+import instaslice.cli
+sys.exit(instaslice.cli.main(sys.argv[1:]))
 """
 
 
@@ -79,7 +79,7 @@ def test_instaslice_demo_without_localcluster_says_where_the_demo_runs_in_one_li
 
 def test_instaslice_demo_from_a_checkout_hands_its_arguments_to_the_demo() -> None:
     done = _python(
-        "import controller.cli, sys; sys.exit(controller.cli.main(sys.argv[1:]))",
+        "import instaslice.cli, sys; sys.exit(instaslice.cli.main(sys.argv[1:]))",
         "demo",
         "--help",
         cwd=REPO_ROOT,

@@ -25,7 +25,7 @@ import pytest
 
 from api import names
 from api.names import PLACEMENT_CONDITION
-from controller.certificates import (
+from controller.webhook.certificates import (
     CA_FILE,
     MUTATING_WEBHOOK_CONFIGURATIONS,
     SECRETS,
@@ -391,7 +391,7 @@ _SHIM_MOVE = (
     "the emulated kubelet admits one pod at a time, so the shim's guess is always right here"
 )
 _NODE_EVENT = (
-    "kubeletplugin/publisher.py: a warning on the Node for a GPU whose MIG mode is off; "
+    "kubeletplugin/node/publisher.py: a warning on the Node for a GPU whose MIG mode is off; "
     "emulated GPUs always have MIG mode on"
 )
 
@@ -399,11 +399,11 @@ UNUSED_BUT_NEEDED: dict[str, dict[tuple[str, str, str], str]] = {
     # component -> (apiGroup, resource, verb) -> why the recorded run does not need it
     "instaslice-controller": {
         ("", "pods", "get"): (
-            "controller/sync.py, driver/cluster/ops.py: a pod is read from the API, not the "
+            "controller/allocation/sync.py, driver/cluster/ops.py: a pod is read from the API, not the "
             "cache, only after a lost race (a failed JSON-patch test, a conflict, a withdrawal)"
         ),
         ("resource.k8s.io", "resourceclaims", "get"): (
-            "controller/classic.py: a shadow claim that already exists (AlreadyExists on create, "
+            "controller/classic/shadow.py: a shadow claim that already exists (AlreadyExists on create, "
             "e.g. a new leader re-placing a pod) is read and adopted"
         ),
         ("", "events", "patch"): (
@@ -414,7 +414,7 @@ UNUSED_BUT_NEEDED: dict[str, dict[tuple[str, str, str], str]] = {
     "instaslice-kubelet-plugin": {
         ("resource.k8s.io", "resourceclaims", "update"): _SHIM_MOVE,
         ("resource.k8s.io", "resourceclaims/driver", "associated-node:update"): (
-            "kubeletplugin/devicestatus.py: the status.devices write (MIG UUIDs) is authorized "
+            "kubeletplugin/state/devicestatus.py: the status.devices write (MIG UUIDs) is authorized "
             "there too on Kubernetes >= 1.36; the audit does not tell which status fields a write "
             "changed, so tests/deploy/rbac.py checks every status write against /binding only"
         ),

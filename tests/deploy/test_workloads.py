@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from api import names
-from controller.webhook_server import DEFAULT_PATHS
+from controller.webhook.server import DEFAULT_PATHS
 from tests.deploy import flags
 from tests.deploy import manifests as m
 

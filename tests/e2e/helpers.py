@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from api import names
-from controller.status import ClusterView, TakenSlice, allocated_claims
 from driver.checkpoint import CheckpointStore
 from driver.cluster.port import (
     PODS,
@@ -26,6 +25,7 @@ from driver.cluster.port import (
     gate_names,
 )
 from driver.errors import ApiNotFoundError, DriverError
+from instaslice.status import ClusterView, TakenSlice, allocated_claims
 from localcluster.manifests import (
     DEPLOYMENTS,
     JOBS,

@@ -57,7 +57,7 @@ def test_the_demo_applies_the_samples_shows_them_placed_and_removes_everything()
 
 def test_ctrl_c_stops_every_process_and_removes_the_temporary_root() -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "controller.cli", "demo", "--fast", "--no-color"],
+        [sys.executable, "-m", "instaslice.cli", "demo", "--fast", "--no-color"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

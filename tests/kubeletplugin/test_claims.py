@@ -11,9 +11,9 @@ from driver.cluster.views import Allocation
 from driver.errors import ConfigError
 from driver.gpu.emulated import EmulatedGpuBackend
 from driver.ids import ClaimUid
-from kubeletplugin.claims import ClaimRejectedError, allocated_nodes, plan_claim
 from kubeletplugin.model import ClaimRef
-from kubeletplugin.nodeinventory import build_inventory
+from kubeletplugin.node.inventory import build_inventory
+from kubeletplugin.state.claims import ClaimRejectedError, allocated_nodes, plan_claim
 
 REF = ClaimRef(uid=ClaimUid("u1"), namespace="ns", name="c")
 CONFIG = {"apiVersion": "mig.instaslice.dev/v1alpha1", "kind": "MigDeviceConfig"}

@@ -10,19 +10,19 @@ import pytest
 from api.checkpoint import PreparedClaim, PrepareState
 from api.checkpoint import PreparedDevice as CheckpointDevice
 from api.names import DRIVER_NAME
-from controller.status import status_mig_uuid
 from driver.cluster.port import RESOURCE_CLAIMS, JsonObject, Resource, resource_version_of
 from driver.cluster.views import ClaimView
 from driver.errors import ClusterError, ConflictError
 from driver.ids import ClaimUid
-from kubeletplugin.devicestatus import (
+from instaslice.status import status_mig_uuid
+from kubeletplugin.model import ClaimRef
+from kubeletplugin.plugin import KubeletPlugin
+from kubeletplugin.state.devicestatus import (
     CONFLICT_ATTEMPTS,
     DeviceStatusWriter,
     RecordingPreparer,
     desired_device_statuses,
 )
-from kubeletplugin.model import ClaimRef
-from kubeletplugin.plugin import KubeletPlugin
 from tests.kubeletplugin.harness import ClaimHandle, NodeHarness, node_selector
 
 DRAIN_S = 10.0
@@ -152,7 +152,7 @@ def test_failed_status_write_leaves_the_answer_alone(
 def test_claim_deleted_right_after_prepare(
     node: NodeHarness, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="kubeletplugin.devicestatus")
+    caplog.set_level(logging.DEBUG, logger="kubeletplugin.state.devicestatus")
     plugin = node.start_plugin()
     kubelet = node.kubelet()
     claim = node.claim(["gpu-0-1g-5gb-2"])

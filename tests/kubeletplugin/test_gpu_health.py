@@ -24,12 +24,12 @@ from driver.errors import BackendError
 from driver.gpu.backend import GpuBackend, GpuInfo, XidEvent
 from driver.gpu.emulated import EmulatedGpuBackend
 from driver.resourceslices import complete_pools, parse_devices
-from kubeletplugin.health_settings import XidPolicy
+from kubeletplugin.health.settings import XidPolicy
+from kubeletplugin.health.xid import XidHealth
 from kubeletplugin.metrics import PluginMetrics
-from kubeletplugin.nodeinventory import build_inventory
+from kubeletplugin.node.inventory import build_inventory
+from kubeletplugin.node.publisher import GPU_HEALTHY_REASON, GPU_UNHEALTHY_REASON, SlicePublisher
 from kubeletplugin.plugin import KubeletPlugin, PluginConfig
-from kubeletplugin.publisher import GPU_HEALTHY_REASON, GPU_UNHEALTHY_REASON, SlicePublisher
-from kubeletplugin.xid_health import XidHealth
 from localcluster.apiserver import LocalApiServer
 from tests.kubeletplugin.harness import NodeHarness, make_api
 

@@ -12,8 +12,8 @@ import grpc
 import pytest
 
 from driver.gpu.emulated import EmulatedGpuBackend
-from kubeletplugin.health_stream import DeviceHealthBoard, DraHealthServicer, add_health_service
-from kubeletplugin.nodeinventory import NodeInventory, build_inventory
+from kubeletplugin.health.stream import DeviceHealthBoard, DraHealthServicer, add_health_service
+from kubeletplugin.node.inventory import NodeInventory, build_inventory
 from kubeletplugin.sockets import UnixGrpcServer
 from tests.kubeletplugin.harness import HealthWatch
 

@@ -12,7 +12,7 @@ import pytest
 from api.checkpoint import Checkpoint, PreparedClaim, PrepareState
 from driver.checkpoint import CheckpointStore
 from driver.errors import CheckpointError
-from kubeletplugin.journal import CheckpointJournal
+from kubeletplugin.state.journal import CheckpointJournal
 
 
 def claim(uid: str) -> PreparedClaim:

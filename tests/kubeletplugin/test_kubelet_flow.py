@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from api.names import CDI_KIND, DRIVER_NAME
-from kubeletplugin.registration import SUPPORTED_SERVICES
+from kubeletplugin.dra.registration import SUPPORTED_SERVICES
 from tests.kubeletplugin.harness import Answer, ClaimHandle, NodeHarness
 
 MIG_CONFIG = {"apiVersion": "mig.instaslice.dev/v1alpha1", "kind": "MigDeviceConfig"}
@@ -121,7 +121,7 @@ def test_prepare_logs_carry_claim_and_pod_ids(
     node.start_plugin()
     claim = node.claim(["gpu-0-1g-5gb-5"])
     node.reserve_for_pod(claim, pod="trainer-0", uid="1c0ffee0-pod")
-    with caplog.at_level(logging.INFO, logger="kubeletplugin.devicestate"):
+    with caplog.at_level(logging.INFO, logger="kubeletplugin.state.devicestate"):
         assert node.kubelet().prepare([claim])[claim.uid].error == ""
     (record,) = [r for r in caplog.records if r.getMessage().startswith("prepared claim")]
     assert record.__dict__["claim_uid"] == claim.uid

@@ -13,7 +13,7 @@ from driver.gpu.backend import MigModeBackend
 from driver.gpu.emulated import EmulatedGpuBackend
 from driver.gpu.fake_nvml import FakeNvml
 from driver.gpu.nvml import NvmlGpuBackend
-from kubeletplugin.migmode import (
+from kubeletplugin.node.migmode import (
     REASON_BUSY,
     REASON_ENABLED,
     REASON_ENABLING,

@@ -13,7 +13,7 @@ import pytest
 from driver.cluster.kube import KubeClusterApi, connect
 from driver.cluster.port import NODES, JsonObject
 from kubeletplugin.deviceplugin.podresources import ContainerKey, Holdings, PodResourcesError
-from kubeletplugin.nodecapacity import (
+from kubeletplugin.node.capacity import (
     KUBELET_CHECKPOINT,
     StaleCapacityCleaner,
     remembered_resources,

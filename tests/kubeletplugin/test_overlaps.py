@@ -6,7 +6,7 @@ import pytest
 
 from api.checkpoint import Checkpoint, PreparedClaim, PreparedDevice, PrepareState, ShimBinding
 from driver.errors import ClusterError
-from kubeletplugin.overlaps import (
+from kubeletplugin.state.overlaps import (
     StaleSliceUnknownError,
     Verdict,
     clashes,

@@ -15,7 +15,7 @@ from driver.cluster.port import EVENTS, NODES, RESOURCE_SLICES, JsonObject
 from driver.gpu.backend import GpuInfo, MigInstance, XidEvent
 from driver.gpu.emulated import EmulatedGpuBackend
 from driver.resourceslices import complete_pools, parse_devices
-from kubeletplugin.publisher import MIG_DISABLED_REASON, SlicePublisher
+from kubeletplugin.node.publisher import MIG_DISABLED_REASON, SlicePublisher
 from localcluster.apiserver import LocalApiServer
 from tests.kubeletplugin.harness import make_api
 

@@ -17,7 +17,7 @@ from driver.gpu.emulated import EmulatedGpuBackend
 from driver.gpu.fake_nvml import FakeNvml
 from driver.gpu.nvml import NvmlGpuBackend
 from driver.mig.catalog import gpu_model
-from kubeletplugin.__main__ import build_backend, resolve_cdi_common
+from kubeletplugin.node.setup import build_backend, resolve_cdi_common
 from kubeletplugin.selfcheck import CheckEnvironment, main
 from kubeletplugin.settings import Settings
 from tests.gpumodels import uncatalogued_model

@@ -13,8 +13,8 @@ from driver.cluster.events import EventRecorder
 from driver.cluster.port import EVENTS, JsonObject
 from driver.errors import ConfigError
 from driver.gpu.emulated import EmulatedGpuBackend
-from kubeletplugin.__main__ import REASON_CDI_COMMON_EDITS_MISSING, prepare_node
-from kubeletplugin.nodeevents import NodeEvents
+from kubeletplugin.node.events import NodeEvents
+from kubeletplugin.node.setup import REASON_CDI_COMMON_EDITS_MISSING, prepare_node
 from kubeletplugin.settings import Settings, parse_settings
 from tests.kubeletplugin.harness import NodeHarness
 from tests.unit.test_cdi_common import FILE_SPEC

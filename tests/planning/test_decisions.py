@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from driver.placement import Engine, Placed, PodRequest
-from driver.planning.fleet import Fleet, parse_fleet
-from driver.planning.trace import TraceRequest, parse_mix, synthesize
+from instaslice.planning.fleet import Fleet, parse_fleet
+from instaslice.planning.trace import TraceRequest, parse_mix, synthesize
 
 DATA = Path(__file__).resolve().parent / "data"
 POLICIES = ("firstfit", "bestfit", "scarcity")

@@ -11,8 +11,16 @@ from hypothesis import strategies as st
 from driver.errors import ConfigError
 from driver.mig.catalog import gpu_model
 from driver.placement import Engine, NodeSpec, Placed, PodRequest
-from driver.planning.defrag import DefragPlan, NoPlan, Target, Unit, UnitSlice, plan_defrag, reseat
-from driver.planning.fleet import parse_fleet
+from instaslice.planning.defrag import (
+    DefragPlan,
+    NoPlan,
+    Target,
+    Unit,
+    UnitSlice,
+    plan_defrag,
+    reseat,
+)
+from instaslice.planning.fleet import parse_fleet
 
 A100 = gpu_model("A100-40GB")
 SMALL = ("1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "1g.5gb+me")

@@ -6,8 +6,8 @@ import pytest
 
 from driver.errors import ConfigError
 from driver.placement import Engine
-from driver.planning.fleet import parse_fleet
-from driver.planning.headroom import fit_batch, free_by_profile, parse_batch
+from instaslice.planning.fleet import parse_fleet
+from instaslice.planning.headroom import fit_batch, free_by_profile, parse_batch
 
 
 @pytest.fixture

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from controller import cli
 from driver.errors import ConfigError
 from driver.mig.catalog import gpu_model
 from driver.placement import POLICIES, DeviceAssignment, Engine, Placed, PodRequest
-from driver.planning.defrag import DefragPlan, NoPlan, plan_defrag
-from driver.planning.fleet import parse_fleet
-from driver.planning.replay import ReplayResult, replay
-from driver.planning.running import RunningRequests, occupancy_problems
-from driver.planning.trace import TraceRequest
+from instaslice import cli
+from instaslice.planning.defrag import DefragPlan, NoPlan, plan_defrag
+from instaslice.planning.fleet import parse_fleet
+from instaslice.planning.replay import ReplayResult, replay
+from instaslice.planning.running import RunningRequests, occupancy_problems
+from instaslice.planning.trace import TraceRequest
 from tests.planning import test_decisions
 
 TWO_A100 = parse_fleet("1x2xA100-40GB")

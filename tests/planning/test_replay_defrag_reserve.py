@@ -11,12 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from controller import cli
 from driver.errors import ConfigError
-from driver.planning import replay as replay_module
-from driver.planning.fleet import Fleet, parse_fleet
-from driver.planning.replay import DEMAND_WINDOW_LIFETIMES, LIFETIME_SAMPLE, ReplayResult, replay
-from driver.planning.trace import TraceRequest, parse_mix, save_trace, synthesize
+from instaslice import cli
+from instaslice.planning import replay as replay_module
+from instaslice.planning.fleet import Fleet, parse_fleet
+from instaslice.planning.replay import (
+    DEMAND_WINDOW_LIFETIMES,
+    LIFETIME_SAMPLE,
+    ReplayResult,
+    replay,
+)
+from instaslice.planning.trace import TraceRequest, parse_mix, save_trace, synthesize
 from tests.planning.test_replay_defrag import ONE_MOVE, TWO_A100, _counts, _trace
 from tests.planning.test_replay_defrag_rule import SMALL_AFTER_MOVE
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from controller import cli
 from driver.errors import ConfigError
-from driver.planning.replay import replay
+from instaslice import cli
+from instaslice.planning.replay import replay
 from tests.planning.test_replay_defrag import ONE_MOVE, TWO_A100, _counts, _trace, _trace_file
 
 # First-fit: the 1g takes GPU 0 and the first 4g GPU 1; the second 4g fits only if the 1g moves to

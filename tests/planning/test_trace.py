@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from driver.errors import ConfigError
-from driver.planning.fleet import parse_fleet
-from driver.planning.trace import (
+from instaslice.planning.fleet import parse_fleet
+from instaslice.planning.trace import (
     TraceRequest,
     parse_lines,
     parse_mix,

@@ -8,8 +8,8 @@ import io
 from typing import Any
 
 from api import names
-from controller import cli, plancli
 from driver.cluster.port import NODES, ClusterApi, JsonObject
+from instaslice import cli, plancli
 from localcluster.realstack import RealStack
 from tests.e2e.conftest import E2E_NS
 from tests.e2e.helpers import apply, get_pod, wait_for, wait_pod_running

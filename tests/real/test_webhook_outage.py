@@ -65,7 +65,7 @@ def _webhook_child(stack: RealStack) -> int:
             children += (task / "children").read_text().split()
     for child in children:
         cmdline = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
-        if b"controller.webhook_process" in cmdline:
+        if b"controller.webhook.process" in cmdline:
             return int(child)
     raise AssertionError(f"controller {controller.pid} has no webhook process: {children}")
 

@@ -30,7 +30,7 @@ from driver.cluster.ops import owner_reference, pod_reference
 from driver.cluster.port import PODS, RESOURCE_CLAIMS, JsonObject
 from driver.errors import ApiNotFoundError
 from kubeletplugin.deviceplugin import Shim, ShimConfig
-from kubeletplugin.nodeinventory import NodeInventory
+from kubeletplugin.node.inventory import NodeInventory
 from kubeletplugin.plugin import KubeletPlugin
 from localcluster.apiserver import LocalApiServer
 from tests.kubeletplugin.harness import NodeHarness, node_selector

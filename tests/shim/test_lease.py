@@ -1,6 +1,6 @@
 """The shim's Lease: taken once every resource is registered with the kubelet, given back when the
 shim stops, taken anew (new acquireTime) by the next start — what the controller places classic
-pods by (``controller/nodefilter.py``)."""
+pods by (``controller/allocation/nodefilter.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from api.names import (
     SYSTEM_NAMESPACE,
     shim_lease_name,
 )
-from controller.nodefilter import NodeFilter
+from controller.allocation.nodefilter import NodeFilter
 from driver.cluster.port import LEASES, JsonObject
 from driver.errors import ApiNotFoundError
 from kubeletplugin.deviceplugin.lease import ShimLease

@@ -22,7 +22,7 @@ from kubeletplugin.deviceplugin.moves import Need, plan_moves
 from kubeletplugin.deviceplugin.podresources import ContainerKey, Holdings, holdings_from_response
 from kubeletplugin.deviceplugin.resources import check_prefix, resource_spec, resource_specs
 from kubeletplugin.deviceplugin.shadow import ShadowClaim, Slot
-from kubeletplugin.nodeinventory import NodeInventory
+from kubeletplugin.node.inventory import NodeInventory
 from protos.podresources.v1 import api_pb2 as pr
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from api.names import SHADOW_CLAIM_LABEL
 from driver.gpu.emulated import EmulatedGpuBackend
-from kubeletplugin.nodeinventory import NodeInventory, build_inventory
+from kubeletplugin.node.inventory import NodeInventory, build_inventory
 from tests.kubeletplugin.harness import Crash, crash_at
 from tests.shim.harness import R_1G, R_3G, ShimNode, wait_for
 

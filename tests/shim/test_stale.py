@@ -75,7 +75,7 @@ def test_allocate_releases_the_stale_slice_at_its_placement_and_succeeds(
     assert callable(released)
     released(node, old)
     new = node.reserve([("main", "1g.5gb", [[PLACEMENT]])], name="new")  # the freed placement
-    caplog.set_level(logging.INFO, logger="kubeletplugin.overlaps")
+    caplog.set_level(logging.INFO, logger="kubeletplugin.state.overlaps")
 
     admitted = node.kubelet.admit(new.pod)
 

@@ -1,0 +1,99 @@
+"""The engine's answer as ``status.allocation``: results, opaque configs, the node selector.
+
+Configs are copied as kube-scheduler copies them: the configs of each request's DeviceClass
+(``FromClass``, for that request), then the claim's own (``FromClaim``) that apply to the requests
+allocated — drivers apply them in that order, later entries overriding earlier ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from api.names import DRIVER_NAME
+from controller.allocation.conditions import PlacementProblem, Reason
+from controller.allocation.inventory import SliceInventory
+from controller.allocation.requests import Alternative, ClassLookup
+from driver.cluster.port import JsonObject
+from driver.cluster.views import ClaimView, DeviceClassView, DeviceConfigEntry
+from driver.placement import Placed
+
+
+def node_selector(node: str) -> JsonObject:
+    """An allocation's ``nodeSelector``: the node by ``metadata.name``, as kube-scheduler writes."""
+    return {
+        "nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+        ]
+    }
+
+
+def allocations(
+    placed: Placed,
+    alternative: Alternative,
+    claims: Sequence[ClaimView],
+    *,
+    inventory: SliceInventory,
+    classes: ClassLookup,
+) -> list[JsonObject]:
+    """``status.allocation`` (without the timestamp) of each claim, in ``claims`` order."""
+    by_engine = {slot.engine_name: slot for slot in alternative.slots}
+    results: list[list[JsonObject]] = [[] for _ in claims]
+    for assignment in placed.assignments:
+        slot = by_engine[assignment.request]
+        device = inventory.device_name(
+            assignment.node, assignment.gpu_index, assignment.profile, assignment.start
+        )
+        if device is None:
+            raise PlacementProblem(
+                Reason.NO_CAPACITY,
+                f"{assignment.profile} at {assignment.start} on GPU {assignment.gpu_index} of "
+                f"{assignment.node} is no longer published",
+            )
+        results[slot.claim_index].append(
+            {
+                "request": slot.result_request,
+                "driver": DRIVER_NAME,
+                "pool": assignment.node,
+                "device": device,
+            }
+        )
+    out = []
+    for index, claim in enumerate(claims):
+        mine = [s for s in alternative.slots if s.claim_index == index]
+        config: list[JsonObject] = []
+        for slot in mine:
+            device_class = classes(slot.class_name)
+            class_config = DeviceClassView.of(device_class).config if device_class else ()
+            for entry in class_config:
+                opaque = _opaque(entry)
+                if opaque:
+                    config.append(
+                        {"source": "FromClass", "requests": [slot.result_request], "opaque": opaque}
+                    )
+        selected = {s.request for s in mine} | {s.result_request for s in mine}
+        for entry in claim.spec.config:
+            named = entry.requests
+            opaque = _opaque(entry)
+            if opaque and (not named or selected.intersection(named)):
+                config.append(
+                    {
+                        "source": "FromClaim",
+                        **({"requests": list(named)} if named else {}),
+                        "opaque": opaque,
+                    }
+                )
+        allocation: JsonObject = {
+            "devices": {"results": results[index], **({"config": config} if config else {})},
+            "nodeSelector": node_selector(placed.node),
+        }
+        out.append(allocation)
+    return out
+
+
+def _opaque(entry: DeviceConfigEntry) -> JsonObject | None:
+    """The entry's ``opaque`` object as written (copied into the allocation); None if absent or
+    empty."""
+    if not entry.opaque:
+        return None
+    opaque: JsonObject = entry.raw["opaque"]
+    return opaque or None

@@ -1,0 +1,323 @@
+"""The HTTPS endpoint kube-apiserver calls for pod admission: bytes in, ``admission`` decides.
+
+stdlib only (``http.server`` + ``ssl``), threads like the rest of the code base. The TLS context is
+chosen per connection, so a renewed certificate (our own rotation, or cert-manager updating the
+mounted Secret) is served without a restart: the files are checked for changes at most every
+``reload_interval`` seconds and a pair that fails to load (caught mid-write) keeps the old context.
+
+Errors never take the server down. A body that is not JSON, or not an ``AdmissionReview``, gets
+HTTP 400; an unexpected failure of the decision gets HTTP 500 — kube-apiserver then applies the
+webhook's ``failurePolicy``, which is the operator's choice to make, not ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import orjson
+
+from controller.webhook.admission import MalformedReviewError
+from driver.errors import ConfigError
+
+_log = logging.getLogger(__name__)
+
+ReviewHandler = Callable[[Mapping[str, Any]], dict[str, Any]]
+"""An ``AdmissionReview`` in, the answering ``AdmissionReview`` out (``admission.review_pod``)."""
+AnswerObserver = Callable[[int, float, "Mapping[str, Any] | None"], None]
+"""Told of every answered POST: HTTP status, seconds from headers read to answer written, and the
+answering ``AdmissionReview`` (None for an error answer) — ``metrics.WebhookMetrics.answered``."""
+
+DEFAULT_PATHS: Final = ("/mutate-pods", "/mutate-v1-pod", "/mutate-resource-v1-resourceclaim")
+"""``/mutate-v1-pod`` and ``/mutate-resource-v1-resourceclaim`` are what deploy/base/webhook.yaml
+names (the review answers by the object's kind; the paths keep kube-apiserver's metrics and logs
+apart); ``/mutate-pods`` is the short form."""
+
+MAX_BODY_BYTES: Final = 8 * 1024 * 1024
+IDLE_TIMEOUT_S: Final = 120.0
+"""How long a connection may sit silent before we close it. Longer than kube-apiserver keeps an idle
+webhook connection (its transport's 90 s): a server that closes first races the client's next
+request on that connection, which then fails with a broken pipe — and a POST is not retried, so
+the pod create fails (seen on a real 1.36 control plane with 30 s here)."""
+RESPONSE_BUFFER_BYTES: Final = 64 * 1024
+_FileStamp = tuple[int, int, int]
+
+
+class _CertificateReloader:
+    """The current server ``SSLContext``, rebuilt when the certificate files change."""
+
+    def __init__(self, *, cert_file: Path, key_file: Path, reload_interval: float) -> None:
+        self._cert_file = cert_file
+        self._key_file = key_file
+        self._interval = reload_interval
+        self._lock = threading.Lock()
+        self._stamp = self._read_stamp()
+        self._context = self._build()
+        self._checked_at = time.monotonic()
+
+    def _read_stamp(self) -> tuple[_FileStamp, _FileStamp]:
+        def stamp(path: Path) -> _FileStamp:
+            info = os.stat(path)  # follows the symlinks a mounted Secret is made of
+            return (info.st_mtime_ns, info.st_size, info.st_ino)
+
+        try:
+            return stamp(self._cert_file), stamp(self._key_file)
+        except OSError as exc:
+            raise ConfigError(f"webhook certificate files unreadable: {exc}") from exc
+
+    def _build(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            context.load_cert_chain(certfile=self._cert_file, keyfile=self._key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(
+                f"cannot load webhook certificate {self._cert_file} / {self._key_file}: {exc}"
+            ) from exc
+        return context
+
+    def context(self) -> ssl.SSLContext:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._checked_at < self._interval:
+                return self._context
+            self._checked_at = now
+            try:
+                stamp = self._read_stamp()
+                if stamp != self._stamp:
+                    self._context = self._build()
+                    self._stamp = stamp
+                    _log.info("webhook certificate reloaded from %s", self._cert_file)
+            except ConfigError as exc:
+                _log.warning("keeping the previous webhook certificate: %s", exc)
+            return self._context
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = False
+    block_on_close = True
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        *,
+        reloader: _CertificateReloader,
+        review: ReviewHandler,
+        paths: frozenset[str],
+        connection_timeout: float,
+        observe: AnswerObserver | None,
+    ) -> None:
+        self.reloader = reloader
+        self.review = review
+        self.observe = observe
+        self.paths = paths
+        self.connection_timeout = connection_timeout
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+        super().__init__(address, _Handler)
+
+    def get_request(self) -> tuple[Any, Any]:
+        raw, address = self.socket.accept()
+        raw.settimeout(self.connection_timeout)
+        # Each answer leaves in one write (``_Handler.wbufsize``); without NODELAY a write that
+        # follows an unacknowledged one still waits for the peer's delayed ACK (Nagle).
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # the handshake happens in the worker thread: a slow client cannot stall accept()
+        tls = self.reloader.context().wrap_socket(
+            raw, server_side=True, do_handshake_on_connect=False
+        )
+        return tls, address
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            self._open.add(request)
+        try:
+            request.do_handshake()
+            super().finish_request(request, client_address)
+        except (ssl.SSLError, OSError) as exc:
+            _log.debug("webhook connection from %s ended: %s", client_address, exc)
+        finally:
+            with self._open_lock:
+                self._open.discard(request)
+
+    def close_open_connections(self) -> None:
+        with self._open_lock:
+            connections = list(self._open)
+        for connection in connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        _log.exception("webhook request from %s failed", client_address)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+    server_version = "instaslice-webhook"
+    wbufsize = RESPONSE_BUFFER_BYTES
+    """Buffered: status line, headers and body go out in one write (one TLS record) when the
+    request is done. Unbuffered, the headers and the body were two writes, and the body waited for
+    kube-apiserver's delayed ACK of the headers (Nagle): ~40 ms per answer on a keep-alive
+    connection (docs/design.md F15)."""
+
+    def do_GET(self) -> None:
+        if urlsplit(self.path).path in ("/healthz", "/readyz"):
+            self._send(HTTPStatus.OK, b"ok", content_type="text/plain")
+        else:
+            self._status(HTTPStatus.NOT_FOUND, f"no such path {urlsplit(self.path).path}")
+
+    def do_POST(self) -> None:
+        started = time.perf_counter()
+        code, answer = self._answer_post()
+        if self.server.observe is not None:
+            self.server.observe(int(code), time.perf_counter() - started, answer)
+
+    def _answer_post(self) -> tuple[HTTPStatus, dict[str, Any] | None]:
+        """Answer the POST; what was sent: its status and, for a 200, the AdmissionReview."""
+        # kube-apiserver appends ?timeout=<n>s to the configured path
+        if urlsplit(self.path).path not in self.server.paths:
+            return self._refuse(HTTPStatus.NOT_FOUND, f"no webhook at {urlsplit(self.path).path}")
+        length_header = self.headers.get("Content-Length")
+        if length_header is None:
+            return self._refuse(HTTPStatus.LENGTH_REQUIRED, "Content-Length is required")
+        try:
+            length = int(length_header)
+        except ValueError:
+            return self._refuse(HTTPStatus.BAD_REQUEST, "bad Content-Length")
+        if not 0 <= length <= MAX_BODY_BYTES:
+            return self._refuse(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "body too large")
+        body = self.rfile.read(length)
+        try:
+            review = orjson.loads(body)
+            if not isinstance(review, dict):
+                raise MalformedReviewError("body is not a JSON object")
+            answer = self.server.review(review)
+        except (ValueError, MalformedReviewError) as exc:  # JSONDecodeError is a ValueError
+            return self._status(HTTPStatus.BAD_REQUEST, f"not an AdmissionReview: {exc}")
+        except Exception as exc:  # one bad request must never stop the webhook
+            _log.exception("admission review failed")
+            return self._status(
+                HTTPStatus.INTERNAL_SERVER_ERROR, f"InstaSlice webhook failed: {exc}"
+            )
+        self._send(HTTPStatus.OK, orjson.dumps(answer), content_type="application/json")
+        return HTTPStatus.OK, answer
+
+    def _refuse(self, code: HTTPStatus, message: str) -> tuple[HTTPStatus, None]:
+        """An error answer before the body is read: the connection closes after it, or the unread
+        body would be taken for the next request on it."""
+        self.close_connection = True
+        return self._status(code, message)
+
+    def _status(self, code: HTTPStatus, message: str) -> tuple[HTTPStatus, None]:
+        status = {
+            "apiVersion": "v1",
+            "kind": "Status",
+            "status": "Failure",
+            "message": message,
+            "reason": code.phrase.replace(" ", ""),
+            "code": int(code),
+        }
+        self._send(code, orjson.dumps(status), content_type="application/json")
+        return code, None
+
+    def _send(self, code: HTTPStatus, body: bytes, *, content_type: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+        self.wfile.flush()  # the whole answer in one write, now (and timed with it)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        _log.debug("webhook %s: " + format, self.client_address[0], *args)
+
+
+class WebhookServer:
+    """``start`` binds and serves in a thread; ``stop`` ends it and every open connection."""
+
+    def __init__(
+        self,
+        *,
+        review: ReviewHandler,
+        cert_file: Path,
+        key_file: Path,
+        address: tuple[str, int] = ("0.0.0.0", 9443),  # noqa: S104 (kube-apiserver: pod IP)
+        paths: Sequence[str] = DEFAULT_PATHS,
+        reload_interval: float = 10.0,
+        connection_timeout: float = IDLE_TIMEOUT_S,
+        observe: AnswerObserver | None = None,
+    ) -> None:
+        self._review = review
+        self._observe = observe
+        self._cert_file = cert_file
+        self._key_file = key_file
+        self._address = address
+        self._paths = frozenset(paths)
+        self._reload_interval = reload_interval
+        self._connection_timeout = connection_timeout
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Load the certificate (``ConfigError`` if missing or broken), bind, serve."""
+        if self._server is not None:
+            raise RuntimeError("webhook server already started")
+        reloader = _CertificateReloader(
+            cert_file=self._cert_file,
+            key_file=self._key_file,
+            reload_interval=self._reload_interval,
+        )
+        self._server = _Server(
+            self._address,
+            reloader=reloader,
+            review=self._review,
+            paths=self._paths,
+            connection_timeout=self._connection_timeout,
+            observe=self._observe,
+        )
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},  # how fast stop() is noticed
+            name="webhook-server",
+            daemon=True,
+        )
+        self._thread.start()
+        _log.info("webhook serving HTTPS on %s:%s", *self._server.server_address[:2])
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("webhook server not started")
+        return int(self._server.server_address[1])
+
+    def stop(self) -> None:
+        server, thread = self._server, self._thread
+        if server is None:
+            return
+        server.shutdown()
+        server.close_open_connections()
+        server.server_close()
+        if thread is not None:
+            thread.join()
+        self._server = self._thread = None
+
+    def __enter__(self) -> WebhookServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

@@ -1,0 +1,53 @@
+"""``instaslice simulate --plot``: utilization and rejections over time per policy, as a PNG.
+
+matplotlib is an optional extra (``pip install 'instaslice[plots]'``), imported only here and only
+when a plot is asked for; without it the command says how to get it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from driver.errors import ConfigError
+from instaslice.planning.replay import FloorResult, ReplayResult
+
+
+def plot_results(
+    results: Sequence[ReplayResult], floor: FloorResult, *, path: Path, title: str
+) -> None:
+    try:
+        import matplotlib  # noqa: PLC0415 - optional dependency
+
+        matplotlib.use("Agg")
+        from matplotlib import pyplot  # noqa: PLC0415
+    except ImportError as exc:
+        raise ConfigError(
+            "--plot needs matplotlib: pip install 'instaslice[plots]' (or pip install matplotlib)"
+        ) from exc
+    figure, (top, bottom) = pyplot.subplots(2, 1, sharex=True, figsize=(10, 7))
+    for result in results:
+        timeline = result.timeline
+        if timeline is None:
+            raise ConfigError(f"policy {result.policy} was replayed without a timeline")
+        start = timeline.t[0] if timeline.t else 0.0
+        hours = [(t - start) / 3600 for t in timeline.t]
+        used = [u / timeline.capacity for u in timeline.used_slices]
+        top.plot(hours, used, linewidth=0.6, label=result.policy)
+        bottom.plot(hours, timeline.rejected, linewidth=1.2, label=result.policy)
+    bottom.axhline(floor.rejected, color="black", linestyle="--", linewidth=0.8, label="floor")
+    top.set_ylabel("memory slices in use")
+    top.set_ylim(0, 1.02)
+    top.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+    bottom.set_ylabel("rejected so far")
+    bottom.set_xlabel("hours since the first request")
+    top.set_title(title)
+    top.legend(loc="lower right")
+    bottom.legend(loc="upper left")
+    figure.tight_layout()
+    try:
+        figure.savefig(path, dpi=120)
+    except OSError as exc:
+        raise ConfigError(f"cannot write plot {path}: {exc}") from exc
+    finally:
+        pyplot.close(figure)

@@ -1,0 +1,259 @@
+"""Start-up reconciliation of checkpoint ⇄ GPU ⇄ API server, before the plugin serves anything.
+
+The plugin may have been killed at any point of a prepare or unprepare, the node may have rebooted,
+and claims may have been deleted while the plugin was down. In order:
+
+1. **Unreadable checkpoint**: kept aside as ``<file>.corrupt`` and rebuilt from what is certain:
+   a claim the API server still allocates here, whose every slice exists complete at its allocated
+   placement and whose CDI spec is on disk, is recorded ``PrepareCompleted`` again.
+2. **Changed boot id** (``/proc/sys/kernel/random/boot_id``): MIG instances do not survive a
+   reboot, so every recorded claim is dropped; the kubelet prepares running pods' claims again.
+3. **``PrepareStarted`` entries** (a prepare cut short) are **rolled back**: the instances at the
+   recorded placements are destroyed and the entry removed. Completing them instead would save a
+   GPU-instance creation, but the kubelet retries the prepare anyway and its answer is the same
+   (CDI ids depend only on the claim UID and device name), so rolling back keeps one path.
+4. **``PrepareCompleted`` entries** are kept — and answered again from the checkpoint — unless the
+   API server says the claim is gone, was replaced (other UID) or is no longer allocated to this
+   node, or a recorded slice no longer exists: then its slices, spec and entry are removed. If the
+   API server cannot be reached, entries are kept (never destroy what may be live).
+5. **Orphan instances** (no entry records them) are destroyed, each logged with its placement.
+6. **CDI specs** without an entry, and temp files of interrupted atomic writes, are removed.
+"""
+
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from api.checkpoint import Checkpoint, PreparedClaim, PrepareState
+from api.checkpoint import PreparedDevice as CheckpointDevice
+from driver import cdi
+from driver.cluster.port import RESOURCE_CLAIMS, ClusterApi
+from driver.cluster.views import ClaimView
+from driver.errors import ApiNotFoundError, CheckpointError, ClusterError, DriverError
+from driver.gpu.backend import MigInstance
+from driver.ids import ClaimUid
+from kubeletplugin.metrics import PluginMetrics
+from kubeletplugin.model import ClaimRef
+from kubeletplugin.node.inventory import NodeInventory
+from kubeletplugin.state.claims import ClaimRejectedError, check_claim, plan_claim
+from kubeletplugin.state.journal import CheckpointJournal
+from kubeletplugin.state.slices import SliceOperations, describe, owner_of, records
+
+logger = logging.getLogger(__name__)
+
+BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
+
+
+def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
+    """This boot's id; empty if the file cannot be read (then reboots cannot be detected)."""
+    try:
+        return path.read_text(encoding="ascii").strip()
+    except OSError as exc:
+        logger.warning("cannot read boot id from %s: %s", path, exc)
+        return ""
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    """What recovery found and did (logged, and asserted on by tests)."""
+
+    corrupt_checkpoint: bool = False
+    rebooted: bool = False
+    rebuilt: list[str] = field(default_factory=list)
+    rolled_back: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    orphans_destroyed: list[str] = field(default_factory=list)
+    specs_removed: list[str] = field(default_factory=list)
+
+
+class Recovery:
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        store: CheckpointJournal,
+        slices: SliceOperations,
+        api: ClusterApi,
+        cdi_root: Path,
+        inventory: Callable[[], NodeInventory],
+        boot_id: str,
+        metrics: PluginMetrics | None = None,
+        common_cdi_device_ids: tuple[str, ...] = (),
+    ) -> None:
+        self._node = node_name
+        self._store = store
+        self._slices = slices
+        self._api = api
+        self._cdi_root = cdi_root
+        self._inventory = inventory
+        self._boot_id = boot_id
+        self._metrics = metrics or PluginMetrics()
+        self._common_cdi_device_ids = common_cdi_device_ids
+
+    def run(self) -> RecoveryReport:
+        report = RecoveryReport()
+        checkpoint = self._load(report)
+        if checkpoint.boot_id and self._boot_id and checkpoint.boot_id != self._boot_id:
+            logger.warning(
+                "node rebooted (boot id %s, checkpoint from %s): dropping %d prepared claims",
+                self._boot_id,
+                checkpoint.boot_id,
+                len(checkpoint.claims),
+            )
+            report.rebooted = True
+            checkpoint = Checkpoint()
+        for entry in list(checkpoint.claims.values()):
+            if entry.state is PrepareState.PREPARE_STARTED:
+                self._remove(checkpoint, entry)
+                checkpoint = checkpoint.without_claim(entry.uid)
+                report.rolled_back.append(entry.uid)
+        instances = self._slices.instances()
+        for entry in list(checkpoint.claims.values()):
+            reason = self._why_release(entry, instances)
+            if reason is None:
+                report.kept.append(entry.uid)
+                continue
+            logger.info("releasing claim %s: %s", _label(entry), reason, extra=_ids(entry))
+            self._remove(checkpoint, entry)
+            checkpoint = checkpoint.without_claim(entry.uid)
+            report.released.append(entry.uid)
+        for instance in self._slices.instances():
+            if owner_of(checkpoint, instance) is None:
+                logger.warning("destroying orphan MIG instance: %s", describe(instance))
+                self._slices.destroy_instance(instance)
+                report.orphans_destroyed.append(describe(instance))
+        for uid in cdi.list_specs(self._cdi_root):
+            if checkpoint.claim(uid) is None:
+                cdi.remove_spec(self._cdi_root, uid)
+                report.specs_removed.append(uid)
+        cdi.remove_stale_temp_specs(self._cdi_root)
+        self._store.remove_stale_temp_files()
+        self._store.save(checkpoint.with_identity(node_name=self._node, boot_id=self._boot_id))
+        self._count(report)
+        logger.info(
+            "recovery: %d kept, %d rolled back, %d released, %d rebuilt, %d orphan instances "
+            "destroyed, %d CDI specs removed%s",
+            len(report.kept),
+            len(report.rolled_back),
+            len(report.released),
+            len(report.rebuilt),
+            len(report.orphans_destroyed),
+            len(report.specs_removed),
+            " (after reboot)" if report.rebooted else "",
+        )
+        return report
+
+    def _load(self, report: RecoveryReport) -> Checkpoint:
+        try:
+            return self._store.load()
+        except CheckpointError as exc:
+            aside = self._store.path.with_name(self._store.path.name + ".corrupt")
+            logger.error("%s; keeping it as %s and rebuilding from the API and GPUs", exc, aside)
+            with contextlib.suppress(OSError):
+                self._store.path.replace(aside)
+            report.corrupt_checkpoint = True
+            return self._rebuild(report)
+
+    def _rebuild(self, report: RecoveryReport) -> Checkpoint:
+        checkpoint = Checkpoint()
+        try:
+            claims = self._api.list_objects(RESOURCE_CLAIMS).items
+        except ClusterError as exc:
+            logger.error("cannot list claims to rebuild the checkpoint: %s", exc)
+            return checkpoint
+        instances = self._slices.instances()
+        specs = set(cdi.list_specs(self._cdi_root))
+        inventory = self._inventory()
+        for claim in claims:
+            view = ClaimView.of(claim)
+            ref = ClaimRef(uid=ClaimUid(view.uid), namespace=view.namespace, name=view.name)
+            if ref.uid not in specs:
+                continue
+            try:
+                planned = plan_claim(claim, ref=ref, node_name=self._node, inventory=inventory)
+            except DriverError:
+                continue
+            devices: list[CheckpointDevice] = []
+            for plan in planned:
+                found = [
+                    i
+                    for i in instances
+                    if i.complete
+                    and i.gpu_index == plan.device.gpu_index
+                    and i.profile == plan.device.profile.name
+                    and i.placement == plan.device.placement
+                ]
+                if not found:
+                    break
+                devices.append(
+                    CheckpointDevice(
+                        request_names=plan.request_names,
+                        pool=self._node,
+                        device=plan.device.name,
+                        gpu_index=plan.device.gpu_index,
+                        gpu_uuid=plan.device.gpu_uuid,
+                        profile=plan.device.profile.name,
+                        placement_start=plan.device.placement.start,
+                        placement_size=plan.device.placement.size,
+                        gi_id=found[0].gi_id,
+                        ci_id=found[0].ci_id,
+                        mig_uuid=found[0].mig_uuid,
+                        cdi_device_ids=(
+                            cdi.claim_cdi_device_id(ref.uid, plan.device.name),
+                            *self._common_cdi_device_ids,
+                        ),
+                    )
+                )
+            if planned and len(devices) == len(planned):
+                checkpoint = checkpoint.with_claim(
+                    PreparedClaim(
+                        uid=ref.uid,
+                        namespace=ref.namespace,
+                        name=ref.name,
+                        state=PrepareState.PREPARE_COMPLETED,
+                        devices=tuple(devices),
+                    )
+                )
+                report.rebuilt.append(ref.uid)
+        return checkpoint
+
+    def _why_release(self, entry: PreparedClaim, instances: tuple[MigInstance, ...]) -> str | None:
+        for device in entry.devices:
+            if not any(records(device, i) and i.mig_uuid == device.mig_uuid for i in instances):
+                return f"its slice {device.device} (GI {device.gi_id}) no longer exists"
+        ref = ClaimRef(uid=ClaimUid(entry.uid), namespace=entry.namespace, name=entry.name)
+        try:
+            claim = self._api.get(RESOURCE_CLAIMS, name=entry.name, namespace=entry.namespace)
+        except ApiNotFoundError:
+            return "the claim no longer exists"
+        except ClusterError as exc:
+            logger.warning("cannot check claim %s (%s); keeping it", _label(entry), exc)
+            return None
+        try:
+            check_claim(ClaimView.of(claim), ref=ref, node_name=self._node)
+        except ClaimRejectedError as exc:
+            return str(exc)
+        return None
+
+    def _remove(self, checkpoint: Checkpoint, entry: PreparedClaim) -> None:
+        self._slices.destroy_recorded(entry.devices, claim_uid=entry.uid, checkpoint=checkpoint)
+        cdi.remove_spec(self._cdi_root, entry.uid)
+
+    def _count(self, report: RecoveryReport) -> None:
+        self._metrics.recovery_action("rolled_back", len(report.rolled_back))
+        self._metrics.recovery_action("released", len(report.released))
+        self._metrics.recovery_action("rebuilt", len(report.rebuilt))
+        self._metrics.recovery_action("orphan_destroyed", len(report.orphans_destroyed))
+        self._metrics.recovery_action("spec_removed", len(report.specs_removed))
+
+
+def _label(entry: PreparedClaim) -> str:
+    return f"{entry.namespace}/{entry.name} ({entry.uid})"
+
+
+def _ids(entry: PreparedClaim) -> dict[str, str]:
+    return {"claim_uid": entry.uid, "claim": f"{entry.namespace}/{entry.name}"}

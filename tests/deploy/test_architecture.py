@@ -1,0 +1,167 @@
+"""The product's import graph: the daemons stand apart from the tools and the lab, no circles.
+
+Read statically (every ``import`` in every module, also those inside functions, except those under
+``if TYPE_CHECKING:``), so a circle or a forbidden import fails here even where no test runs the
+line that imports.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PRODUCT = ("api", "driver", "controller", "kubeletplugin", "instaslice", "protos")
+DAEMONS = ("controller", "kubeletplugin")
+SHARED = ("api", "driver", "protos")
+LAB = ("localcluster", "bench", "tests")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {
+        _module_name(path): path
+        for package in PRODUCT
+        for path in sorted((REPO_ROOT / package).rglob("*.py"))
+        if "_pb2" not in path.name
+    }
+
+
+MODULES = _modules()
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST, *, package: str) -> Iterator[str]:
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            yield from (name for child in node.orelse for name in _imports(child, package=package))
+            continue
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, *([base] if base else [])])
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+        yield from _imports(node, package=package)
+
+
+def _edges() -> dict[str, set[str]]:
+    """Module → the product modules it imports (a name that is a module's attribute counts as
+    that module)."""
+    edges: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for imported in _imports(ast.parse(path.read_text(encoding="utf-8")), package=package):
+            module = imported
+            while module and module not in MODULES:
+                module = module.rpartition(".")[0]
+            if module and module != name:
+                targets.add(module)
+        edges[name] = targets
+    return edges
+
+
+def _all_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {name for name in _imports(tree, package="") if name}
+
+
+@pytest.mark.parametrize("package", [*DAEMONS, *SHARED])
+def test_daemons_and_their_core_import_neither_the_tools_nor_the_lab(package: str) -> None:
+    forbidden = ("instaslice", *LAB)
+    offending = sorted(
+        f"{name} imports {imported}"
+        for name, path in MODULES.items()
+        if name.split(".")[0] == package
+        for imported in _all_imports(path)
+        if imported.split(".")[0] in forbidden
+    )
+    assert not offending, "\n".join(offending)
+
+
+@pytest.mark.parametrize("package", SHARED)
+def test_shared_core_imports_no_daemon(package: str) -> None:
+    offending = sorted(
+        f"{name} imports {imported}"
+        for name, path in MODULES.items()
+        if name.split(".")[0] == package
+        for imported in _all_imports(path)
+        if imported.split(".")[0] in DAEMONS
+    )
+    assert not offending, "\n".join(offending)
+
+
+def test_the_two_daemons_do_not_import_each_other() -> None:
+    offending = sorted(
+        f"{name} imports {imported}"
+        for name, path in MODULES.items()
+        if name.split(".")[0] in DAEMONS
+        for imported in _all_imports(path)
+        if imported.split(".")[0] in DAEMONS and imported.split(".")[0] != name.split(".")[0]
+    )
+    assert not offending, "\n".join(offending)
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(edges.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circles() -> None:
+    edges = _edges()
+    # A package's __init__ re-exporting its modules is not a circle with them.
+    for name in edges:
+        if MODULES[name].name != "__init__.py":
+            edges[name] = {t for t in edges[name] if not name.startswith(f"{t}.")}
+    assert _cycles(edges) == []
+
+
+def test_cycle_finder_finds_a_circle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
