@@ -1,17 +1,21 @@
-"""``ClusterApi`` on the official ``kubernetes`` client — the only module that imports it.
+"""``ClusterApi`` on the official ``kubernetes`` client and urllib3 — the only module that imports them.
 
-We use the client for what it does well (kubeconfig / in-cluster loading, TLS and token auth, the
-urllib3 connection pool) and talk to the REST paths ourselves: the client adds the auth headers,
-and the request goes straight to its urllib3 connection pool for the API server with the body
-encoded by ``orjson``; responses are decoded by ``orjson`` too. The bodies stay
-the wire JSON (no round trip through generated models that drop fields they do not know, like newer
-``resource.k8s.io/v1`` ones), one code path serves every resource, and the client's own per-request
-work — a recursive ``sanitize_for_serialization`` of the body, ``json.dumps``, the pool manager's
-URL parsing and pool lookup — is skipped: it was most of the controller's CPU per placed pod. Past a
-proxy-less pool, urllib3's own per-request work is skipped too: requests and watch bodies are
-exchanged on the pool's connected sockets by ``kube_http``. A watch response is read by
-``kube_watch.KubeWatchStream``; Status bodies become our errors in ``kube_wire`` (all plain Python,
-no ``kubernetes`` import).
+The ``kubernetes`` client does what it does well: kubeconfig and in-cluster loading, TLS (CA bundle,
+client certificate, hostname check) and bearer-token auth, including the ServiceAccount token file
+it re-reads as the kubelet rotates it (the configuration's refresh hook, called for every request by
+``update_params_for_auth``). Its generated API classes are not used: we talk to the REST paths with
+the wire JSON, encoded and decoded by ``orjson``, so one code path serves every resource and no
+field a generated model does not know (newer ``resource.k8s.io/v1`` ones) is dropped.
+
+HTTP is urllib3's: every request goes to the connection pool the client's ``PoolManager`` made for
+the API server (its TLS set-up), with one ``Retry`` and one ``Timeout`` built here once. urllib3 is
+the client's own transport, already installed with it; it keeps connections alive, checks a pooled
+connection was not dropped before reusing it, reads ``Content-Length``, chunked and
+close-delimited bodies (``http.client``), and retries connect errors and, for idempotent methods,
+one failed exchange — never on a status code. A watch is the same request with its body streamed
+(``kube_watch.KubeWatchStream`` reads it through ``HTTPResponse.read1``). Through a proxy the
+client's ``ProxyManager`` takes whole URLs instead. Status bodies become our errors in
+``kube_wire`` (plain Python, no ``kubernetes`` import).
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ from kubernetes.config.config_exception import ConfigException
 
 from driver.closing import ClosedOnExit
 from driver.cluster.clock import Clock, SystemClock
-from driver.cluster.kube_http import FastHttp
 from driver.cluster.kube_watch import KubeWatchStream
 from driver.cluster.kube_wire import status_error, with_kind
 from driver.cluster.port import (
@@ -111,36 +114,34 @@ class KubeClusterApi(ClosedOnExit):
         self._settings = settings or ClientSettings()
         configuration.connection_pool_maxsize = self._settings.connection_pool_maxsize
         # Retry only what cannot have reached the server (connect errors) and, for idempotent
-        # methods, one dropped kept-alive connection; never replay on a status code.
-        configuration.retries = urllib3.Retry(
+        # methods, one failed exchange (a kept-alive connection the server dropped); never replay
+        # on a status code, never follow a redirect. Built once: urllib3 copies it only on a retry.
+        self._retries = urllib3.Retry(
             total=3, connect=3, read=1, status=0, redirect=0, other=0, raise_on_status=False
+        )
+        configuration.retries = self._retries
+        # TCP keepalive probes as client-go asks for them (an idle watch behind a proxy or load
+        # balancer that dropped it is noticed), unless the configuration names its own options
+        configuration.keep_alive = True
+        self._timeout = urllib3.Timeout(
+            connect=self._settings.connect_timeout, read=self._settings.request_timeout
         )
         self._client = k8s_client.ApiClient(configuration=configuration)
         self._client.user_agent = self._settings.user_agent
         host = urlsplit(str(configuration.host))
-        self._origin = f"{host.scheme}://{host.netloc}"
         self._base_path = host.path.rstrip("/")
-        # One connection pool for the API server, used directly: the pool manager's per-request
-        # URL parsing and pool lookup cost more CPU than the rest of a request. Through a proxy
-        # the pool manager keeps doing it (it needs the whole URL).
-        self._pool: Any = (
-            None
-            if configuration.proxy
-            else self._client.rest_client.pool_manager.connection_from_url(self._origin)
-        )
-        # Ordinary requests skip urllib3's per-request machinery too (``kube_http``); watches
-        # stream through urllib3, and a proxy keeps everything there.
-        self._fast: FastHttp | None = (
-            None
-            if self._pool is None
-            else FastHttp(
-                pool=self._pool,
-                netloc=host.netloc.rpartition("@")[2],
-                maxsize=self._settings.connection_pool_maxsize,
-                connect_timeout=self._settings.connect_timeout,
-                read_timeout=self._settings.request_timeout,
-            )
-        )
+        origin = f"{host.scheme}://{host.netloc}"
+        pool_manager = self._client.rest_client.pool_manager
+        # Without a proxy, the one connection pool for the API server, looked up once; a proxy
+        # manager needs whole URLs (it picks the proxy's pool per request).
+        self._opener: Any
+        if configuration.proxy:
+            self._opener, self._url_prefix = pool_manager, origin
+        else:
+            self._opener, self._url_prefix = pool_manager.connection_from_url(origin), ""
+        self._headers = dict(self._client.default_headers)
+        """The client's headers for every request (its user agent); accept, content type and
+        auth are added per request."""
         self._bucket = TokenBucket(
             qps=self._settings.qps, burst=self._settings.burst, clock=clock or SystemClock()
         )
@@ -150,8 +151,6 @@ class KubeClusterApi(ClosedOnExit):
         return str(self._client.configuration.host)
 
     def close(self) -> None:
-        if self._fast is not None:
-            self._fast.close()
         self._client.close()  # type: ignore[no-untyped-call]
 
     # -- ClusterApi -------------------------------------------------------------------------
@@ -211,26 +210,17 @@ class KubeClusterApi(ClosedOnExit):
         if allow_bookmarks:
             query.append(("allowWatchBookmarks", "true"))
         path = resource.path(namespace=namespace)
-        if self._fast is not None:
-            target, block, _ = self._prepare("GET", path, query=query)
-            try:
-                status, body = self._fast.stream(
-                    target, block, read_timeout=timeout + _WATCH_READ_SLACK_S
-                )
-            except ClusterError as exc:
-                raise ClusterError(f"GET {path}: {exc}") from exc
-            if isinstance(body, bytes):
-                raise status_error("GET", path, status, body)
-            return KubeWatchStream(resource=resource, response=body, path=path)
-        response = self._send(
+        response = self._urlopen(
             "GET",
             path,
             query=query,
-            timeout=(self._settings.connect_timeout, timeout + _WATCH_READ_SLACK_S),
+            timeout=urllib3.Timeout(
+                connect=self._settings.connect_timeout, read=timeout + _WATCH_READ_SLACK_S
+            ),
+            stream=True,
         )
         if not 200 <= response.status <= 299:
-            body = _drain(response)
-            raise status_error("GET", path, response.status, body)
+            raise status_error("GET", path, response.status, _read_whole(response, path))
         return KubeWatchStream(resource=resource, response=response, path=path)
 
     def create(
@@ -356,27 +346,19 @@ class KubeClusterApi(ClosedOnExit):
         accept: str = "application/json",
     ) -> tuple[int, bytes]:
         """(status, body) of one ordinary request, read whole."""
-        fast = self._fast
-        if fast is None:
-            response = self._send(
-                method,
-                path,
-                query=query,
-                body=body,
-                content_type=content_type,
-                accept=accept,
-                timeout=(self._settings.connect_timeout, self._settings.request_timeout),
-            )
-            return int(response.status), _drain(response)
-        target, block, payload = self._prepare(
-            method, path, query=query, body=body, content_type=content_type, accept=accept
+        response = self._urlopen(
+            method,
+            path,
+            query=query,
+            body=body,
+            content_type=content_type,
+            accept=accept,
+            timeout=self._timeout,
+            stream=False,
         )
-        try:
-            return fast.request(method, target, block, payload)
-        except ClusterError as exc:
-            raise ClusterError(f"{method} {path}: {exc}") from exc
+        return response.status, response.data
 
-    def _prepare(
+    def _urlopen(
         self,
         method: str,
         path: str,
@@ -385,85 +367,49 @@ class KubeClusterApi(ClosedOnExit):
         body: object = None,
         content_type: str = "application/json",
         accept: str = "application/json",
-    ) -> tuple[str, bytes, bytes | None]:
-        """(request target, header lines, encoded body) for ``kube_http``, after the client-side
-        rate limit."""
-        target, headers, payload = self._request_parts(
-            method, path, query=query, body=body, content_type=content_type, accept=accept
-        )
-        block = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-        return target, block.encode("latin-1"), payload
-
-    def _request_parts(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: list[tuple[str, str]] | None,
-        body: object,
-        content_type: str,
-        accept: str,
-    ) -> tuple[str, dict[str, str], bytes | None]:
-        """(request target, headers with the client's auth, encoded body), after the client-side
-        rate limit: what both request paths send."""
+        timeout: urllib3.Timeout,
+        stream: bool,
+    ) -> urllib3.BaseHTTPResponse:
+        """One request through urllib3, after the client-side rate limit: the response read
+        whole and its connection back in the pool, or (``stream``) holding its connection with
+        the body unread. Network and TLS failures, after urllib3's retries, are ``ClusterError``s."""
         self._bucket.acquire()
-        headers = {**self._client.default_headers, "Accept": accept}
+        headers = {**self._headers, "Accept": accept}
         payload = None
         if body is not None:
             headers["Content-Type"] = content_type
             payload = orjson.dumps(body)
-        target = self._base_path + path
+        url = self._url_prefix + self._base_path + path
         if query:
-            target += "?" + urlencode(query)
+            url += "?" + urlencode(query)
         try:
-            # the client's auth (a refreshed token, when its configuration has a refresh hook)
+            # the client's auth: its configuration's token, refreshed by its hook when it has one
+            # (the ServiceAccount token file, an exec plugin's token)
             self._client.update_params_for_auth(headers, [], ["BearerToken"], path, method, None)
-        except ApiException as exc:
-            raise ClusterError(f"{method} {path}: {exc}") from exc
-        return target, headers, payload
-
-    def _send(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: list[tuple[str, str]] | None = None,
-        body: object = None,
-        content_type: str = "application/json",
-        accept: str = "application/json",
-        timeout: tuple[float, float],
-    ) -> Any:
-        target, headers, payload = self._request_parts(
-            method, path, query=query, body=body, content_type=content_type, accept=accept
-        )
-        try:
-            timeouts = urllib3.Timeout(connect=timeout[0], read=timeout[1])
-            if self._pool is not None:
-                return self._pool.urlopen(
-                    method,
-                    target,
-                    body=payload,
-                    headers=headers,
-                    timeout=timeouts,
-                    preload_content=False,
-                )
-            return self._client.rest_client.pool_manager.request(
+            response: urllib3.BaseHTTPResponse = self._opener.urlopen(
                 method,
-                self._origin + target,
+                url,
                 body=payload,
                 headers=headers,
-                timeout=timeouts,
-                preload_content=False,
+                retries=self._retries,
+                redirect=False,
+                timeout=timeout,
+                preload_content=not stream,
             )
-        except (urllib3.exceptions.HTTPError, OSError, ApiException) as exc:
+        except (urllib3.exceptions.HTTPError, OSError, ApiException, ConfigException) as exc:
             raise ClusterError(f"{method} {path}: {exc}") from exc
+        return response
 
 
-def _drain(response: Any) -> bytes:
+def _read_whole(response: urllib3.BaseHTTPResponse, path: str) -> bytes:
+    """The rest of a streamed response's body; its connection goes back to the pool after."""
     try:
-        return bytes(response.read() or b"")
+        return response.read()
     except (urllib3.exceptions.HTTPError, OSError) as exc:
-        raise ClusterError(f"reading response: {exc}") from exc
+        response.close()
+        raise ClusterError(f"GET {path}: reading the response: {exc}") from exc
+    finally:
+        response.release_conn()
 
 
 def _selectors(label_selector: str | None, field_selector: str | None) -> list[tuple[str, str]]:

@@ -2,8 +2,9 @@
 
 Split from ``kube`` (which opens the response) because reading it is its own job: newline-framed
 JSON events, ``ERROR`` frames turned into our errors, and a close that wakes a reader blocked in
-another thread without handing a half-read connection back to the pool. Plain Python over the
-urllib3 response object: it does not import ``kubernetes``.
+another thread without handing a half-read connection back to the pool. Plain Python over
+urllib3's response (chunked framing and reads are urllib3's and ``http.client``'s): it does not
+import ``kubernetes``.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ _READ_SIZE = 65536
 
 
 class KubeWatchStream(ClosedOnExit):
-    """One watch response (a ``kube_http.BodyStream``, or a urllib3 response not preloaded) read
-    line by line, each event decoded by ``orjson``; ``close`` from any thread ends the iteration."""
+    """One watch response (a urllib3 response not preloaded) read as it comes, line by line, each
+    event decoded by ``orjson``; ``close`` from any thread ends the iteration."""
 
     def __init__(self, *, resource: Resource, response: Any, path: str) -> None:
         self._resource = resource
@@ -106,12 +107,11 @@ class KubeWatchStream(ClosedOnExit):
             if not self._reading:
                 self._release()
                 return
-        # A reader is blocked in another thread: wake it by shutting the socket down; the reader
-        # then releases the response itself.
+        # A reader is blocked in another thread: wake it by shutting the socket down for reading
+        # (urllib3's ``shutdown``); the reader then releases the response itself.
         try:
-            if getattr(self._raw, "_sock_shutdown", None) is not None:
-                self._raw.shutdown()
-        except (OSError, RuntimeError, ValueError):
+            self._raw.shutdown()
+        except (OSError, RuntimeError, ValueError):  # the socket is gone already
             logger.debug("watch %s: socket already gone", self._path)
 
     def _release(self) -> None:
