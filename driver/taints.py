@@ -17,10 +17,11 @@ characters), ``effect`` one of ``NoSchedule``/``NoExecute``/``None``, ``timeAdde
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final
 
 from api.names import DRIVER_NAME
+from driver.cluster.port import format_time, parse_time
 from driver.cluster.views import Taint, Toleration
 
 EFFECT_NO_SCHEDULE: Final = "NoSchedule"
@@ -65,16 +66,6 @@ class DeviceToleration:
     operator: str = OPERATOR_EQUAL
     value: str = ""
     effect: str = ""
-
-
-def format_time(moment: datetime) -> str:
-    """RFC 3339 in UTC with whole seconds, as the API server writes ``metav1.Time``."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: str) -> datetime:
-    """``metav1.Time`` text → aware datetime; ``ValueError`` if it is not RFC 3339."""
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def device_taints(taints: Iterable[Taint]) -> tuple[DeviceTaint, ...]:

@@ -290,5 +290,12 @@ def format_micro_time(moment: datetime) -> str:
 
 
 def parse_time(text: str) -> datetime:
-    """Parse a ``Time`` or ``MicroTime`` string as written by the API server."""
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    """Parse a ``Time`` or ``MicroTime`` string (RFC 3339, ``Z`` or an offset, any fraction of a
+    second) to an aware datetime; ``ValueError`` if it is not one."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise ValueError(f"{text!r} is not an RFC 3339 time with a zone")
+    return moment

@@ -48,6 +48,7 @@ from driver.cluster.port import (
     ClusterApi,
     JsonObject,
     name_of,
+    parse_time,
     resource_version_of,
     uid_of,
 )
@@ -55,7 +56,7 @@ from driver.cluster.views import SliceView, mapping, path
 from driver.errors import ApiNotFoundError, ConflictError, DriverError
 from driver.gpu.backend import GpuBackend, GpuInfo
 from driver.resourceslices import GpuInventory, build_pool
-from driver.taints import EFFECT_NO_SCHEDULE, UNHEALTHY_TAINT_KEY, DeviceTaint, parse_time
+from driver.taints import EFFECT_NO_SCHEDULE, UNHEALTHY_TAINT_KEY, DeviceTaint
 from kubeletplugin.metrics import PluginMetrics
 from kubeletplugin.node.inventory import NodeInventory, build_inventory
 

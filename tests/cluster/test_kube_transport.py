@@ -150,7 +150,9 @@ class Server:
         self.port = self._server.server_address[1]
         scheme = "https" if tls is not None else "http"
         self.url = f"{scheme}://127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), daemon=True
+        )
         self._thread.start()
 
     @property

@@ -75,6 +75,11 @@ def test_time_formats_round_trip() -> None:
     assert format_time(moment) == "2026-05-09T07:35:25Z"
     assert format_micro_time(moment) == "2026-05-09T07:35:25.123456Z"
     assert parse_time(format_micro_time(moment)) == moment
+    # the API server's RFC 3339: a zone as Z or an offset, nanoseconds cut to microseconds
+    assert parse_time("2026-05-09T09:35:25.123456789+02:00") == moment
+    for not_rfc3339 in ("2026-05-09T07:35:25", "2026-05-09", "yesterday"):
+        with pytest.raises(ValueError, match="not an RFC 3339 time"):
+            parse_time(not_rfc3339)
 
 
 def _claim(*, node_field: str | None = None, hostname: str | None = None) -> JsonObject:
