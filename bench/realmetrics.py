@@ -2,57 +2,61 @@
 
 ``bench real`` differences these over a burst: kube-apiserver's webhook admission histogram and its
 priority-and-fairness queueing, kube-scheduler's client throttling (Prometheus text from their
-``/metrics``); and it can sample the controller and its webhook process with py-spy. Pure parsing
-here, apart from the one scrape of kube-scheduler and the py-spy processes.
+``/metrics``, read by ``prometheus_client``'s parser of the text exposition format); and it can
+sample the controller and its webhook process with py-spy. Pure arithmetic on parsed samples here,
+apart from the one scrape of kube-scheduler and the py-spy processes.
 """
 
 from __future__ import annotations
 
-import re
+import functools
 import signal
 import ssl
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-_LE = re.compile(r'le="([^"]+)"')
-
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 APISERVER_WEBHOOK_DURATION = "apiserver_admission_webhook_admission_duration_seconds"
 SERVER_WEBHOOK_DURATION = "instaslice_webhook_request_duration_seconds"
 """Our webhook's own histogram of the same calls (server side), in the controller's /metrics."""
 
 
+@functools.lru_cache(maxsize=8)
+def samples(metrics: str) -> tuple[Sample, ...]:
+    """Every sample of a ``/metrics`` text (parsed once per text: a scrape is read several ways)."""
+    return tuple(s for family in text_string_to_metric_families(metrics) for s in family.samples)
+
+
 def webhook_histogram(metrics: str, webhooks: Iterable[str]) -> dict[str, Any]:
     """kube-apiserver's admission-duration histogram of ``webhooks`` (summed over label sets)."""
-    names = {f'name="{webhook}"' for webhook in webhooks}
+    names = frozenset(webhooks)
     return histogram(
-        metrics, APISERVER_WEBHOOK_DURATION, keep=lambda line: any(n in line for n in names)
+        metrics, APISERVER_WEBHOOK_DURATION, keep=lambda labels: labels.get("name") in names
     )
 
 
 def histogram(
-    metrics: str, name: str, *, keep: Callable[[str], bool] = lambda line: True
+    metrics: str, name: str, *, keep: Callable[[Mapping[str, str]], bool] = lambda labels: True
 ) -> dict[str, Any]:
-    """The histogram ``name`` (its series whose line ``keep`` accepts, summed over label sets)."""
+    """The histogram ``name`` (its series whose labels ``keep`` accepts, summed over label sets)."""
     buckets: dict[float, float] = {}
     total = count = 0.0
-    for line in metrics.splitlines():
-        if not line.startswith(name) or not keep(line):
+    for sample in samples(metrics):
+        if not sample.name.startswith(name) or not keep(sample.labels):
             continue
-        series, _, value = line.rpartition(" ")
-        if series.startswith(f"{name}_bucket"):
-            match = _LE.search(series)
-            if match:
-                le = float(match.group(1))
-                buckets[le] = buckets.get(le, 0.0) + float(value)
-        elif series.startswith(f"{name}_sum"):
-            total += float(value)
-        elif series.startswith(f"{name}_count"):
-            count += float(value)
+        if sample.name == f"{name}_bucket":
+            le = float(sample.labels["le"])
+            buckets[le] = buckets.get(le, 0.0) + sample.value
+        elif sample.name == f"{name}_sum":
+            total += sample.value
+        elif sample.name == f"{name}_count":
+            count += sample.value
     return {"buckets": buckets, "sum": total, "count": count}
 
 
@@ -90,17 +94,14 @@ def histogram_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, 
     }
 
 
-def metric_total(metrics: str, name: str, *, labels: str = "") -> float:
-    """The sum of the samples of ``name`` (every label set; only those containing ``labels``)."""
-    total = 0.0
-    for line in metrics.splitlines():
-        if not line.startswith(name) or line.startswith("#"):
-            continue
-        series, _, value = line.rpartition(" ")
-        if series.split("{", 1)[0] != name or labels not in series:
-            continue
-        total += float(value)
-    return total
+def metric_total(metrics: str, name: str, *, labels: Mapping[str, str] | None = None) -> float:
+    """The sum of the samples of ``name`` (every label set; only those with ``labels``' values)."""
+    wanted = (labels or {}).items()
+    return sum(
+        sample.value
+        for sample in samples(metrics)
+        if sample.name == name and wanted <= sample.labels.items()
+    )
 
 
 SCHEDULER_COUNTERS = {
@@ -120,14 +121,10 @@ APISERVER_COUNTERS = {
 def by_label(metrics: str, name: str, label: str) -> dict[str, float]:
     """The samples of ``name`` summed per value of ``label``."""
     found: dict[str, float] = {}
-    pattern = re.compile(label + r'="([^"]*)"')
-    for line in metrics.splitlines():
-        series, _, value = line.rpartition(" ")
-        if series.split("{", 1)[0] != name:
-            continue
-        match = pattern.search(series)
-        key = match.group(1) if match else ""
-        found[key] = found.get(key, 0.0) + float(value)
+    for sample in samples(metrics):
+        if sample.name == name:
+            key = sample.labels.get(label, "")
+            found[key] = found.get(key, 0.0) + sample.value
     return found
 
 

@@ -100,7 +100,9 @@ def test_metric_totals_sum_label_sets_of_one_name_only() -> None:
         ]
     )
     assert realmetrics.metric_total(metrics, "rest_client_rate_limiter_duration_seconds_sum") == 3.5
-    assert realmetrics.metric_total(metrics, "rest_client_requests_total", labels='code="201"') == 7
+    assert (
+        realmetrics.metric_total(metrics, "rest_client_requests_total", labels={"code": "201"}) == 7
+    )
     before = realmetrics.counters(
         metrics, {"waited": "rest_client_rate_limiter_duration_seconds_sum"}
     )
