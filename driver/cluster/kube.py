@@ -1,21 +1,23 @@
-"""``ClusterApi`` on the official ``kubernetes`` client and urllib3 — the only module that imports them.
+"""``ClusterApi`` on the ``kubernetes`` client and urllib3: the only module that imports either.
 
 The ``kubernetes`` client does what it does well: kubeconfig and in-cluster loading, TLS (CA bundle,
 client certificate, hostname check) and bearer-token auth, including the ServiceAccount token file
-it re-reads as the kubelet rotates it (the configuration's refresh hook, called for every request by
-``update_params_for_auth``). Its generated API classes are not used: we talk to the REST paths with
-the wire JSON, encoded and decoded by ``orjson``, so one code path serves every resource and no
-field a generated model does not know (newer ``resource.k8s.io/v1`` ones) is dropped.
+it re-reads as the kubelet rotates it (the configuration's refresh hook, which
+``update_params_for_auth`` calls for every request). Its generated API classes are not used: we
+talk to the REST paths with the wire JSON, encoded and decoded by ``orjson``, so one code path
+serves every resource and no field a generated model does not know (newer ``resource.k8s.io/v1``
+ones) is dropped.
 
-HTTP is urllib3's: every request goes to the connection pool the client's ``PoolManager`` made for
-the API server (its TLS set-up), with one ``Retry`` and one ``Timeout`` built here once. urllib3 is
-the client's own transport, already installed with it; it keeps connections alive, checks a pooled
-connection was not dropped before reusing it, reads ``Content-Length``, chunked and
-close-delimited bodies (``http.client``), and retries connect errors and, for idempotent methods,
-one failed exchange — never on a status code. A watch is the same request with its body streamed
-(``kube_watch.KubeWatchStream`` reads it through ``HTTPResponse.read1``). Through a proxy the
-client's ``ProxyManager`` takes whole URLs instead. Status bodies become our errors in
-``kube_wire`` (plain Python, no ``kubernetes`` import).
+HTTP is urllib3's, the client's own transport: every request goes to the connection pool that the
+client's ``PoolManager`` made for the API server, with its TLS set-up, and one ``Retry`` and one
+``Timeout`` built here once. urllib3 keeps connections alive and checks that a pooled one was not
+dropped before reusing it, reads ``Content-Length``, chunked and close-delimited bodies (through
+``http.client``), and retries connect errors and, for idempotent methods, one failed exchange, never
+on a status code. A watch is the same request with its body streamed (``kube_watch``). Chosen over
+httpx: TLS, client certificates and proxies are configured once, by the client, for the very pool
+we use, and no second HTTP stack (httpx brings httpcore, h11 and anyio) joins the installed
+packages. Through a proxy the client's ``ProxyManager`` takes whole URLs instead. Status bodies
+become our errors in ``kube_wire`` (plain Python, no ``kubernetes`` import).
 """
 
 from __future__ import annotations
