@@ -122,8 +122,9 @@ def late(seconds: float, then: Reply) -> Reply:
     return reply
 
 
-def chunked_reply(pieces: list[bytes]) -> Reply:
-    """A 200 whose body comes in ``pieces``, each its own chunk, flushed apart (a watch)."""
+def chunked_reply(pieces: list[bytes], *, then_hold: threading.Event | None = None) -> Reply:
+    """A 200 whose body comes in ``pieces``, each its own chunk, flushed apart (a watch); with
+    ``then_hold``, the body then stays open until that event is set."""
 
     def reply(handler: _Handler) -> None:
         handler.send_response(200)
@@ -134,16 +135,25 @@ def chunked_reply(pieces: list[bytes]) -> Reply:
             handler.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
             handler.wfile.flush()
             time.sleep(0.01)
-        handler.wfile.write(b"0\r\n\r\n")
+        if then_hold is not None:
+            then_hold.wait(10)
+        with contextlib.suppress(OSError):  # the client may be gone
+            handler.wfile.write(b"0\r\n\r\n")
 
     return reply
+
+
+class _QuietServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up or refused our certificate: what the tests look at is what
+        reached the handler, not the traceback."""
 
 
 class Server:
     def __init__(self, replies: list[Reply], *, tls: ssl.SSLContext | None = None) -> None:
         self.script = Script(replies=list(replies))
         handler = type("Handler", (_Handler,), {"script": self.script})
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server = _QuietServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
         if tls is not None:
             self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
@@ -417,3 +427,39 @@ def test_a_watch_body_is_read_as_it_comes_across_chunk_boundaries(
     query = server.seen[0].path.partition("?")[2]
     assert query == "watch=true&resourceVersion=5&timeoutSeconds=7&allowWatchBookmarks=true"
     assert server.seen[2].connection == server.seen[1].connection
+
+
+def test_a_watch_over_tls_closed_from_another_thread_ends_its_reader(
+    serve: Callable[..., Server], pki: Pki
+) -> None:
+    event = b'{"type": "ADDED", "object": {"metadata": {"name": "a", "resourceVersion": "6"}}}\n'
+    hold = threading.Event()
+    server = serve(
+        [chunked_reply([event], then_hold=hold), json_reply(NODE)], tls=pki.server_context
+    )
+    configuration = configuration_for_url(server.url)
+    configuration.ssl_ca_cert = str(pki.ca)
+    seen: list[str] = []
+    ended = threading.Event()
+    try:
+        with _api(configuration) as api:
+            stream = api.watch(NODES, resource_version="5")
+
+            def read() -> None:
+                seen.extend(e.object["metadata"]["name"] for e in stream)
+                ended.set()
+
+            reader = threading.Thread(target=read)
+            reader.start()
+            deadline = time.monotonic() + 5
+            while not seen and time.monotonic() < deadline:
+                time.sleep(0.01)
+            stream.close()  # the reader is blocked waiting for the next event
+            reader.join(5)
+            assert ended.is_set()
+            assert seen == ["a"]
+            assert stream.closed
+            api.get(NODES, name="n1")  # on a fresh connection: the watch's was not handed back
+    finally:
+        hold.set()
+    assert [s.connection for s in server.seen] == [1, 2]
