@@ -38,7 +38,8 @@ burst: mean, share within 25 ms, p99 interpolated in its buckets) beside our web
 histogram of the same calls (``instaslice_webhook_request_duration_seconds``, read from the
 controller's /metrics); CPU seconds of every process
 during the burst (controller, its webhook process, kube-apiserver, etcd, kube-scheduler,
-kube-controller-manager) and the controller's peak RSS. Where the time goes: each pod's stages
+kube-controller-manager), the controller's peak RSS and its context switches per pod (voluntary:
+a thread blocked on I/O, a lock or the interpreter lock; involuntary: preempted). Where the time goes: each pod's stages
 (``STAGES``: create, allocate, ungate, bind) with the slowest 1%'s mean per stage; kube-scheduler's
 own client throttling and kube-apiserver's priority-and-fairness queueing from their metrics; the
 seconds each process waited for a CPU and the machine's busy CPU (on a shared machine, whether a
@@ -89,6 +90,7 @@ from bench.realnodes import (
     PROFILE,
     ReadyNodes,
     children,
+    context_switches,
     cpu_seconds,
     latency_figures,
     machine_busy_s,
@@ -137,6 +139,8 @@ FULL = {"nodes": 20, "pods": 1000}
 QUICK = {"nodes": 2, "pods": 10}
 BURST_TIMEOUT_S = 900.0
 COMPONENTS = ("kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manager")
+OURS = ("controller", "webhook")
+"""Our processes in a round (the controller, or its stand-in, and its webhook process)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -685,6 +689,7 @@ def _round(
             cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             system_before = {name: system_cpu_seconds(pid) for name, pid in pids.items()}
             wait_before = {name: runqueue_wait_s(pid) for name, pid in pids.items()}
+            switches_before = {name: context_switches(pids.get(name)) for name in OURS}
             busy_before = machine_busy_s()
             burst_started = time.monotonic()
             profiler = (
@@ -708,6 +713,7 @@ def _round(
             cpu_after = {name: cpu_seconds(pid) for name, pid in pids.items()}
             system_after = {name: system_cpu_seconds(pid) for name, pid in pids.items()}
             wait_after = {name: runqueue_wait_s(pid) for name, pid in pids.items()}
+            switches_after = {name: context_switches(pids.get(name)) for name in OURS}
             busy = (machine_busy_s() or 0.0) - (busy_before or 0.0)
             burst_s = time.monotonic() - burst_started
             load = _load()
@@ -781,9 +787,16 @@ def _round(
         result["webhook_server"] = histogram_delta(served_before, served_after)
         result["webhook_sockets"] = sockets
     if controller is not None:
-        for name in ("controller", "webhook"):
+        for name in OURS:
             if name in cpu and figures["bound"]:
                 result[f"{name}_cpu_ms_per_pod"] = round(1000 * cpu[name] / figures["bound"], 2)
+            started, ended = switches_before.get(name), switches_after.get(name)
+            if started is not None and ended is not None and figures["bound"]:
+                # thread hand-offs per pod: where CPU goes that no profile of Python code shows
+                result.setdefault("context_switches_per_pod", {})[name] = {
+                    "voluntary": round((ended[0] - started[0]) / figures["bound"], 1),
+                    "involuntary": round((ended[1] - started[1]) / figures["bound"], 1),
+                }
     if not last:  # after the last round the stack is stopped (and the next run starts clean)
         _progress(f"{path}: burst done ({figures['bound']} bound); removing pods and claims")
         _cleanup(api)
@@ -998,6 +1011,8 @@ def _line(r: dict[str, Any]) -> str:
         )
     if r.get("system_cpu_s"):
         text += f"; of the CPU seconds, system (kernel) {r['system_cpu_s']}"
+    if r.get("context_switches_per_pod"):
+        text += f"; context switches per pod {r['context_switches_per_pod']}"
     return text
 
 

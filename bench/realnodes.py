@@ -123,6 +123,32 @@ def runqueue_wait_s(pid: int | None) -> float | None:
     return total / 1e9
 
 
+def context_switches(pid: int | None) -> tuple[int, int] | None:
+    """(voluntary, involuntary) context switches of the threads of ``pid`` now alive
+    (``/proc/PID/task/*/status``): a thread that blocks — on I/O, a lock, the interpreter lock —
+    switches voluntarily; one preempted by the kernel, involuntarily. Ended threads are not
+    counted."""
+    if not pid:
+        return None
+    counts = [0, 0]
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            lines = (task / "status").read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            name, _, value = line.partition(":")
+            if name == "voluntary_ctxt_switches":
+                counts[0] += int(value)
+            elif name == "nonvoluntary_ctxt_switches":
+                counts[1] += int(value)
+    return counts[0], counts[1]
+
+
 def peak_rss_mib(pid: int | None) -> float | None:
     """The peak resident memory of ``pid`` (``VmHWM``) in MiB."""
     try:

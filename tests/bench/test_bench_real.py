@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,7 @@ import pytest
 from bench import real, realmetrics
 from bench.__main__ import main
 from bench.controllerstub import free_devices
-from bench.realnodes import GPUS_PER_NODE, PROFILE, gpus_of
+from bench.realnodes import GPUS_PER_NODE, PROFILE, context_switches, gpus_of
 from controller.metrics import WebhookMetrics
 from driver.resourceslices import build_pool, complete_pools, parse_devices
 
@@ -183,3 +186,18 @@ def test_the_stand_in_controller_hands_out_disjoint_devices_of_the_benchmark_pro
         assert not used.get(gpu, 0) & device.placement.mask
         used[gpu] = used.get(gpu, 0) | device.placement.mask
     assert [node for node, _ in handed[:7]] == ["n-a"] * 7  # node by node, GPU by GPU
+
+
+def test_context_switches_are_summed_over_a_process_threads() -> None:
+    before = context_switches(os.getpid())
+    assert before is not None
+    done = threading.Event()
+    waiter = threading.Thread(target=done.wait, args=(5,))
+    waiter.start()
+    time.sleep(0.05)  # the waiter blocks: a voluntary switch of a live thread
+    during = context_switches(os.getpid())
+    done.set()
+    waiter.join()
+    assert during is not None
+    assert during[0] > before[0]
+    assert context_switches(None) is None
