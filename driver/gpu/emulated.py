@@ -90,19 +90,21 @@ def parse_gpu_spec(spec: str) -> tuple[GpuModel, ...]:
                 f"malformed emulated GPU spec part {part!r} in {spec!r}; "
                 "expected '<count>x<model>', e.g. '2xA100-40GB'"
             )
-        count = int(match["count"] or "1")
+        digits = match["count"] or "1"
+        # Compared before conversion and before the list grows: a spec of a billion GPUs (or a
+        # thousand digits) is refused, not allocated.
+        count = int(digits) if len(digits) <= len(str(MAX_GPUS_PER_NODE)) else MAX_GPUS_PER_NODE + 1
         if count < 1:
             raise ConfigError(f"emulated GPU spec part {part!r} asks for {count} GPUs")
+        if len(models) + count > MAX_GPUS_PER_NODE:
+            raise ConfigError(
+                f"emulated GPU spec {spec!r} asks for more than {MAX_GPUS_PER_NODE} GPUs per node"
+            )
         try:
             model = gpu_model(match["model"])
         except ConfigError as exc:
             raise ConfigError(f"emulated GPU spec part {part!r}: {exc}") from exc
         models.extend([model] * count)
-    if len(models) > MAX_GPUS_PER_NODE:
-        raise ConfigError(
-            f"emulated GPU spec {spec!r} asks for {len(models)} GPUs; at most "
-            f"{MAX_GPUS_PER_NODE} per node"
-        )
     return tuple(models)
 
 

@@ -23,9 +23,7 @@ import errno
 import gzip
 import io
 import json
-import os
 import random
-import stat
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -33,6 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from driver.errors import ConfigError
+from instaslice.files import open_for_writing, open_regular_file
 from instaslice.planning.fleet import Fleet
 from instaslice.planning.limits import (
     MAX_COUNT_PER_GPU,
@@ -156,55 +155,21 @@ def parse_lines(lines: Iterable[str], *, source: str = "trace") -> tuple[TraceRe
     return tuple(requests)
 
 
-def _mix_slices(fleet: Fleet, mix: Sequence[MixEntry]) -> list[int]:
-    """Memory slices of each mix entry on the fleet; ``ConfigError`` for an entry it cannot hold."""
-    slices = []
-    for entry in mix:
-        size = fleet.slices_of(entry.profile)
-        if size is None:
-            raise ConfigError(
-                f"mix profile {entry.profile!r} is not offered by any GPU of the fleet "
-                f"(offered: {', '.join(fleet.profile_names())})"
-            )
-        most = fleet.most_on_one_gpu(entry.profile)
-        if entry.count > most:
-            raise ConfigError(
-                f"mix entry {entry.count}*{entry.profile}: a GPU of the fleet holds at most {most}"
-            )
-        slices.append(size * entry.count)
-    return slices
-
-
 def read_trace(path: Path) -> tuple[TraceRequest, ...]:
     """A trace file (``.gz`` read compressed); ``ConfigError`` if it is not a regular file, is
     unreadable, bad, or over a limit."""
     try:
-        with _open_regular_file(path) as raw:
+        with open_regular_file(path) as raw:
             if path.suffix == ".gz":
                 with gzip.GzipFile(fileobj=raw, mode="rb") as unpacked:
                     return parse_lines(_lines(unpacked, source=str(path)), source=str(path))
             return parse_lines(_lines(raw, source=str(path)), source=str(path))
     except (OSError, EOFError, zlib.error) as exc:  # gzip: BadGzipFile is an OSError
-        raise ConfigError(f"cannot read trace {path}: {exc}") from exc
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"cannot read trace {path}: {reason or type(exc).__name__}") from exc
 
 
-def _open_regular_file(path: Path) -> IO[bytes]:
-    """``path`` opened for reading if it is a regular file. Opened without blocking first: a FIFO
-    nothing writes to would block ``open`` itself, and a device can stream forever."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
-            raise ConfigError(f"cannot read trace {path}: it is {kind}")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _lines(stream: IO[bytes], *, source: str) -> Iterator[str]:
+def _lines(stream: IO[bytes] | gzip.GzipFile, *, source: str) -> Iterator[str]:
     """The lines of ``stream`` as text, each at most ``MAX_TRACE_LINE_BYTES`` long, at most
     ``MAX_TRACE_BYTES`` in all and ``MAX_TRACE_REQUESTS`` lines: a line is never read whole before
     its length is known, and a small ``.gz`` cannot unpack into an endless stream."""
@@ -226,9 +191,10 @@ def _lines(stream: IO[bytes], *, source: str) -> Iterator[str]:
                 f"{source} line {number}: more than {MAX_TRACE_REQUESTS:,} lines; split the trace"
             )
         try:
-            yield line.decode("utf-8")
+            text = line.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ConfigError(f"{source} line {number}: not UTF-8 text ({exc.reason})") from None
+        yield text
 
 
 def write_trace(requests: Iterable[TraceRequest], stream: IO[str]) -> int:
@@ -243,7 +209,7 @@ def write_trace(requests: Iterable[TraceRequest], stream: IO[str]) -> int:
 def save_trace(requests: Iterable[TraceRequest], path: Path) -> int:
     """Write a trace file (compressed when ``path`` ends in ``.gz``, reproducibly: no timestamp)."""
     try:
-        with _open_for_writing(path) as raw:
+        with open_for_writing(path) as raw:
             if path.suffix == ".gz":
                 with (
                     gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as packed,
@@ -255,18 +221,6 @@ def save_trace(requests: Iterable[TraceRequest], path: Path) -> int:
     except OSError as exc:
         reason = "nothing reads that FIFO" if exc.errno == errno.ENXIO else str(exc)
         raise ConfigError(f"cannot write trace {path}: {reason}") from exc
-
-
-def _open_for_writing(path: Path) -> IO[bytes]:
-    """``path`` created or truncated. Opened without blocking: a FIFO that nothing reads fails at
-    once (``ENXIO``) instead of blocking; a pipe with a reader is written as usual."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK, 0o666)
-    try:
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "wb")
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def check_counts(trace: Sequence[TraceRequest], fleet: Fleet, *, source: str = "trace") -> None:

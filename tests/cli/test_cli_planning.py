@@ -187,14 +187,19 @@ def test_from_cluster_counts_what_fits_now_and_checks_a_batch(
     assert free["3g.20gb"] == 1
     assert free["1g.5gb"] == 5 + 3
     assert result["add"]["fits"] is True
-    assert cli.main([*argv, "--add", "3g.20gb=2"]) == 0
-    result = json.loads(capsys.readouterr().out)
+    # A batch that does not fit: the answer all the same, and exit status 1 saying what is left.
+    assert cli.main([*argv, "--add", "3g.20gb=2"]) == 1
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
     assert result["add"]["fits"] is False
     assert result["add"]["placed"] == {"3g.20gb": 1}
+    assert captured.err == (
+        "instaslice simulate: --add does not fit now: no room for 1 of 2 x 3g.20gb\n"
+    )
     assert cli.main([*argv[:-1], "--add", "1g.10gb=2"]) == 0
     assert "2 x 1g.10gb: fits now" in capsys.readouterr().out
     # 4g.20gb starts only at 0, taken on both GPUs.
-    assert cli.main([*argv[:-1], "--add", "4g.20gb=1"]) == 0
+    assert cli.main([*argv[:-1], "--add", "4g.20gb=1"]) == 1
     assert "1 x 4g.20gb: does not fit now; firstfit, largest first, placed 0 of 1" in (
         capsys.readouterr().out
     )
