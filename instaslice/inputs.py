@@ -28,7 +28,7 @@ class CommandParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose refusals are one line: the problem and where help is."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: {one_line(message)} (see {self.prog} --help)\n")
 
 
 def package_version() -> str:
@@ -141,5 +141,10 @@ def connect_cluster(args: argparse.Namespace) -> Any:
 
 def refuse(command: str, exc: Exception) -> int:
     """Print ``exc`` as the one line of ``instaslice COMMAND``'s refusal; the exit status 1."""
-    print(f"instaslice {command}: {exc}", file=sys.stderr)
+    print(f"instaslice {command}: {one_line(str(exc))}", file=sys.stderr)
     return 1
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line: a library's message over several lines (a YAML parser's) joined."""
+    return "; ".join(part.strip() for part in text.strip().splitlines() if part.strip())

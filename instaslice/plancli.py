@@ -451,13 +451,18 @@ def run_defrag(
                 "API (PodDisruptionBudgets hold).\n"
             )
             return 0
-        if not args.yes and not _confirmed(confirm(f"Evict {len(pods)} pod(s)? [y/N] ")):
+        if not args.yes and not _confirmed(confirm, f"Evict {len(pods)} pod(s)? [y/N] "):
             out.write("Nothing was changed.\n")
             return 1
         return _evict(api, pods, out=out)
 
 
-def _confirmed(answer: str) -> bool:
+def _confirmed(confirm: Callable[[str], str], question: str) -> bool:
+    """``confirm``'s answer is yes; no answer at all (stdin closed) is no."""
+    try:
+        answer = confirm(question)
+    except EOFError:
+        return False
     return answer.strip().lower() in ("y", "yes")
 
 
