@@ -374,7 +374,10 @@ def _from_cluster(args: argparse.Namespace, *, out: TextIO) -> int:
     policy = chosen[0] if len(chosen) == 1 else DEFAULT_POLICY
     batch = parse_batch(args.add) if args.add else None
     with connect_cluster(args) as api:
-        snapshot = read_snapshot(api, policy=policy)
+        try:
+            snapshot = read_snapshot(api, policy=policy)
+        except DriverError as exc:
+            raise ConfigError(f"cannot read the cluster: {exc}") from exc
     engine = snapshot.engine
     headroom = free_by_profile(engine)
     fit = fit_batch(engine, batch) if batch is not None else None

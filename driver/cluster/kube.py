@@ -113,10 +113,11 @@ def connect(
 ) -> KubeClusterApi:
     """The adapter for a daemon's ``main``: ``url`` if given, else as ``load_configuration``."""
     if url is not None:
+        check_server_url(url)
         configuration = configuration_for_url(url)
     else:
         configuration = load_configuration(kubeconfig=kubeconfig, context=context)
-    check_server_url(str(configuration.host))
+        check_server_url(str(configuration.host))
     return KubeClusterApi(configuration=configuration, settings=settings)
 
 

@@ -91,14 +91,16 @@ def parse_gpu_spec(spec: str) -> tuple[GpuModel, ...]:
                 "expected '<count>x<model>', e.g. '2xA100-40GB'"
             )
         digits = match["count"] or "1"
-        # Compared before conversion and before the list grows: a spec of a billion GPUs (or a
-        # thousand digits) is refused, not allocated.
-        count = int(digits) if len(digits) <= len(str(MAX_GPUS_PER_NODE)) else MAX_GPUS_PER_NODE + 1
-        if count < 1:
+        # Checked before the list grows (and a thousand digits before converting them): a spec of
+        # a billion GPUs is refused, not allocated.
+        count = int(digits) if len(digits) <= 9 else None
+        if count is not None and count < 1:
             raise ConfigError(f"emulated GPU spec part {part!r} asks for {count} GPUs")
-        if len(models) + count > MAX_GPUS_PER_NODE:
+        if count is None or len(models) + count > MAX_GPUS_PER_NODE:
+            asked = "more than a billion" if count is None else str(len(models) + count)
             raise ConfigError(
-                f"emulated GPU spec {spec!r} asks for more than {MAX_GPUS_PER_NODE} GPUs per node"
+                f"emulated GPU spec {spec!r} asks for {asked} GPUs; at most "
+                f"{MAX_GPUS_PER_NODE} per node"
             )
         try:
             model = gpu_model(match["model"])

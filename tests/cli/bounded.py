@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +60,11 @@ def run_bounded(
     limit = _address_space_bytes() + memory_bytes
     with tempfile.TemporaryDirectory(prefix="instaslice-bounded-") as folder:
         out_path, err_path = Path(folder, "out"), Path(folder, "err")
-        pid = os.fork()
+        with warnings.catch_warnings():
+            # Python 3.12+ warns about forking a process with threads: the child runs only the
+            # command and exits, it never touches another thread's locks.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:  # pragma: no cover - the child never returns
             _child(argv, limit=limit, out=out_path, err=err_path, env=env or {})
         status, hung = _wait(pid, guard_s=guard_s)

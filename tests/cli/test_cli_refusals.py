@@ -16,11 +16,12 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
+from _pytest.capture import CaptureResult
 
 from driver.cluster.kube import KubeClusterApi, connect
 from driver.cluster.port import NODES
 from instaslice import cli, plancli
-from instaslice.planning.defrag import plan_defrag
+from instaslice.planning.defrag import DefragPlan, plan_defrag
 from instaslice.planning.fleet import parse_fleet
 from localcluster.apiserver import LocalApiServer
 from tests.cli.planningcluster import populate
@@ -112,7 +113,7 @@ def _run(argv: Sequence[str]) -> int:
 
 
 def _assert_refused(
-    captured: pytest.CaptureResult[str], code: int, status: int, words: str, *, work: bool = False
+    captured: CaptureResult[str], code: int, status: int, words: str, *, work: bool = False
 ) -> None:
     lines = captured.err.splitlines()
     assert code == status, captured.err
@@ -461,8 +462,8 @@ def test_defrag_tells_a_stopped_search_from_no_plan() -> None:
     ]
     stopped = plan_defrag(engine, units, profile="7g.40gb", budget=5)
     impossible = plan_defrag(engine, units, profile="7g.40gb")
-    assert not isinstance(stopped, plancli.DefragPlan)
-    assert not isinstance(impossible, plancli.DefragPlan)
+    assert not isinstance(stopped, DefragPlan)
+    assert not isinstance(impossible, DefragPlan)
     assert plancli.no_plan_words(stopped).startswith("the search stopped at its budget")
     assert "a plan may exist" in plancli.no_plan_words(stopped)
     assert plancli.no_plan_words(impossible).startswith("no plan exists: no set of pods")
@@ -491,7 +492,7 @@ DEMO_CASES = [
     ("too-many-nodes", ["--nodes", "9"], 2, "--nodes: must be from 1 to 8, got 9"),
     ("nodes-not-a-number", ["--nodes", "two"], 2, "--nodes: an integer expected"),
     ("unknown-gpu", ["--gpus", "2xFOO"], 2, "unknown GPU model 'FOO'"),
-    ("billions-of-gpus", ["--gpus", "99999999999xA100-40GB"], 2, "more than 64 GPUs per node"),
+    ("billions-of-gpus", ["--gpus", "99999999999xA100-40GB"], 2, "at most 64 per node"),
     ("more-gpus-than-drawn", ["--gpus", "9xA100-40GB"], 2, "at most 8"),
     ("samples-missing", ["--samples", "/nonexistent"], 1, "--samples /nonexistent is not a directory"),
     ("samples-without-kustomization", ["--samples", "{folder}"], 1, "cannot read kustomization"),
