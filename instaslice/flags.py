@@ -18,10 +18,12 @@ from driver.placement import DEFAULT_POLICY, POLICIES
 from instaslice.inputs import integer_between, number_between
 from instaslice.planning.limits import (
     MAX_COUNT_PER_GPU,
+    MAX_DEFRAG_REPLAY_REQUESTS,
     MAX_FLEET_GPUS,
     MAX_FLEET_NODES,
     MAX_GPUS_PER_NODE,
     MAX_MEAN_DURATION,
+    MAX_REPLAY_WORK,
     MAX_TRACE_BYTES,
     MAX_TRACE_LINE_BYTES,
     MAX_TRACE_REQUESTS,
@@ -57,7 +59,8 @@ SIMULATE_LIMITS = (
     f"{MAX_TRACE_LINE_BYTES:,} bytes per line and {MAX_TRACE_BYTES // 2**20} MiB decompressed, read "
     f"only from a regular file; times and durations from 0 to {MAX_TRACE_SECONDS:g} s; at most "
     f"{MAX_COUNT_PER_GPU} slices per request, and no more than one GPU of the fleet holds (they "
-    "share a GPU)."
+    f"share a GPU); requests x GPUs of a replay at most {MAX_REPLAY_WORK:,}, and with "
+    f"--defrag-on-reject at most {MAX_DEFRAG_REPLAY_REQUESTS:,} requests."
 )
 
 

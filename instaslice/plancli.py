@@ -41,6 +41,7 @@ from instaslice.inputs import connect_cluster, connection_flag_problem, refuse
 from instaslice.planning.defrag import DefragPlan, NoPlan, plan_defrag
 from instaslice.planning.fleet import Fleet, parse_fleet
 from instaslice.planning.headroom import BatchResult, fit_batch, free_by_profile, parse_batch
+from instaslice.planning.limits import MAX_DEFRAG_REPLAY_REQUESTS, MAX_REPLAY_WORK
 from instaslice.planning.replay import (
     DEMAND_WINDOW_LIFETIMES,
     FloorResult,
@@ -131,7 +132,23 @@ def _checked_replay(args: argparse.Namespace, fleet: Fleet) -> _Replay:
         raise ConfigError(f"trace {args.trace} has no requests")
     check_trace(trace, fleet, source=str(args.trace))
     check_counts(trace, fleet, source=str(args.trace))
+    _check_replay_size(len(trace), fleet, defrag=defrag_moves > 0)
     return _Replay(trace, fleet, policies, defrag_moves, whole_gpu_below, whole_gpu_reserve)
+
+
+def _check_replay_size(requests: int, fleet: Fleet, *, defrag: bool) -> None:
+    """``ConfigError`` if replaying ``requests`` on ``fleet`` could take unbounded time."""
+    work = requests * fleet.gpu_count
+    if work > MAX_REPLAY_WORK:
+        raise ConfigError(
+            f"{requests:,} requests on {fleet.gpu_count:,} GPUs is {work:,} request-GPUs to "
+            f"replay; at most {MAX_REPLAY_WORK:,}: shorten the trace or shrink the fleet"
+        )
+    if defrag and requests > MAX_DEFRAG_REPLAY_REQUESTS:
+        raise ConfigError(
+            f"with --defrag-on-reject a trace holds at most {MAX_DEFRAG_REPLAY_REQUESTS:,} "
+            f"requests (each rejection may search thousands of plans), this one {requests:,}"
+        )
 
 
 def _replay_one(run: _Replay, policy: str, *, queue: bool, timeline: bool) -> ReplayResult:

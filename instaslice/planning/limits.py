@@ -26,6 +26,15 @@ MAX_FLEET_GPUS: Final = 100_000
 MAX_TRACE_REQUESTS: Final = 1_000_000
 """Requests of a trace, read from a file or synthesized (``--events``)."""
 
+MAX_REPLAY_WORK: Final = 1_000_000_000
+"""Requests x GPUs of one replay. A rejected request reads every GPU of the fleet (to count it as
+stranded or not), so a replay's time grows with both: at this product a replay that rejects half
+its requests takes a few minutes per policy."""
+
+MAX_DEFRAG_REPLAY_REQUESTS: Final = 50_000
+"""Requests of a replay with defragmentation on rejection: each rejection may search up to
+``plan_defrag``'s budget of plans (a tenth of a second or more), so the trace is kept shorter."""
+
 MAX_TRACE_LINE_BYTES: Final = 4_096
 """One line of a trace file (a request takes well under 200 bytes, its name included)."""
 

@@ -96,6 +96,11 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     for name, data in binary.items():
         (tmp_path / name).write_bytes(data)
         made[name] = str(tmp_path / name)
+    long_trace = "".join(
+        f'{{"t": {i}, "profile": "1g.5gb", "duration": 1}}\n' for i in range(50_001)
+    )
+    (tmp_path / "50001-requests.jsonl").write_text(long_trace)
+    made["50001-requests.jsonl"] = str(tmp_path / "50001-requests.jsonl")
     (tmp_path / "folder").mkdir()
     made["folder"] = str(tmp_path / "folder")
     os.mkfifo(tmp_path / "fifo")
@@ -261,6 +266,23 @@ def test_a_synthesis_that_cannot_be_made_is_refused(
     code = _run(["simulate", "--synthesize", *target, *GPUS, *_filled(argv, files)])
     _assert_refused(capsys.readouterr(), code, status, words)
     assert not (tmp_path / "out.jsonl").exists()
+
+
+REPLAY_SIZE_CASES = [
+    ("request-gpus", ["--gpus", "6250x16xA100-40GB"], "5,000,100,000 request-GPUs to replay"),
+    ("defrag-requests", [*GPUS, "--defrag-on-reject", "1"],
+     "with --defrag-on-reject a trace holds at most 50,000 requests"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"), [c[1:] for c in REPLAY_SIZE_CASES], ids=[c[0] for c in REPLAY_SIZE_CASES]
+)
+def test_a_replay_that_would_run_for_hours_is_refused(
+    files: dict[str, str], capsys: pytest.CaptureFixture[str], argv: list[str], words: str
+) -> None:
+    code = _run(["simulate", "--trace", files["50001-requests.jsonl"], *argv])
+    _assert_refused(capsys.readouterr(), code, 1, words)
 
 
 # ---------------------------------------------------------------------------- simulate: output
