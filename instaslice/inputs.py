@@ -49,11 +49,11 @@ def number_between(
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{what} expected, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"{what} expected, got {shown(text)}") from None
         above_low = value >= low if low_included else value > low
         if not (math.isfinite(value) and above_low and value <= high):
-            bound = "from" if low_included else "more than"
-            raise argparse.ArgumentTypeError(f"must be {bound} {low:g} to {high:g}, got {text}")
+            bounds = f"from {low:g} to" if low_included else f"more than {low:g} and at most"
+            raise argparse.ArgumentTypeError(f"must be {bounds} {high:g}, got {shown(text)}")
         return value
 
     return parse
@@ -66,14 +66,18 @@ def integer_between(low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         digits = text.strip().lstrip("+-")
         if not digits.isdigit() or not digits.isascii():
-            raise argparse.ArgumentTypeError(f"an integer expected, got {text[:40]!r}")
+            raise argparse.ArgumentTypeError(f"an integer expected, got {shown(text)}")
         value = int(text) if len(digits) <= len(str(high)) + 1 else high + 1
         if not low <= value <= high:
-            shown = text if len(text) <= 20 else f"{text[:8]}… ({len(digits)} digits)"
-            raise argparse.ArgumentTypeError(f"must be from {low:,} to {high:,}, got {shown}")
+            raise argparse.ArgumentTypeError(f"must be from {low:,} to {high:,}, got {shown(text)}")
         return value
 
     return parse
+
+
+def shown(text: str) -> str:
+    """``text`` as a refusal quotes it: at most a few dozen characters."""
+    return text if len(text) <= 24 else f"{text[:12]}… ({len(text)} characters)"
 
 
 def check_regular_file(path: Path, *, what: str, max_bytes: int | None = None) -> None:

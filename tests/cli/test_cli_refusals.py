@@ -237,8 +237,8 @@ SYNTHESIS_CASES = [
     ("events-past-limit", ["--events", "100000000"], 2, "--events: must be from 1 to 1,000,000"),
     ("no-events", ["--events", "0"], 2, "--events: must be from 1 to 1,000,000, got 0"),
     ("events-not-a-number", ["--events", "many"], 2, "--events: an integer expected"),
-    ("load-zero", ["--load", "0"], 2, "--load: must be more than 0 to 10"),
-    ("load-nan", ["--load", "nan"], 2, "--load: must be more than 0 to 10"),
+    ("load-zero", ["--load", "0"], 2, "--load: must be more than 0 and at most 10"),
+    ("load-nan", ["--load", "nan"], 2, "--load: must be more than 0 and at most 10"),
     ("duration-inf", ["--mean-duration", "inf"], 2, "--mean-duration: must be more than 0"),
     ("mix-count-past-any-gpu", ["--mix", "8*1g.5gb=1"], 1, "N from 1 to 7"),
     ("mix-count-past-the-fleet", ["--mix", "4*2g.10gb=1"], 1, "a GPU of the fleet holds at most 3"),
@@ -447,7 +447,7 @@ def test_a_batch_that_does_not_fit_exits_1_naming_what_is_left(
 DEFRAG_CASES = [
     ("yes-without-apply", ["--profile", "7g.40gb", "--yes"], 1, "--yes applies with --apply only"),
     ("count-zero", ["--profile", "7g.40gb", "--count", "0"], 2, "--count: must be from 1"),
-    ("count-past-limit", ["--profile", "7g.40gb", "--count", "10" * 30], 2, "(60 digits)"),
+    ("count-past-limit", ["--profile", "7g.40gb", "--count", "10" * 30], 2, "(60 characters)"),
     ("no-profile", [], 2, "the following arguments are required: --profile"),
     ("url-not-a-url", ["--profile", "7g.40gb", "--kube-api-url", "x"], 1, "API server URL 'x'"),
 ]  # fmt: skip
@@ -519,8 +519,8 @@ DEMO_CASES = [
     ("samples-missing", ["--samples", "/nonexistent"], 1, "--samples /nonexistent is not a directory"),
     ("samples-without-kustomization", ["--samples", "{folder}"], 1, "cannot read kustomization"),
     ("pause-negative", ["--pause", "-1"], 2, "--pause: must be from 0 to 600"),
-    ("timeout-zero", ["--timeout", "0"], 2, "--timeout: must be more than 0 to 3600"),
-    ("timeout-inf", ["--timeout", "inf"], 2, "--timeout: must be more than 0 to 3600"),
+    ("timeout-zero", ["--timeout", "0"], 2, "--timeout: must be more than 0 and at most 3600"),
+    ("timeout-inf", ["--timeout", "inf"], 2, "--timeout: must be more than 0 and at most 3600"),
     ("unknown-flag", ["--bogus"], 2, "unrecognized arguments: --bogus"),
 ]  # fmt: skip
 
