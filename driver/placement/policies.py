@@ -35,10 +35,17 @@ from operator import getitem
 from typing import Protocol
 
 from driver.errors import ConfigError
-from driver.placement.inventory import Buckets, Inventory, SignatureIndex, StateGroup
+from driver.placement.inventory import Inventory
 from driver.placement.rankset import RankSet
 from driver.placement.search import Candidate, CandidateOrder, NodeSearch, Plan
-from driver.placement.state import GpuState, NodeState, StateKey
+from driver.placement.state import (
+    Buckets,
+    GpuState,
+    NodeState,
+    SignatureIndex,
+    StateGroup,
+    StateKey,
+)
 from driver.placement.tables import GpuTable, TableProfile
 
 
