@@ -575,9 +575,11 @@ def fluid_floor(trace: Sequence[TraceRequest], fleet: Fleet) -> FloorResult:
 
     No placement starts, no GPU boundaries, no ``max_count``: a request fits when some model that
     offers its profile has that many memory slices free anywhere (and one GPU of it is large enough
-    at all). Where several models could take it, the one with the most free slices does. Perfect
-    packing can only accept more than any real policy, so its rejections are the floor the
-    policies are measured against.
+    at all). Where several models could take it, the one with the most free slices does. Every
+    request that fits when it arrives is admitted, so while the fleet keeps up no real policy
+    rejects fewer: its rejections are the floor the policies are measured against. Under overload
+    it is not a bound — admitting a request greedily can crowd out several later ones, and a
+    policy that happened to reject the first can accept them (as can ``--queue``).
     """
     needs = check_trace(trace, fleet)
     free: dict[str, int] = {}
