@@ -28,7 +28,7 @@ counts GPUs by health.
 
 An API server without the ``DRADeviceTaints`` feature (Kubernetes 1.35 by default) silently drops the
 taints; the publisher notices that in the objects it gets back and from then on withdraws an
-unhealthy GPU's devices instead (a new pool generation without them), as before taints existed.
+unhealthy GPU's devices instead (a new pool generation without them).
 
 Listeners (``InventoryListener``: the health stream) hear of every inventory read and of every
 failure to read the GPUs.
@@ -226,13 +226,7 @@ class SlicePublisher:
 
     def publish(self, inventory: NodeInventory) -> bool:
         """Make the API's slices of this node's pool equal to ``inventory``; True if written."""
-        existing = [
-            obj
-            for obj in self._api.list_objects(
-                RESOURCE_SLICES, field_selector=f"spec.nodeName={self._node}"
-            ).items
-            if SliceView.of(obj).driver == self._driver
-        ]
+        existing = self._existing_slices()
         owner = self._node_owner()
         current_generation = max((SliceView.of(o).pool_generation for o in existing), default=0)
         if self._taints_kept:
@@ -256,22 +250,7 @@ class SlicePublisher:
             owner=owner,
             taints=taints,
         )
-        wanted = {name_of(obj) for obj in desired}
-        by_name = {name_of(obj): obj for obj in existing}
-        for name, obj in by_name.items():
-            if name not in wanted:
-                with contextlib.suppress(ApiNotFoundError):
-                    self._api.delete(RESOURCE_SLICES, name=name, uid=uid_of(obj))
-        dropped = False
-        for obj in desired:
-            old = by_name.get(name_of(obj))
-            if old is None:
-                written = self._api.create(RESOURCE_SLICES, obj)
-            else:
-                obj["metadata"]["resourceVersion"] = resource_version_of(old)
-                written = self._api.update(RESOURCE_SLICES, obj)
-            dropped = dropped or _taints_dropped(obj, written)
-        if dropped:
+        if self._write(existing, desired):
             self._taints_kept = False
             logger.warning(
                 "the API server dropped the device taints (its DRADeviceTaints feature is off: "
@@ -292,6 +271,36 @@ class SlicePublisher:
             extra={"node": self._node},
         )
         return True
+
+    def _existing_slices(self) -> list[JsonObject]:
+        """This node's ResourceSlices of our driver, as the API server has them."""
+        return [
+            obj
+            for obj in self._api.list_objects(
+                RESOURCE_SLICES, field_selector=f"spec.nodeName={self._node}"
+            ).items
+            if SliceView.of(obj).driver == self._driver
+        ]
+
+    def _write(self, existing: Sequence[JsonObject], desired: Sequence[JsonObject]) -> bool:
+        """Delete the slices no longer desired, create or update the others; True when the API
+        server dropped the device taints of some slice written."""
+        wanted = {name_of(obj) for obj in desired}
+        by_name = {name_of(obj): obj for obj in existing}
+        for name, obj in by_name.items():
+            if name not in wanted:
+                with contextlib.suppress(ApiNotFoundError):
+                    self._api.delete(RESOURCE_SLICES, name=name, uid=uid_of(obj))
+        dropped = False
+        for obj in desired:
+            old = by_name.get(name_of(obj))
+            if old is None:
+                written = self._api.create(RESOURCE_SLICES, obj)
+            else:
+                obj["metadata"]["resourceVersion"] = resource_version_of(old)
+                written = self._api.update(RESOURCE_SLICES, obj)
+            dropped = dropped or _taints_dropped(obj, written)
+        return dropped
 
     def _taints(
         self, inventory: NodeInventory, existing: Sequence[JsonObject]
