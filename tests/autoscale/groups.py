@@ -43,6 +43,8 @@ class NodeGroupSpec:
     max_size: int
     labels: Mapping[str, str] = field(default_factory=dict)
     """``--node-labels`` of its kubelets (and so of its template)."""
+    scale_down_utilization_threshold: float | None = None
+    """The group's own ``--scale-down-utilization-threshold`` (None: the autoscaler's)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_size <= self.max_size:
@@ -226,6 +228,13 @@ class NodeGroups:
         """Change a group's limits (cluster-autoscaler reads them again on its next loop)."""
         with self._lock:
             self._specs[group] = replace(self._spec(group), min_size=min_size, max_size=max_size)
+
+    def set_scale_down_utilization_threshold(self, group: str, threshold: float | None) -> None:
+        """Give the group its own scale-down utilization threshold (None: the autoscaler's)."""
+        with self._lock:
+            self._specs[group] = replace(
+                self._spec(group), scale_down_utilization_threshold=threshold
+            )
 
     # --- inside the lock ----------------------------------------------------------------------
 

@@ -13,9 +13,11 @@ start that failed with its error (the autoscaler then backs the group off and de
 instance). A node whose deletion is asked while it is still starting is stopped once its start
 ends. Every step is kept with its time (:meth:`CloudProvider.history`): the nodes-over-time figure.
 
-Pricing, GPU types and per-group options are not offered: ``UNIMPLEMENTED``, which the
-autoscaler takes as "use the defaults"; ``GPULabel`` names a label no node has, so the autoscaler's
-own GPU handling (``nvidia.com/gpu``) leaves our nodes alone.
+Pricing and GPU types are not offered: ``UNIMPLEMENTED``, which the autoscaler takes as "use the
+defaults"; so are a group's options unless it has its own scale-down utilization threshold, which
+``NodeGroupGetOptions`` then returns with the autoscaler's defaults for everything else.
+``GPULabel`` names a label no node has, so the autoscaler's own GPU handling (``nvidia.com/gpu``)
+leaves our nodes alone.
 """
 
 from __future__ import annotations
@@ -237,7 +239,16 @@ class CloudProvider(pb_grpc.CloudProviderServicer):
     def NodeGroupGetOptions(
         self, request: pb.NodeGroupAutoscalingOptionsRequest, context: grpc.ServicerContext
     ) -> pb.NodeGroupAutoscalingOptionsResponse:
-        _unimplemented(context, "per-group options")
+        try:
+            spec = self.groups.spec(request.id)
+        except NodeGroupError as exc:
+            _refuse(context, exc)
+        if spec.scale_down_utilization_threshold is None:
+            _unimplemented(context, f"options of node group {spec.id}")  # the defaults apply
+        options = pb.NodeGroupAutoscalingOptions()
+        options.CopyFrom(request.defaults)  # what is not overridden must be sent back as it came
+        options.scaleDownUtilizationThreshold = spec.scale_down_utilization_threshold
+        return pb.NodeGroupAutoscalingOptionsResponse(nodeGroupAutoscalingOptions=options)
 
     # --- the work behind them -----------------------------------------------------------------
 

@@ -210,7 +210,6 @@ def test_template_is_a_node_in_kubernetes_protobuf_and_optional_calls_are_unimpl
         cloud.stub.NodeGroupTemplateNodeInfo(pb.NodeGroupTemplateNodeInfoRequest(id="gpu"))
     assert _code(missing.value) is grpc.StatusCode.NOT_FOUND
     for call in (
-        lambda: cloud.stub.NodeGroupGetOptions(pb.NodeGroupAutoscalingOptionsRequest(id="a100")),
         lambda: cloud.stub.PricingPodPrice(pb.PricingPodPriceRequest()),
         lambda: cloud.stub.PricingNodePrice(pb.PricingNodePriceRequest()),
     ):
@@ -219,3 +218,22 @@ def test_template_is_a_node_in_kubernetes_protobuf_and_optional_calls_are_unimpl
         assert _code(unimplemented.value) is grpc.StatusCode.UNIMPLEMENTED
     assert cloud.stub.GPULabel(pb.GPULabelRequest()).label
     assert not cloud.stub.GetAvailableGPUTypes(pb.GetAvailableGPUTypesRequest()).gpuTypes
+
+
+def test_options_are_the_defaults_but_for_a_groups_own_scale_down_threshold(cloud: Cloud) -> None:
+    defaults = pb.NodeGroupAutoscalingOptions(
+        scaleDownUtilizationThreshold=0.5, scaleDownGpuUtilizationThreshold=0.5
+    )
+    defaults.scaleDownUnneededDuration.seconds = 600
+    request = pb.NodeGroupAutoscalingOptionsRequest(id="a100", defaults=defaults)
+    with pytest.raises(grpc.RpcError) as unimplemented:
+        cloud.stub.NodeGroupGetOptions(request)
+    assert _code(unimplemented.value) is grpc.StatusCode.UNIMPLEMENTED
+    cloud.provider.groups.set_scale_down_utilization_threshold("a100", 1.0)
+    options = cloud.stub.NodeGroupGetOptions(request).nodeGroupAutoscalingOptions
+    assert options.scaleDownUtilizationThreshold == 1.0
+    assert options.scaleDownGpuUtilizationThreshold == 0.5
+    assert options.scaleDownUnneededDuration.seconds == 600
+    with pytest.raises(grpc.RpcError) as missing:
+        cloud.stub.NodeGroupGetOptions(pb.NodeGroupAutoscalingOptionsRequest(id="gpu"))
+    assert _code(missing.value) is grpc.StatusCode.NOT_FOUND

@@ -1,7 +1,7 @@
 """What the autoscaling scenarios do and check, and the figures they keep.
 
 Times are the test's own clock (``time.monotonic``): a pod is *created* when its create call
-returned, *Running* when a poll (every half second) first saw it so. They are reported, never
+returned, *bound* and *Running* when a poll (every half second) first saw it so. They are reported, never
 asserted (the machine is shared; only the outcome is checked).
 """
 
@@ -57,11 +57,12 @@ def until(
 
 @dataclass
 class PodClock:
-    """When each pod of a namespace was created and first seen Running, and on which node."""
+    """When each pod of a namespace was created, first seen bound and Running, and on which node."""
 
     stack: RealStack
     namespace: str
     created: dict[str, float] = field(default_factory=dict)
+    bound_at: dict[str, float] = field(default_factory=dict)
     running_at: dict[str, float] = field(default_factory=dict)
     node_of: dict[str, str] = field(default_factory=dict)
     _expected: list[tuple[str, float]] = field(default_factory=list)
@@ -84,6 +85,8 @@ class PodClock:
             if name not in self.created:
                 made = [at for prefix, at in self._expected if name.startswith(prefix)]
                 self.created[name] = made[0] if made else now
+            if pod["spec"].get("nodeName") and name not in self.bound_at:
+                self.bound_at[name] = now
             if running(pod) and name not in self.running_at:
                 self.running_at[name] = now
                 self.node_of[name] = str(pod["spec"].get("nodeName") or "")
@@ -116,6 +119,9 @@ class PodClock:
 
     def pending_to_running(self, pods: Iterable[str]) -> list[float]:
         return [self.running_at[p] - self.created[p] for p in pods if p in self.running_at]
+
+    def pending_to_bound(self, pods: Iterable[str]) -> list[float]:
+        return [self.bound_at[p] - self.created[p] for p in pods if p in self.bound_at]
 
 
 def summary(seconds: Sequence[float]) -> dict[str, float | int]:

@@ -88,7 +88,11 @@ def _scale_up_figures(
     requested = [e.at - since for e in events if e.what == "requested"]
     ready = [e.at - since for e in events if e.what == "ready"]
     return {
+        "pending_to_bound": summary(clock.pending_to_bound(scaled)),
         "pending_to_running": summary(clock.pending_to_running(scaled)),
+        "nodes_requested": len(
+            {e.node for e in cluster.provider.history() if e.at >= since and e.what == "requested"}
+        ),
         "nodes_added": len(new_nodes),
         "first_increase_after_s": round(min(requested), 1) if requested else None,
         "last_node_ready_after_s": round(max(ready), 1) if ready else None,
@@ -287,9 +291,11 @@ def test_controller_mode_hand_off_fragmentation_and_scale_down(autoscaled: Autos
     to_controller_mode(stack, handoff_after=HANDOFF_S)
     (first,) = wait_group_size(stack, provider, A100.id, A100.min_size, timeout=SCALE_DOWN_S)
     figures: dict[str, object] = {"handoff_after_s": HANDOFF_S}
-    second = _burst_handed_off(cluster, first, figures)
+    added = _burst_handed_off(cluster, first, figures)
+    # first-fit goes through nodes in name order: the fill goes on the first, what moves on the other
+    first, second = sorted([first, added])
     third = _fragmented_7g(cluster, first, second, figures)
-    _scale_down(cluster, first, second)
+    _scale_down(cluster, first, second, figures)
     assert removal_problems(stack, cluster.launcher, [first, second, third]) == []
     cluster.figures["controller_mode"] = figures
 
@@ -322,7 +328,9 @@ def _burst_handed_off(cluster: Autoscaled, first: str, figures: dict[str, object
 
 def _fragmented_7g(cluster: Autoscaled, first: str, second: str, figures: dict[str, object]) -> str:
     """5 slices taken on ``first``'s GPU, 2 on ``second``'s: 9 memory slices free, no GPU with
-    the 8 a 7g.40gb needs; the two on ``second`` can move (a Deployment). The autoscaler adds a
+    the 8 a 7g.40gb needs; the two on ``second`` can move (a Deployment; first-fit, which goes
+    through nodes in name order, puts them there while ``first`` is full and puts them back on
+    ``first`` when they are moved). The autoscaler adds a
     node for the 7g.40gb pod; with the group at its maximum, ``instaslice defrag`` frees
     ``second``'s GPU instead. Returns the node the autoscaler added (removed again since)."""
     stack, provider = cluster.stack, cluster.provider
@@ -396,10 +404,13 @@ def _fragmented_7g(cluster: Autoscaled, first: str, second: str, figures: dict[s
     return third
 
 
-def _scale_down(cluster: Autoscaled, first: str, second: str) -> None:
-    """A bare pod holding a slice keeps its node (``second``); ``first``, whose one pod can
-    move, is drained (its slice released first) and removed; once idle the group goes to 0."""
-    stack, provider, settings = cluster.stack, cluster.provider, cluster.autoscaler.settings
+def _scale_down(cluster: Autoscaled, first: str, second: str, figures: dict[str, object]) -> None:
+    """``first`` holds one slice of a Deployment's pod, ``second`` one of a bare pod. With the
+    autoscaler's default threshold neither goes: one MIG slice makes a GPU count as fully used.
+    With the group's threshold at 1, ``first`` is drained (its slice released before it goes) and
+    removed; ``second`` stays while its bare pod runs; once idle the group goes to 0."""
+    stack, provider, autoscaler = cluster.stack, cluster.provider, cluster.autoscaler
+    settings = autoscaler.settings
     stack.api.delete(PODS, name="big-2", namespace=E2E_NS)
     for i in range(5):
         stack.api.delete(PODS, name=f"fill-{i}", namespace=E2E_NS)
@@ -413,9 +424,18 @@ def _scale_down(cluster: Autoscaled, first: str, second: str) -> None:
     )
     provider.groups.set_limits(A100.id, min_size=0, max_size=A100.max_size)
     set_scale_down_disabled(stack, [first, second], disabled=False)
+    time.sleep(settings.scale_down_unneeded_s + 3 * settings.scan_interval_s)
+    assert sorted(group_nodes(provider, A100.id)) == [first, second]
+    verdicts = autoscaler.log_lines(f"Node {first} unremovable", "100% of allocatable")
+    assert verdicts, "the autoscaler gave no reason to keep the node with one slice"
+    figures["one_slice_counts_as"] = verdicts[-1].split("unremovable: ", 1)[1]
+
+    provider.groups.set_scale_down_utilization_threshold(A100.id, 1.0)
+    judged = time.monotonic()
     wait_group_size(stack, provider, A100.id, 1, timeout=SCALE_DOWN_S)
     assert group_nodes(provider, A100.id) == [second]  # the holder's node stays
     assert removal_problems(stack, cluster.launcher, [first]) == []
+    figures["drained_node_removed_after_s"] = round(time.monotonic() - judged, 1)
     until(
         stack,
         lambda: set(_on(cluster, "movers-").values()) == {second} or None,
@@ -428,4 +448,5 @@ def _scale_down(cluster: Autoscaled, first: str, second: str) -> None:
     assert "holder" in _on(cluster, "holder")
     _ns_empty(cluster)
     wait_group_size(stack, provider, A100.id, 0, timeout=SCALE_DOWN_S)
+    provider.groups.set_scale_down_utilization_threshold(A100.id, None)
     wait_invariants(stack, [E2E_NS], timeout=INVARIANTS_S)
