@@ -39,7 +39,7 @@ from tests.autoscale.autoscaler import ClusterAutoscaler, binary_path, describe_
 from tests.autoscale.groups import NodeGroups, NodeGroupSpec
 from tests.autoscale.launcher import RealStackLauncher, kubelet_capacity
 from tests.autoscale.provider import CloudProvider, ProviderServer
-from tests.autoscale.real.steps import nodes_over_time
+from tests.autoscale.real.steps import node_starts, nodes_over_time
 from tests.autoscale.template import node_bytes, template_node
 from tests.e2e.conftest import E2E_NS
 from tests.e2e.helpers import apply, attach_daemon_logs
@@ -120,6 +120,7 @@ def autoscaled() -> Iterator[Autoscaled]:
 
 
 def _keep(cluster: Autoscaled) -> None:
+    cluster.figures["node_start"] = node_starts(cluster.provider)
     cluster.figures["nodes_over_time"] = nodes_over_time(cluster.provider, since=cluster.started)
     cluster.figures["leaks"] = sum(len(r.leftovers) for r in cluster.launcher.removals())
     cluster.figures["nodes_removed"] = len(cluster.launcher.removals())

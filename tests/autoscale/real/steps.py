@@ -124,12 +124,12 @@ class PodClock:
         return [self.bound_at[p] - self.created[p] for p in pods if p in self.bound_at]
 
 
-def summary(seconds: Sequence[float]) -> dict[str, float | int]:
-    """p50 and max of a list of durations, rounded to 0.1 s."""
+def summary(seconds: Sequence[float], *, of: str = "pods") -> dict[str, float | int]:
+    """How many (``of``), p50 and max of a list of durations, rounded to 0.1 s."""
     if not seconds:
-        return {"pods": 0}
+        return {of: 0}
     return {
-        "pods": len(seconds),
+        of: len(seconds),
         "p50_s": round(statistics.median(seconds), 1),
         "max_s": round(max(seconds), 1),
     }
@@ -256,3 +256,16 @@ def nodes_over_time(provider: CloudProvider, *, since: float) -> list[dict[str, 
             }
         )
     return series
+
+
+def node_starts(provider: CloudProvider) -> dict[str, float | int]:
+    """How long nodes took from the autoscaler's request to serving their GPUs (kubelet Ready,
+    plugin registered and published, and in controller mode the shim's resources listed)."""
+    requested: dict[str, float] = {}
+    took = []
+    for event in provider.history():
+        if event.what == "requested":
+            requested[event.node] = event.at
+        elif event.what == "ready" and event.node in requested:
+            took.append(event.at - requested[event.node])
+    return summary(took, of="nodes")

@@ -81,12 +81,14 @@ def _ns_empty(cluster: Autoscaled) -> None:
 def _scale_up_figures(
     cluster: Autoscaled, clock: PodClock, pods_: Sequence[str], *, new_nodes: set[str], since: float
 ) -> dict[str, object]:
-    """Pending → Running of the pods that ran on new nodes; when the autoscaler asked for the
-    first node and when the last one was up, counted from ``since`` (the burst)."""
+    """Pending → bound and → Running of the pods that ran on new nodes; how many nodes the
+    autoscaler asked for, and when the first, counted from ``since`` (the burst)."""
     scaled = [p for p in pods_ if clock.node_of.get(p) in new_nodes]
-    events = [e for e in cluster.provider.history() if e.at >= since and e.node in new_nodes]
-    requested = [e.at - since for e in events if e.what == "requested"]
-    ready = [e.at - since for e in events if e.what == "ready"]
+    requested = [
+        e.at - since
+        for e in cluster.provider.history()
+        if e.at >= since and e.what == "requested" and e.node in new_nodes
+    ]
     return {
         "pending_to_bound": summary(clock.pending_to_bound(scaled)),
         "pending_to_running": summary(clock.pending_to_running(scaled)),
@@ -95,7 +97,6 @@ def _scale_up_figures(
         ),
         "nodes_added": len(new_nodes),
         "first_increase_after_s": round(min(requested), 1) if requested else None,
-        "last_node_ready_after_s": round(max(ready), 1) if ready else None,
     }
 
 
