@@ -16,10 +16,11 @@ controller mode, which is cheap one way and slow the other):
    the autoscaler adds a node, the pods run; classic pods are never handed off but ride along on
    the new node. Fragmentation: a 7g.40gb pod pending while enough memory slices are free on two
    GPUs — the autoscaler adds a node; with the group at its maximum, ``instaslice defrag --apply``
-   frees a GPU instead and no node is added. Scale-down: a node whose bare pod holds a slice stays;
-   a node whose pod can move is drained (the slice released) and removed; at the end the group is
-   at 0 and no removed node left a MIG instance, a CDI spec, a checkpoint entry, an allocated
-   claim or a ResourceSlice.
+   frees a GPU instead and no node is added. Scale-down: with the autoscaler's default threshold a
+   node whose pod holds a slice stays (one slice counts as a full GPU); with the group's threshold
+   at 1 a node whose pod can move is drained (the slice released) and removed, while a node whose
+   bare pod holds a slice stays; at the end the group is at 0 and no removed node left a MIG
+   instance, a CDI spec, a checkpoint entry, an allocated claim or a ResourceSlice.
 """
 
 from __future__ import annotations
