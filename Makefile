@@ -7,7 +7,7 @@ TYPECHECKED := $(PACKAGES) tests bench
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: help install lock protos protos-check lint fmt typecheck test test-real test-unit bench demo check-nvml clean
+.PHONY: help install lock protos protos-check lint fmt typecheck test test-real test-autoscale test-unit bench demo check-nvml clean
 
 help: ## list targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-28s %s\n", $$1, $$2}'
@@ -67,6 +67,11 @@ test-real: $(INSTALLED) ## the real-stack tier (tests/real) on Kubernetes built 
 	@reason=$$($(PY) -c 'from localcluster.realstack import describe_missing; print(describe_missing() or "")'); \
 	if [ -n "$$reason" ]; then echo "test-real: skipped: $$reason"; \
 	else $(PY) -m pytest tests/real --real-stack -p no:cacheprovider $(PYTEST_ARGS); fi
+
+test-autoscale: $(INSTALLED) ## cluster-autoscaler (externalgrpc) growing and shrinking the real stack, both modes (tests/autoscale/real, ~25 min); skips in one line when not built
+	@reason=$$($(PY) -c 'from tests.autoscale.autoscaler import describe_missing; print(describe_missing() or "")'); \
+	if [ -n "$$reason" ]; then echo "test-autoscale: skipped: $$reason"; \
+	else $(PY) -m pytest tests/autoscale/real --autoscale -p no:cacheprovider $(PYTEST_ARGS); fi
 
 bench: $(INSTALLED) ## run the benchmarks; figures go to stdout and bench/results/*.json
 	$(PY) -m bench

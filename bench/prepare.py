@@ -102,8 +102,11 @@ class _Bench:
                 raise RuntimeError("the kubelet plugin did not start")
             time.sleep(0.05)
         (socket,) = registry.glob("*-reg.sock")
-        with grpc.insecure_channel(f"unix://{socket}") as channel:
+        with grpc.insecure_channel(f"unix://{socket}") as channel:  # as the kubelet registers it
             info = reg_grpc.RegistrationStub(channel).GetInfo(reg.InfoRequest(), timeout=5)
+            reg_grpc.RegistrationStub(channel).NotifyRegistrationStatus(
+                reg.RegistrationStatus(plugin_registered=True), timeout=5
+            )
         self.channel = grpc.insecure_channel(f"unix://{info.endpoint}")
         self.stub = dra_grpc.DRAPluginStub(self.channel)
         self.counter = 0

@@ -28,7 +28,7 @@ from kubeletplugin.node.capacity import KUBELET_CHECKPOINT, StaleCapacityCleaner
 from kubeletplugin.node.events import NodeEvents
 from kubeletplugin.node.setup import build_backend, prepare_node
 from kubeletplugin.plugin import KubeletPlugin, PluginConfig
-from kubeletplugin.settings import Settings, parse_settings
+from kubeletplugin.settings import REGISTRATION_WAIT_S, Settings, parse_settings
 from kubeletplugin.state.recovery import read_boot_id
 
 logger = logging.getLogger("kubeletplugin")
@@ -116,6 +116,7 @@ def _plugin_config(settings: Settings, cdi_common: CommonEdits) -> PluginConfig:
         unhealthy_taint_effect=settings.health.taint_effect,
         xid_policy=settings.health.xids,
         cdi_common=cdi_common,
+        registration_wait_seconds=REGISTRATION_WAIT_S,
     )
 
 

@@ -1,9 +1,14 @@
 """One kubelet-plugin instance: its parts built from the chosen backend and API, started in order.
 
-Start order (what the kubelet and the Go helper expect): recover checkpoint ⇄ GPU ⇄ API first (so
-nothing is served from a stale checkpoint), publish the inventory, serve the DRA socket, then the
-registration socket (the kubelet dials the DRA endpoint as soon as it sees the registration socket),
-then ``/healthz`` and ``/metrics``, then the inventory poll and the XID watch. The DRA socket also
+Start order: recover checkpoint ⇄ GPU ⇄ API first (so nothing is served from a stale checkpoint),
+serve the DRA socket, then the registration socket (the kubelet dials the DRA endpoint as soon as
+it sees the registration socket), publish the inventory once the kubelet has registered the plugin
+(``registration_wait_seconds``), then ``/healthz`` and ``/metrics``, then the inventory poll and the
+XID watch. Publishing waits for the registration because a device published before it can be
+allocated, and its pod bound, while the kubelet cannot call us yet: the kubelet then fails the
+pod's prepare ("DRA driver ... is not registered") and tries again only on its next resync of the
+pod, about a minute later — what every pod landing on a new node within its first second got (seen
+on real kubelets, whose plugin watcher registers a plugin up to a second after its socket appears). The DRA socket also
 serves the resource-health stream (``health_stream``), fed by every inventory read (lost GPUs,
 memory errors, critical XIDs). ``stop`` goes the other way: health streams ended first, and removes
 both sockets. ``__main__`` and the tests (and the local demo) build the plugin through this class;
@@ -75,6 +80,9 @@ class PluginConfig:
     """How often the health stream repeats the full state when nothing changed."""
     cdi_common: CommonEdits = NO_COMMON_EDITS
     """Edits shared by every slice's container (``driver.cdi_common``), written at start."""
+    registration_wait_seconds: float = 0.0
+    """How long ``start`` waits for the kubelet to register the plugin before its first
+    publication (then publishes all the same, with a warning); 0 publishes at once."""
 
 
 class KubeletPlugin:
@@ -220,14 +228,19 @@ class KubeletPlugin:
         self.publisher.refresh_inventory()
         report = self.recovery.run()
         self.metrics.set_slices_in_use(slices_in_use(self.store.load()))
-        try:
-            self.publisher.sync()
-        except DriverError as exc:
-            logger.warning("first ResourceSlice publication failed (will retry): %s", exc)
         self._started = True
         self.health_board.reopen()
         self._dra_server.start()
         self._registration_server.start()
+        wait = self.config.registration_wait_seconds
+        if wait > 0 and not self.tracker.wait_registered(timeout=wait):
+            logger.warning(
+                "the kubelet has not registered the plugin within %.0fs; publishing anyway", wait
+            )
+        try:
+            self.publisher.sync()
+        except DriverError as exc:
+            logger.warning("first ResourceSlice publication failed (will retry): %s", exc)
         for endpoint in self._http:
             endpoint.start()
         self.publisher.start()

@@ -32,6 +32,9 @@ DEFAULT_STATE_DIR: Final = "/var/lib/instaslice"
 DEFAULT_METRICS_ADDRESS: Final = ":9400"
 DEFAULT_HEALTHZ_ADDRESS: Final = ":9401"
 DEFAULT_INVENTORY_POLL_SECONDS: Final = 30.0
+REGISTRATION_WAIT_S: Final = 10.0
+"""How long the plugin waits for the kubelet to register it before publishing its ResourceSlices
+(``kubeletplugin.plugin``): the kubelet's plugin watcher registers a new socket within a second."""
 DEFAULT_KUBE_API_QPS: Final = 50.0
 DEFAULT_KUBE_API_BURST: Final = 100
 EMULATED_STATE_FILE_NAME: Final = "emulated-gpus.json"

@@ -241,7 +241,8 @@ class DaemonStack(ABC):
 
     def check_daemons(self) -> None:
         for process in self.daemons():
-            if process.starts and not process.running():
+            # asked again: a node that left meanwhile (RealStack.remove_node) stopped its plugin
+            if process.starts and not process.running() and process in self.daemons():
                 raise RuntimeError(
                     f"{process.name} exited with status {process.returncode()}; last lines of "
                     f"{process.log_file}:\n{process.log_tail()}"

@@ -12,6 +12,9 @@ given. :class:`RealStack` runs our daemons on it the way a cluster does:
   host, pointed at that kubelet's directories, with emulated GPUs;
 * ``instaslice-controller`` with its webhook reached by URL (certificate for 127.0.0.1).
 
+Nodes may also join and leave a running stack (``add_node``, ``remove_node``), each with its own GPUs,
+labels and provider id — what a cloud provider does for cluster-autoscaler (``tests/autoscale``).
+
 It offers what the end-to-end scenarios use from :class:`localcluster.stack.InstaSliceStack`
 (``api``, ``node_names``, ``node_paths``, ``kubelet(node).container_devices``, ``mig_instances``,
 ``view``, ``wait_for``, ``restart_plugin``...), so one scenario runs on both stacks. What a container
@@ -37,6 +40,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -75,6 +79,7 @@ log = logging.getLogger(__name__)
 
 
 READY_TIMEOUT_S = 120.0
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 EXIT_ANNOTATION_PREFIX = "fake-cri/exit."
 """The fake runtime ends a container that many seconds after it started: ``"<s>[:<code>]"``."""
 _TOKEN_SECONDS = 6 * 3600
@@ -322,17 +327,19 @@ class RealStack(DaemonStack):
         self.controller_metrics_port = 0
         self.controllers: list[ManagedProcess] = []
         self.plugins: dict[str, ManagedProcess] = {}
-        self._kubelets = {
-            name: RealKubelet(
-                name=name, paths=self.paths, cdi=self.cdi, cdi_root=self.node_paths(name).cdi_root
-            )
-            for name in self.config.node_names()
-        }
+        self._nodes_lock = threading.Lock()
+        self._nodes: list[str] = []
+        self._node_gpus: dict[str, str] = {}
+        """Every node's emulated GPUs, kept after it left (what was left on them is still read)."""
+        self._kubelets: dict[str, RealKubelet] = {}
+        for name in self.config.node_names():
+            self._join(name, gpus=self.config.gpus)
         self._ca_bundle = b""
         self._cert_dir = self.root / "controller" / "webhook-certs"
         self._credentials: dict[str, Path] = {}
         self._plugin_mode_args: list[str] = []
         self._controller_mode_args: list[str] = []
+        self._indexes_starting: set[int] = set()
 
     # --- parts ----------------------------------------------------------------------------------
 
@@ -348,7 +355,19 @@ class RealStack(DaemonStack):
 
     @property
     def node_names(self) -> list[str]:
-        return self.config.node_names()
+        """The nodes in the stack now (the configured ones, and those added and not removed)."""
+        with self._nodes_lock:
+            return list(self._nodes)
+
+    def _join(self, node: str, *, gpus: str) -> None:
+        with self._nodes_lock:
+            if node in self._nodes:
+                raise ConfigError(f"node {node} is already in the stack")
+            self._nodes.append(node)
+            self._node_gpus[node] = gpus
+            self._kubelets[node] = RealKubelet(
+                name=node, paths=self.paths, cdi=self.cdi, cdi_root=self.node_paths(node).cdi_root
+            )
 
     @property
     def kubeconfig(self) -> Path:
@@ -456,14 +475,26 @@ class RealStack(DaemonStack):
 
     # --- kubelets -------------------------------------------------------------------------------
 
-    def start_node(self, node: str) -> None:
-        """``run-node.sh``: fake runtime + kubelet, waits until the Node is Ready."""
-        self._run_script(
-            [str(self.paths.nodes / "run-node.sh"), node],
-            env={"CLUSTER_KUBECONFIG": str(self.paths.kubeconfig)},
-            what=f"kubelet {node} start",
-            timeout=180,
-        )
+    def start_node(
+        self,
+        node: str,
+        *,
+        labels: Mapping[str, str] | None = None,
+        provider_id: str = "",
+        index: int | None = None,
+    ) -> None:
+        """``run-node.sh``: fake runtime + kubelet, waits until the Node is Ready. ``labels`` are
+        the kubelet's ``--node-labels``, ``provider_id`` its ``--provider-id`` (the Node's
+        ``spec.providerID``), ``index`` picks its ports (the script picks a free one without it;
+        nodes started at the same time need distinct ones)."""
+        env = {"CLUSTER_KUBECONFIG": str(self.paths.kubeconfig)}
+        if labels:
+            env["NODE_LABELS"] = ",".join(f"{key}={value}" for key, value in labels.items())
+        if provider_id:
+            env["KUBELET_EXTRA_ARGS"] = f"--provider-id={provider_id}"
+        argv = [str(self.paths.nodes / "run-node.sh"), node]
+        argv += [str(index)] if index is not None else []
+        self._run_script(argv, env=env, what=f"kubelet {node} start", timeout=180)
 
     def stop_node(self, node: str, *, delete: bool = False, purge: bool = False) -> None:
         if not (self.paths.nodes / node).is_dir():
@@ -499,7 +530,89 @@ class RealStack(DaemonStack):
     # --- our daemons ----------------------------------------------------------------------------
 
     def daemons(self) -> list[ManagedProcess]:
-        return [*self.plugins.values(), *self.controllers]
+        with self._nodes_lock:
+            return [*self.plugins.values(), *self.controllers]
+
+    # --- nodes joining and leaving a running stack -------------------------------------------------
+
+    def add_node(
+        self,
+        node: str,
+        *,
+        gpus: str,
+        labels: Mapping[str, str] | None = None,
+        provider_id: str = "",
+        timeout: float = READY_TIMEOUT_S,
+    ) -> None:
+        """A node joins, as a cloud instance does: its kubelet (``labels``, ``provider_id``), then
+        our kubelet plugin with ``gpus`` emulated. Returns once the Node is Ready without the
+        ``node.kubernetes.io/not-ready`` taint (kube-controller-manager lifts it), the plugin has
+        published its pool and, with the classic shim on, the kubelet lists the shim's resources.
+        Several nodes may join at once (each gets its own kubelet ports)."""
+        self._join(node, gpus=gpus)
+        with self._nodes_lock:
+            index = self._free_index()
+            self._indexes_starting.add(index)
+        try:
+            self.start_node(node, labels=labels, provider_id=provider_id, index=index)
+        finally:
+            with self._nodes_lock:
+                self._indexes_starting.discard(index)
+        credentials = self._service_account_kubeconfig("instaslice-kubelet-plugin", node=node)
+        plugin = self._plugin_process(node, credentials)
+        with self._nodes_lock:
+            self._credentials[f"plugin/{node}"] = credentials
+            self.plugins[node] = plugin
+        plugin.start()
+        self.wait_for(
+            lambda: node in self.published_nodes() and not self._not_ready_taint(node),
+            timeout=timeout,
+            message=f"node {node}: no published pool, or still tainted not-ready",
+        )
+        if self.classic_shim_on:
+            self.wait_for(
+                lambda: any(self.classic_resources(node).values()),
+                timeout=timeout,
+                message=f"node {node}: no nvidia.com/mig-* in its allocatable",
+            )
+
+    def remove_node(self, node: str) -> None:
+        """A node leaves, as a cloud instance deleted by cluster-autoscaler: our plugin and its
+        kubelet stop, the Node (and its Lease) is deleted — its ResourceSlices go with it, they
+        are owned by it. What was left on its GPUs, CDI directory and checkpoint stays readable
+        (``mig_instances``, ``node_paths``)."""
+        with self._nodes_lock:
+            if node in self._nodes:
+                self._nodes.remove(node)
+            plugin = self.plugins.pop(node, None)
+        if plugin is not None:
+            plugin.stop()
+        self._save_kubelet_log(node)
+        self.stop_node(node, delete=True, purge=True)
+
+    @property
+    def classic_shim_on(self) -> bool:
+        """Whether the plugins serve the classic shim (``set_classic_shim``; on by default)."""
+        return "off" not in self._plugin_mode_args
+
+    def _free_index(self) -> int:
+        """The lowest kubelet port index that no node directory and no starting node uses."""
+        used = set(self._indexes_starting)
+        for path in self.paths.nodes.glob("*/index"):
+            with contextlib.suppress(OSError, ValueError):
+                used.add(int(path.read_text().strip()))
+        index = 0
+        while index in used:
+            index += 1
+        return index
+
+    def _not_ready_taint(self, node: str) -> bool:
+        try:
+            obj = self.api.get(NODES, name=node)
+        except ApiNotFoundError:
+            return True
+        taints = (obj.get("spec") or {}).get("taints") or []
+        return any(t.get("key") == NOT_READY_TAINT for t in taints)
 
     def _plugin_process(self, node: str, kubeconfig: Path) -> ManagedProcess:
         paths = self.node_paths(node)
@@ -507,7 +620,7 @@ class RealStack(DaemonStack):
         args = plugin_args(
             node,
             connection=["--kubeconfig", str(kubeconfig)],
-            gpus=self.config.gpus,
+            gpus=self._node_gpus[node],
             paths=paths,
             kubelet=self.kubelet(node),
             inventory_poll_s=self.config.inventory_poll_s,
@@ -765,7 +878,7 @@ class RealStack(DaemonStack):
         state = self.node_paths(node).emulated_state_file
         if not state.exists():
             return ()
-        backend = EmulatedGpuBackend(node_name=node, spec=self.config.gpus, state_file=state)
+        backend = EmulatedGpuBackend(node_name=node, spec=self._node_gpus[node], state_file=state)
         try:
             return backend.instances()
         finally:

@@ -44,15 +44,23 @@ class RegistrationState:
 
 
 class RegistrationTracker:
-    """Thread-safe holder of the last registration status, read by the health endpoint."""
+    """Thread-safe holder of the last registration status, read by the health endpoint; also
+    says whether the kubelet has registered the plugin at least once."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._state = RegistrationState(registered=None, error="")
+        self._registered_once = threading.Event()
 
     def record(self, *, registered: bool, error: str) -> None:
         with self._lock:
             self._state = RegistrationState(registered=registered, error=error)
+        if registered:
+            self._registered_once.set()
+
+    def wait_registered(self, *, timeout: float) -> bool:
+        """Until the kubelet has registered the plugin (True), at most ``timeout`` seconds."""
+        return self._registered_once.wait(timeout)
 
     @property
     def state(self) -> RegistrationState:

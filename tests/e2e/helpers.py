@@ -449,10 +449,11 @@ def wait_invariants(stack: Stack, namespaces: Iterable[str] = (), *, timeout: fl
         time.sleep(0.1)
 
 
-def node_leftovers(stack: Stack) -> list[str]:
-    """MIG instances, CDI specs and checkpoint entries left on the nodes."""
+def node_leftovers(stack: Stack, nodes: Iterable[str] | None = None) -> list[str]:
+    """MIG instances, CDI specs and checkpoint entries left on the nodes (default: every node in
+    the stack; a node that left it may be named, its state is still readable)."""
     left: list[str] = []
-    for node in stack.node_names:
+    for node in stack.node_names if nodes is None else nodes:
         paths = stack.node_paths(node)
         left += [f"{node}: MIG {i.profile}@{i.placement.start}" for i in stack.mig_instances(node)]
         if paths.cdi_root.is_dir():

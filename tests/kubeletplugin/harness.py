@@ -197,6 +197,7 @@ class NodeHarness:
         cdi_common: CommonEdits = NO_COMMON_EDITS,
         emulated: bool = True,
         majors: DeviceMajors | None = None,
+        registration_wait_seconds: float = 0.0,
     ) -> KubeletPlugin:
         backend = backend or self.backend(fault_hook=fault_hook)
         plugin = KubeletPlugin(
@@ -211,6 +212,7 @@ class NodeHarness:
                 metrics_address="127.0.0.1:0" if http else "",
                 inventory_poll_seconds=3600,
                 cdi_common=cdi_common,
+                registration_wait_seconds=registration_wait_seconds,
             ),
             backend=backend,
             api=self.api,

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 import urllib.request
 
 import pytest
 
 from api.names import CDI_KIND, DRIVER_NAME
+from driver.cluster.port import RESOURCE_SLICES
 from kubeletplugin.dra.registration import SUPPORTED_SERVICES
 from tests.kubeletplugin.harness import Answer, ClaimHandle, NodeHarness
 
@@ -37,6 +39,36 @@ def test_registration_names_the_dra_socket_and_both_services(node: NodeHarness) 
         "v1alpha1.DRAResourceHealth",
     ]
     assert plugin.tracker.state.registered is True
+
+
+def _published(node: NodeHarness) -> list[str]:
+    slices = node.api.list_objects(RESOURCE_SLICES, field_selector=f"spec.nodeName={node.node}")
+    return [str(obj["metadata"]["name"]) for obj in slices.items]
+
+
+def test_slices_are_published_once_the_kubelet_registered_the_plugin(node: NodeHarness) -> None:
+    # a device published before the kubelet can call us could be allocated and its pod bound,
+    # and the kubelet would fail that pod's prepare ("not registered") and retry a minute later
+    started = threading.Thread(target=lambda: node.start_plugin(registration_wait_seconds=30))
+    started.start()
+    deadline = time.monotonic() + 10
+    while not list(node.registry_dir.glob("*-reg.sock")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)  # the plugin is serving and waiting: nothing published yet
+    assert _published(node) == []
+    node.kubelet()
+    started.join(timeout=10)
+    assert not started.is_alive()
+    assert _published(node)
+
+
+def test_without_a_kubelet_the_slices_are_published_after_the_wait_with_a_warning(
+    node: NodeHarness, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="kubeletplugin.plugin"):
+        node.start_plugin(registration_wait_seconds=0.2)
+    assert _published(node)
+    assert "has not registered the plugin within" in caplog.text
 
 
 @pytest.mark.parametrize("version", ["v1", "v1beta1"])

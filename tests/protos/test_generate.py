@@ -35,6 +35,10 @@ def test_every_proto_has_its_four_stubs_committed() -> None:
         "protos/dra/v1/api.proto",
         "protos/dra/v1beta1/api.proto",
         "protos/drahealth/v1alpha1/api.proto",
+        "protos/externalgrpc/externalgrpc.proto",
+        "protos/k8s/api/core/v1/generated.proto",
+        "protos/k8s/apimachinery/pkg/api/resource/generated.proto",
+        "protos/k8s/apimachinery/pkg/apis/meta/v1/generated.proto",
         "protos/pluginregistration/api.proto",
         "protos/podresources/v1/api.proto",
     ]

@@ -1,0 +1,1 @@
+"""cluster-autoscaler's externalgrpc cloud-provider API (`clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider`); stubs generated from externalgrpc.proto. Only the test cloud provider (tests/autoscale) uses it."""

@@ -1,0 +1,1 @@
+"""Cut-down copies of Kubernetes' own protobuf messages (k8s.io/...generated.proto): what a `v1.Node` in Kubernetes' protobuf encoding needs. Only the test cloud provider (tests/autoscale) uses them."""

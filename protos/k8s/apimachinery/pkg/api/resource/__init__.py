@@ -1,0 +1,1 @@
+"""k8s.io/apimachinery/pkg/api/resource: `Quantity`; stubs generated from generated.proto."""

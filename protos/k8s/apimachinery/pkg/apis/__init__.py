@@ -1,0 +1,1 @@
+"""Path to the cut-down Kubernetes protobuf messages (protos/k8s)."""
