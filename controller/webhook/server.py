@@ -218,9 +218,9 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "instaslice-webhook"
     wbufsize = RESPONSE_BUFFER_BYTES
     """Buffered: status line, headers and body go out in one write (one TLS record) when the
-    request is done. Unbuffered, the headers and the body were two writes, and the body waited for
-    kube-apiserver's delayed ACK of the headers (Nagle): ~40 ms per answer on a keep-alive
-    connection (docs/design.md F15)."""
+    request is done. Unbuffered, the headers and the body would be two writes, and the body would
+    wait for kube-apiserver's delayed ACK of the headers (Nagle): up to ~40 ms per answer on a
+    keep-alive connection (docs/design.md F15)."""
 
     def handle_one_request(self) -> None:
         handle_guarded(self, self.server.guard, super().handle_one_request)
