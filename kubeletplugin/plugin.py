@@ -23,6 +23,7 @@ from driver.cdi_common import NO_COMMON_EDITS, CommonEdits, write_common_spec
 from driver.checkpoint import CHECKPOINT_FILE_NAME, CheckpointStore
 from driver.cluster.events import EventRecorder
 from driver.cluster.informer import Informer, ListWatch
+from driver.cluster.informer_metrics import InformerCollector
 from driver.cluster.port import RESOURCE_SLICES, ClusterApi, JsonObject
 from driver.cluster.views import SliceView
 from driver.daemon.http import endpoints_by_address
@@ -40,7 +41,7 @@ from kubeletplugin.health.liveness import HealthChecker
 from kubeletplugin.health.settings import XidPolicy
 from kubeletplugin.health.stream import DeviceHealthBoard, DraHealthServicer, add_health_service
 from kubeletplugin.health.xid import XidHealth
-from kubeletplugin.metrics import PluginMetrics
+from kubeletplugin.metrics import NAMESPACE, PluginMetrics
 from kubeletplugin.node.publisher import SlicePublisher
 from kubeletplugin.settings import split_address
 from kubeletplugin.sockets import UnixGrpcServer, ensure_directory
@@ -128,6 +129,9 @@ class KubeletPlugin:
             name=f"slices-{config.node_name}",
         )
         self._own_slices.add_handler(on_delete=self._slice_deleted)
+        self.metrics.registry.register(
+            InformerCollector(namespace=NAMESPACE, informers=lambda: {"slices": self._own_slices})
+        )
         self.state = DeviceState(
             node_name=config.node_name,
             backend=backend,
