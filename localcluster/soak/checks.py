@@ -144,6 +144,9 @@ class Invariants:
             except DriverError as exc:  # the API server restarting: check again next time
                 self.failed_reads += 1
                 self._timeline.note("check", f"invariants not read this time: {exc}")
+            except Exception as exc:  # a bug of the harness must not end the checks
+                self.failed_reads += 1
+                self._timeline.note("check", f"invariant check failed: {exc!r}")
 
     def _violate(self, key: str, kind: str, text: str) -> None:
         if key in self._seen:

@@ -115,9 +115,9 @@ class FaultRunner:
         action: Callable[[FaultRecord], None] = getattr(self, "_" + fault.kind.replace("-", "_"))
         try:
             action(record)
-        except (DriverError, OSError, TimeoutError) as exc:
-            record.details["error"] = str(exc)
-            self._timeline.note("fault", f"{fault.kind} did not complete: {exc}")
+        except Exception as exc:  # recorded: the soak goes on and reports it
+            record.details["error"] = repr(exc)
+            self._timeline.note("fault", f"{fault.kind} did not complete: {exc!r}")
         record.ended_s = self._timeline.now()
         record.recovered_s = self._recover()
         self.records.append(record)

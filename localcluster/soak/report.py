@@ -37,6 +37,12 @@ class SoakResult:
         """Why the soak failed; empty when it passed."""
         found = [f"{v.kind} at {v.at_s:.0f}s: {v.text}" for v in self.violations]
         found += [f"fault {k} never injected" for k, n in self.faults_by_kind().items() if not n]
+        for fault in self.faults:
+            if "error" in fault.details:
+                found.append(f"fault {fault.kind} at {fault.started_s:.0f}s failed: "
+                             f"{fault.details['error']}")  # fmt: skip
+            if fault.recovered_s is None:
+                found.append(f"not whole again after {fault.kind} at {fault.started_s:.0f}s")
         found += [
             f"{g.role} (pid {g.pid}) {g.figure} grew {g.growth:+.1%} ({g.start:g} -> {g.end:g})"
             for g in self.growth

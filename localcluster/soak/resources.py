@@ -80,7 +80,11 @@ class ResourceSampler:
 
     def sample_once(self) -> None:
         now = self._now()
-        for daemon in self._daemons():
+        try:
+            daemons = self._daemons()
+        except (OSError, AttributeError):  # a process reaped while being looked at: next time
+            return
+        for daemon in daemons:
             figures = read_process(daemon.pid)
             if figures is None:
                 continue
