@@ -55,6 +55,19 @@ def _reasons(pod: JsonObject) -> list[str]:
     return found
 
 
+_TELLING_FIRST = (names.PLACEMENT_CONDITION, "PodScheduled", "status", "event")
+
+
+def telling_reason(reasons: list[str]) -> str:
+    """The reason that says most: ours, then the scheduler's, then the pod's status, then the
+    newest other one (``ContainersNotReady`` and the like follow from the first ones)."""
+    for source in _TELLING_FIRST:
+        for reason in reversed(reasons):
+            if reason.startswith(f"{source}:"):
+                return reason
+    return reasons[-1]
+
+
 def waiting(pod: JsonObject) -> bool:
     """Gated by us or not bound to a node yet, and not being deleted."""
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
@@ -144,7 +157,7 @@ class PodLedger:
                 continue
             said = record.reasons or events.get(record.uid, [])
             if said:
-                not_run[said[-1]] += 1
+                not_run[telling_reason(said)] += 1
             elif record.deleted_s is not None:
                 not_run["deleted before it was placed (scale-down or quiesce)"] += 1
             else:

@@ -10,7 +10,7 @@ import pytest
 from instaslice.status import ClusterView, FreeProfile, GpuView
 from localcluster.soak.checks import Violation, fits, free_capacity
 from localcluster.soak.faults import KINDS, NODE_KINDS, FaultRecord, plan
-from localcluster.soak.ledger import waiting
+from localcluster.soak.ledger import telling_reason, waiting
 from localcluster.soak.metrics import informer_lists, informer_objects
 from localcluster.soak.report import SoakResult, render
 from localcluster.soak.resources import Growth, Sample, growth, limit
@@ -214,3 +214,12 @@ def test_what_fails_a_soak(changes: dict[str, object], problem: str) -> None:
     assert not result.passed()
     assert any(problem in p for p in result.problems()), result.problems()
     assert "FAILED" in render(result)
+
+
+def test_a_pod_that_did_not_run_is_counted_by_its_mosttelling_reason_reason() -> None:
+    said = ["Ready: ContainersNotReady", "instaslice.dev/Placement: NoCapacity", "status: Evicted"]
+    assert telling_reason(said) == "instaslice.dev/Placement: NoCapacity"
+    assert telling_reason(["Ready: PodCompleted", "PodScheduled: SchedulingGated"]) == (
+        "PodScheduled: SchedulingGated"
+    )
+    assert telling_reason(["Ready: ContainersNotReady"]) == "Ready: ContainersNotReady"
