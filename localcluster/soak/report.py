@@ -13,6 +13,13 @@ from localcluster.soak.checks import Violation
 from localcluster.soak.faults import KINDS, FaultRecord
 from localcluster.soak.resources import Growth
 
+DAEMON_KINDS = ("controller", "webhook", "plugin")
+
+
+def _daemon_kind(role: str) -> str:
+    """``controller-1`` → ``controller``, ``plugin/node-2`` → ``plugin``."""
+    return role.split("/", 1)[0].split("-", 1)[0]
+
 
 @dataclass(frozen=True, slots=True)
 class SoakResult:
@@ -48,8 +55,12 @@ class SoakResult:
             for g in self.growth
             if g.judged and not g.within
         ]
-        if not any(g.judged for g in self.growth):
-            found.append("no daemon lived long enough to judge its growth")
+        judged = {_daemon_kind(g.role) for g in self.growth if g.judged}
+        found += [
+            f"no {kind} lived long enough to judge its growth"
+            for kind in DAEMON_KINDS
+            if kind not in judged
+        ]
         found += [f"{n} pod(s) did not run and said nothing" for n in
                   [self.pods["did not run"].get("without a reason", 0)] if n]  # fmt: skip
         return found

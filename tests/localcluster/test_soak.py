@@ -165,7 +165,7 @@ def _result(**changes: object) -> SoakResult:
         "violations": [],
         "growth": [
             Growth(
-                role="plugin/node-2",
+                role=role,
                 pid=1,
                 figure="rss_kib",
                 judged=True,
@@ -175,6 +175,7 @@ def _result(**changes: object) -> SoakResult:
                 slope_per_hour=0,
                 within=True,
             )
+            for role in ("plugin/node-2", "controller-1", "webhook-1")
         ],
         "checks": 100,
         "failed_reads": 2,
@@ -200,7 +201,7 @@ def test_a_clean_result_passes_and_says_so() -> None:
          "said nothing"),
         ({"growth": [Growth(role="controller-0", pid=1, figure="rss_kib", judged=True, start=100,
                             end=120, growth=0.2, slope_per_hour=0.6, within=False)]}, "grew +20"),
-        ({"growth": []}, "no daemon lived long enough"),
+        ({"growth": []}, "no controller lived long enough"),
         ({"faults": [FaultRecord(kind="kill-leader", target="", started_s=1, recovered_s=None)]},
          "not whole again after kill-leader"),
         ({"faults": [FaultRecord(kind="kill-leader", target="", started_s=1, recovered_s=2,
