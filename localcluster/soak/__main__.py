@@ -12,7 +12,7 @@ from pathlib import Path
 
 from localcluster.realstack import describe_missing
 from localcluster.soak.faults import KINDS
-from localcluster.soak.report import render
+from localcluster.soak.report import render, write
 from localcluster.soak.run import SoakConfig, run_soak
 
 
@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             kinds=tuple(k for k in args.faults.split(",") if k),
         )
     )
+    write(result, args.out)
     print(render(result))
     print(f"soak: report, timeline and logs in {args.out}")
     return 0 if result.passed() else 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +65,11 @@ def run_soak(config: SoakConfig) -> SoakResult:
     finally:
         timeline.note("phase", "stopping the stack")
         stack.stop(keep_logs=config.out / "logs")
+        control_plane_logs = stack.paths.control_plane / "logs"
+        if control_plane_logs.is_dir():
+            shutil.copytree(
+                control_plane_logs, config.out / "logs" / "control-plane", dirs_exist_ok=True
+            )
 
 
 def _soak(config: SoakConfig, stack: SoakStack, timeline: Timeline) -> SoakResult:

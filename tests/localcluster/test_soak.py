@@ -224,3 +224,21 @@ def test_a_pod_that_did_not_run_is_counted_by_its_mosttelling_reason_reason() ->
         "PodScheduled: SchedulingGated"
     )
     assert telling_reason(["Ready: ContainersNotReady"]) == "Ready: ContainersNotReady"
+
+
+def test_a_pool_that_fills_early_is_no_leak_but_a_count_still_rising_late_is() -> None:
+    def threads(role: str, pid: int, counts: list[int]) -> list[Sample]:
+        return [
+            Sample(at_s=10 * i, role=role, pid=pid, rss_kib=1000, fds=10, threads=n)
+            for i, n in enumerate(counts)
+        ]
+
+    filled = threads("plugin/node-2", 1, [30] * 20 + [36] * 20 + [35] * 80)
+    leaking = threads("plugin/node-1", 2, [30] * 60 + [30 + i // 6 for i in range(60)])
+    results = {
+        g.role: g
+        for g in growth(filled + leaking, soak_s=1200, soak_warmup_s=0)
+        if g.figure == "threads"
+    }
+    assert results["plugin/node-2"].within
+    assert not results["plugin/node-1"].within
