@@ -212,7 +212,7 @@ def _check_answer(body: Any) -> None:
 
 
 PROPERTY_SETTINGS = settings(
-    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
 

@@ -32,6 +32,7 @@ from api.checkpoint import (
 )
 from api.errors import CheckpointDecodeError
 from driver.checkpoint import MAX_CHECKPOINT_BYTES
+from kubeletplugin.health.settings import XidPolicy
 from tests.kubeletplugin.harness import ClaimHandle, NodeHarness
 
 Damage = Callable[[bytes, int], bytes]
@@ -44,6 +45,14 @@ FLIPS: dict[str, Damage] = {
     "brace": lambda raw, at: raw[:at] + b"}" + raw[at + 1 :],
     "digit": lambda raw, at: raw[:at] + b"7" + raw[at + 1 :],
 }
+
+
+@pytest.fixture
+def node(node: NodeHarness) -> NodeHarness:
+    """The node, its plugin without an XID watch: it restarts at once (these tests restart it
+    often and inject no XID)."""
+    node.xid_policy = XidPolicy(ignore_all=True)
+    return node
 
 
 def _device(index: int, *, complete: bool) -> PreparedDevice:

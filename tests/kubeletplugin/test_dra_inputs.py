@@ -11,11 +11,20 @@ from hypothesis import strategies as st
 
 from driver.ids import ClaimUid
 from kubeletplugin.dra.claimrefs import MAX_UID_LENGTH, claim_ref_problem
+from kubeletplugin.health.settings import XidPolicy
 from kubeletplugin.model import ClaimRef
 from protos.dra.v1 import api_pb2 as v1
 from tests.kubeletplugin.harness import NodeHarness
 
 UNKNOWN_UID = "00000000-0000-0000-0000-00000000dead"
+
+
+@pytest.fixture
+def node(node: NodeHarness) -> NodeHarness:
+    """The node, its plugin without an XID watch: it restarts at once (these tests restart it
+    often and inject no XID)."""
+    node.xid_policy = XidPolicy(ignore_all=True)
+    return node
 
 
 def _raw_prepare(node: NodeHarness, claims: list[v1.Claim]) -> dict[str, str]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kubeletplugin.health.settings import XidPolicy
 from tests.kubeletplugin.harness import NodeHarness
 
 EXPECTED = {
@@ -21,6 +22,14 @@ EXPECTED = {
     "state/checkpoint.json": 0o600,
     "cdi": 0o755,
 }
+
+
+@pytest.fixture
+def node(node: NodeHarness) -> NodeHarness:
+    """The node, its plugin without an XID watch: it restarts at once (these tests restart it
+    often and inject no XID)."""
+    node.xid_policy = XidPolicy(ignore_all=True)
+    return node
 
 
 @pytest.fixture(params=[0o000, 0o022], ids=["umask-000", "umask-022"])
