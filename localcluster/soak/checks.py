@@ -50,6 +50,8 @@ CHECK_INTERVAL_S: Final = 10.0
 STUCK_S: Final = 180.0
 FREE_FOR_S: Final = 60.0
 QUIESCE_S: Final = 300.0
+CACHE_EVERY: Final = 6
+"""Informer caches are compared with the API server every this many checks (a minute)."""
 INFORMER_KINDS: Final[dict[str, Resource]] = {
     "pods": PODS,
     "claims": RESOURCE_CLAIMS,
@@ -123,6 +125,9 @@ class Invariants:
         self._free_since: dict[str, float] = {}
         self._seen: set[str] = set()
         self.violations: list[Violation] = []
+        self.cache_excess: dict[str, float] = {}
+        """``<daemon>-<replica>/<informer>`` → the most objects its cache held beyond those that
+        existed at the same moment (negative: it lagged behind new ones)."""
         self.checks = 0
         self.failed_reads = 0
         self._stop = threading.Event()
@@ -166,7 +171,24 @@ class Invariants:
         ready = {n for n in self._stack.node_names if self._stack.node_ready(n)}
         self._stuck(free_capacity(view, ready))
         self._daemons()
+        if self.checks % CACHE_EVERY == 0:
+            self._caches()
         self.checks += 1
+
+    def _caches(self) -> None:
+        """The largest excess of each informer cache over the objects of its kind that exist, as
+        seen so far (a cache that kept deleted objects would grow it run after run)."""
+        exist = {k: len(self._stack.api.list_objects(r).items) for k, r in INFORMER_KINDS.items()}
+        for daemon in self._stack.running_daemons():
+            if not daemon.role.startswith("controller"):
+                continue
+            for (name, informer), count in informer_objects(
+                self._stack.metrics_text(daemon)
+            ).items():
+                if informer in exist:
+                    key = f"{daemon.role.replace('controller', name)}/{informer}"
+                    excess = count - exist[informer]
+                    self.cache_excess[key] = max(self.cache_excess.get(key, excess), excess)
 
     def _stuck(self, free: dict[str, dict[str, int]]) -> None:
         now = self._timeline.now()

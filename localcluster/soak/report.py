@@ -35,6 +35,7 @@ class SoakResult:
     growth: list[Growth]
     checks: int
     failed_reads: int
+    cache_excess: dict[str, float]
 
     def faults_by_kind(self) -> dict[str, int]:
         counts = Counter(f.kind for f in self.faults)
@@ -83,6 +84,7 @@ class SoakResult:
             "growth": [asdict(g) for g in self.growth],
             "checks": self.checks,
             "failed_reads": self.failed_reads,
+            "informer_cache_excess": self.cache_excess,
         }
 
 
@@ -104,6 +106,10 @@ def render(result: SoakResult) -> str:
     lines += ["", f"invariant checks: {result.checks} ({result.failed_reads} skipped: API down)",
               f"violations: {len(result.violations)}"]  # fmt: skip
     lines += [f"  {v.at_s:7.0f}s {v.kind}: {v.text}" for v in result.violations]
+    if result.cache_excess:
+        worst = max(result.cache_excess.items(), key=lambda kv: kv[1])
+        lines += ["", f"informer caches: at most {worst[1]:+.0f} objects beyond those that "
+                  f"existed ({worst[0]}), once a minute over {len(result.cache_excess)} caches"]  # fmt: skip
     lines += ["", "growth after warm-up (start -> end, growth, slope per hour; * = judged):"]
     for g in result.growth:
         mark = "*" if g.judged else " "

@@ -127,6 +127,7 @@ def _soak(config: SoakConfig, stack: SoakStack, timeline: Timeline) -> SoakResul
         ),
         checks=invariants.checks,
         failed_reads=invariants.failed_reads,
+        cache_excess=dict(invariants.cache_excess),
     )
 
 

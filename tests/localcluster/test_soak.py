@@ -179,6 +179,7 @@ def _result(**changes: object) -> SoakResult:
         ],
         "checks": 100,
         "failed_reads": 2,
+        "cache_excess": {"controller-1/pods": 0.0, "webhook-1/claims": 1.0},
     }
     values.update(changes)
     return SoakResult(**values)  # type: ignore[arg-type]
@@ -190,6 +191,7 @@ def test_a_clean_result_passes_and_says_so() -> None:
     text = render(result)
     assert "PASSED" in text
     assert "kill-leader" in text
+    assert "at most +1 objects beyond those that existed (webhook-1/claims)" in text
 
 
 @pytest.mark.parametrize(
