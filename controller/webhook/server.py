@@ -82,6 +82,7 @@ class CallerLimits:
     max_connections: int = MAX_CONNECTIONS
     request_deadline_s: float = REQUEST_DEADLINE_S
     body_budget_bytes: int = BODY_BUDGET_BYTES
+    body_wait_s: float = BODY_WAIT_S
 
 
 class _CertificateReloader:
@@ -149,18 +150,21 @@ class _Server(ThreadingHTTPServer):
         reloader: _CertificateReloader,
         review: ReviewHandler,
         paths: frozenset[str],
-        connection_timeout: float,
         observe: AnswerObserver | None,
-        guard: ConnectionGuard,
-        bodies: BodyBudget,
+        limits: CallerLimits,
     ) -> None:
         self.reloader = reloader
-        self.guard = guard
-        self.bodies = bodies
+        self.guard = ConnectionGuard(
+            max_connections=limits.max_connections,
+            deadline_s=limits.request_deadline_s,
+            name="webhook",
+        )
+        self.bodies = BodyBudget(limit_bytes=limits.body_budget_bytes)
+        self.body_wait_s = limits.body_wait_s
         self.review = review
         self.observe = observe
         self.paths = paths
-        self.connection_timeout = connection_timeout
+        self.connection_timeout = limits.idle_timeout_s
         self._open: set[socket.socket] = set()
         self._open_lock = threading.Lock()
         super().__init__(address, _Handler)
@@ -251,7 +255,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._refuse(HTTPStatus.BAD_REQUEST, "bad Content-Length")
         if not 0 <= length <= MAX_BODY_BYTES:
             return self._refuse(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "body too large")
-        with self.server.bodies.hold(length, wait_s=BODY_WAIT_S) as granted:
+        with self.server.bodies.hold(length, wait_s=self.server.body_wait_s) as granted:
             if not granted:
                 return self._refuse(HTTPStatus.SERVICE_UNAVAILABLE, "too many requests at once")
             body = self.rfile.read(length)
@@ -347,14 +351,8 @@ class WebhookServer:
             reloader=reloader,
             review=self._review,
             paths=self._paths,
-            connection_timeout=self._limits.idle_timeout_s,
             observe=self._observe,
-            guard=ConnectionGuard(
-                max_connections=self._limits.max_connections,
-                deadline_s=self._limits.request_deadline_s,
-                name="webhook",
-            ),
-            bodies=BodyBudget(limit_bytes=self._limits.body_budget_bytes),
+            limits=self._limits,
         )
         self._thread = threading.Thread(
             target=self._server.serve_forever,

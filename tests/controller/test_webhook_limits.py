@@ -37,7 +37,9 @@ __all__ = ["cert_dir"]  # the fixture, shared with test_webhook_server
 DEADLINE_S = 0.5
 
 
-def limited_server(cert_dir: Path, *, max_connections: int, deadline_s: float) -> WebhookServer:
+def limited_server(
+    cert_dir: Path, *, max_connections: int, deadline_s: float, body_budget_bytes: int = 1 << 25
+) -> WebhookServer:
     return WebhookServer(
         review=review_handler,
         cert_file=cert_dir / CERT_FILE,
@@ -45,7 +47,11 @@ def limited_server(cert_dir: Path, *, max_connections: int, deadline_s: float) -
         address=("127.0.0.1", 0),
         reload_interval=60.0,
         limits=CallerLimits(
-            idle_timeout_s=30.0, max_connections=max_connections, request_deadline_s=deadline_s
+            idle_timeout_s=30.0,
+            max_connections=max_connections,
+            request_deadline_s=deadline_s,
+            body_budget_bytes=body_budget_bytes,
+            body_wait_s=0.2,
         ),
     )
 
@@ -158,6 +164,30 @@ def test_a_body_that_never_fully_arrives_is_cut_and_the_server_goes_on(
     assert answer == b""
     assert server.guard.cut == 1
     assert ok_review(server, cert_dir) == 200
+
+
+def test_bodies_beyond_the_memory_budget_wait_then_get_503_and_others_go_on(
+    cert_dir: Path,
+) -> None:
+    budget = 1 << 20
+    with limited_server(
+        cert_dir, max_connections=8, deadline_s=5.0, body_budget_bytes=budget
+    ) as running:
+        # one request holds most of the budget: its body arrives, slowly
+        holder = connect(running, cert_dir)
+        assert holder.sock is not None
+        holder.sock.sendall(
+            b"POST /mutate-pods HTTP/1.1\r\nContent-Length: %d\r\n\r\n{" % (budget - 1000)
+        )
+        time.sleep(0.2)
+        with closing(connect(running, cert_dir)) as second:
+            second.request("POST", "/mutate-pods", body=b"{" + b" " * (budget // 2) + b"}")
+            response = second.getresponse()
+            assert response.status == 503
+            assert response.getheader("Connection") == "close"
+            response.read()
+        assert ok_review(running, cert_dir) == 200  # a small body fits beside it
+        holder.close()
 
 
 # --- malformed AdmissionReviews ---------------------------------------------------------------
