@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         handlers=[logging.StreamHandler(), logging.FileHandler(args.out / "soak.log")],
     )
+    # the checks open the nodes' emulated GPU state every few seconds; each open says so
+    logging.getLogger("driver.gpu.emulated").setLevel(logging.WARNING)
     result = run_soak(
         SoakConfig(
             minutes=args.minutes,

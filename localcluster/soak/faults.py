@@ -287,21 +287,49 @@ class FaultRunner:
             ),
         }
 
+    def _unowned_instances(self, node: str) -> list[str]:
+        """MIG instances on ``node`` that no allocated claim holds."""
+        taken = {
+            (t.placement.start, t.profile, g.index)
+            for g in self._stack.view().gpus
+            if g.node == node
+            for t in g.taken
+        }
+        return [
+            f"{i.profile}@{i.placement.start} gpu{i.gpu_index}"
+            for i in self._stack.mig_instances(node)
+            if (i.placement.start, i.profile, i.gpu_index) not in taken
+        ]
+
     def _delete_node(self, record: FaultRecord) -> None:
-        """The Node object deleted while its kubelet and plugin run (an autoscaler or an operator
-        removing it): what happens to its pods, claims, instances and slices is recorded."""
+        """The Node object deleted while its kubelet, plugin and pods run and hold slices (an
+        autoscaler or an operator removing it). The pod garbage collector deletes the Node's pods,
+        the plugin's DaemonSet pod among them (its token, bound to the Node, no longer works);
+        then the kubelet registers the Node again and a new plugin pod starts. What the node held
+        is recorded at each step."""
         node = record.target
+        role = f"plugin/{node}"
         record.details["before"] = self._held_on(node)
         self._stack.delete_node_object(node)
         try:
-            record.details["emptied_after_s"] = self._wait(
-                lambda: not any(self._held_on(node)[k] for k in ("pods", "claims", "instances")),
+            record.details["pods_gone_after_s"] = self._wait(
+                lambda: not self._held_on(node)["pods"] and not self._held_on(node)["claims"],
                 timeout=150,
-                what=f"{node}'s pods, claims and instances gone",
+                what=f"{node}'s pods and claims gone",
             )
         finally:
-            record.details["after"] = self._held_on(node)
+            record.details["node_gone"] = self._held_on(node)
+            self._mark(role, down=True)
+            self._stack.plugins[node].stop()  # its pod was deleted with the Node
             self._stack.restart_kubelet(node)  # the kubelet registers the Node again
+            self._stack.replace_plugin(node)  # the DaemonSet's new pod, with a new token
+            self._mark(role, down=False)
+        record.details["released_after_s"] = self._wait(
+            lambda: not self._unowned_instances(node),
+            timeout=90,
+            what=f"{node}'s slices of deleted claims released",
+        )
+        record.details["node_back"] = self._held_on(node)
 
     def _reboot_node(self, record: FaultRecord) -> None:
         node = record.target
