@@ -32,3 +32,13 @@ def informer_objects(text: str) -> dict[tuple[str, str], float]:
 def informer_lists(text: str) -> dict[tuple[str, str], float]:
     """(daemon, informer) → full lists made since the process started."""
     return _by_informer(text, "_informer_lists_total")
+
+
+def leading(text: str) -> bool | None:
+    """Whether the controller that served ``text`` allocates as the leader; None without an
+    answer (its ``/metrics`` did not respond)."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "instaslice_controller_leader":
+                return sample.value == 1
+    return None

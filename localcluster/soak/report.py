@@ -52,7 +52,8 @@ class SoakResult:
             if fault.recovered_s is None:
                 found.append(f"not whole again after {fault.kind} at {fault.started_s:.0f}s")
         found += [
-            f"{g.role} (pid {g.pid}) {g.figure} grew {g.growth:+.1%} ({g.start:g} -> {g.end:g})"
+            f"{g.role} (pid {g.pid}{f', {g.phase}' if g.phase else ''}) {g.figure} grew "
+            f"{g.growth:+.1%} ({g.start:g} -> {g.end:g})"
             for g in self.growth
             if g.judged and not g.within
         ]
@@ -114,8 +115,9 @@ def render(result: SoakResult) -> str:
     for g in result.growth:
         mark = "*" if g.judged else " "
         verdict = "" if g.within or not g.judged else "  OVER LIMIT"
+        role = f"{g.role} ({g.phase})" if g.phase else g.role
         lines.append(
-            f" {mark}{g.role:18} pid {g.pid:<7} {g.figure:8} {g.start:>9.0f} -> {g.end:>9.0f}  "
+            f" {mark}{role:28} pid {g.pid:<7} {g.figure:8} {g.start:>9.0f} -> {g.end:>9.0f}  "
             f"{g.growth:+6.1%}  {g.slope_per_hour:+6.1%}/h{verdict}"
         )
     problems = result.problems()

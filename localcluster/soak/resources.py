@@ -1,8 +1,10 @@
 """What every daemon holds over time: resident memory, open file descriptors, threads, every
 ``SAMPLE_INTERVAL_S`` seconds from ``/proc``, and their growth.
 
-A daemon a fault restarted starts a new series (an *incarnation*: same role, new pid). Growth is
-judged on each incarnation that lived at least ``JUDGE_SHARE`` of the soak after its warm-up
+A daemon a fault restarted starts a new series (an *incarnation*: same role, new pid), and so does a
+controller that takes or loses the lead: a leader holds the allocator's state and writes, a standby
+only watches, so their figures differ by design and the step between them is no growth. Growth is
+judged on each series that lived at least ``JUDGE_SHARE`` of the soak after its warm-up
 (``WARMUP_S`` after it started, and not before the soak's own warm-up ended). RSS: the median of
 its first ``WINDOW`` samples after the warm-up against the median of its last ``WINDOW``, at most
 ``MAX_GROWTH`` (5 %) more. Descriptors and threads are counts of a few dozen that thread pools and
@@ -42,6 +44,8 @@ class Sample:
     rss_kib: int
     fds: int
     threads: int
+    phase: str = ""
+    """``leader`` or ``standby`` for a controller; empty for the others."""
 
 
 def read_process(pid: int) -> tuple[int, int, int] | None:
@@ -58,9 +62,18 @@ def read_process(pid: int) -> tuple[int, int, int] | None:
 
 
 class ResourceSampler:
-    def __init__(self, *, daemons: Callable[[], list[Daemon]], now: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        *,
+        daemons: Callable[[], list[Daemon]],
+        now: Callable[[], float],
+        phase: Callable[[Daemon], str | None] = lambda daemon: "",
+    ) -> None:
         self._daemons = daemons
         self._now = now
+        self._phase = phase
+        self._phases: dict[int, str] = {}
+        """The last phase seen per pid: kept while a daemon does not answer."""
         self.samples: list[Sample] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -91,8 +104,12 @@ class ResourceSampler:
             figures = read_process(daemon.pid)
             if figures is None:
                 continue
+            phase = self._phase(daemon)
+            if phase is None:
+                phase = self._phases.get(daemon.pid, "")
+            self._phases[daemon.pid] = phase
             with self._lock:
-                self.samples.append(Sample(now, daemon.role, daemon.pid, *figures))
+                self.samples.append(Sample(now, daemon.role, daemon.pid, *figures, phase=phase))
 
     def snapshot(self) -> list[Sample]:
         with self._lock:
@@ -103,6 +120,7 @@ class ResourceSampler:
 class Growth:
     role: str
     pid: int
+    phase: str
     figure: str
     judged: bool
     """False: the incarnation lived too short after its warm-up to judge (reported only)."""
@@ -134,14 +152,28 @@ def limit(figure: str, start: float) -> float:
     return max(start * (1 + MAX_GROWTH), start + MIN_COUNT_SLACK)
 
 
+def _series(samples: Sequence[Sample]) -> list[tuple[tuple[str, int, str], list[Sample]]]:
+    """The samples cut into series: per role and pid, a new one at each change of phase."""
+    by_process: dict[tuple[str, int], list[Sample]] = {}
+    for sample in samples:
+        by_process.setdefault((sample.role, sample.pid), []).append(sample)
+    cut = []
+    for (role, pid), process_samples in sorted(by_process.items()):
+        process_samples.sort(key=lambda s: s.at_s)
+        current: list[Sample] = []
+        for sample in process_samples:
+            if current and sample.phase != current[-1].phase:
+                cut.append(((role, pid, current[-1].phase), current))
+                current = []
+            current.append(sample)
+        cut.append(((role, pid, current[-1].phase), current))
+    return cut
+
+
 def growth(samples: Sequence[Sample], *, soak_s: float, soak_warmup_s: float) -> list[Growth]:
     """Every incarnation's growth of each figure (module docstring)."""
-    incarnations: dict[tuple[str, int], list[Sample]] = {}
-    for sample in samples:
-        incarnations.setdefault((sample.role, sample.pid), []).append(sample)
     results = []
-    for (role, pid), series in sorted(incarnations.items()):
-        series.sort(key=lambda s: s.at_s)
+    for (role, pid, phase), series in _series(samples):
         settled_from = max(series[0].at_s + WARMUP_S, soak_warmup_s)
         settled = [s for s in series if s.at_s >= settled_from]
         span = settled[-1].at_s - settled[0].at_s if settled else 0.0
@@ -160,6 +192,7 @@ def growth(samples: Sequence[Sample], *, soak_s: float, soak_warmup_s: float) ->
                 Growth(
                     role=role,
                     pid=pid,
+                    phase=phase,
                     figure=figure,
                     judged=judged,
                     start=start,

@@ -7,6 +7,7 @@ kind is done (on a slow machine the soak then runs longer than asked rather than
 
 from __future__ import annotations
 
+import csv
 import logging
 import random
 import shutil
@@ -21,9 +22,10 @@ from localcluster.soak.checks import Invariants, Violation
 from localcluster.soak.churn import Churn
 from localcluster.soak.faults import FaultRunner
 from localcluster.soak.ledger import PodLedger
+from localcluster.soak.metrics import leading
 from localcluster.soak.report import SoakResult
-from localcluster.soak.resources import ResourceSampler, growth
-from localcluster.soak.stack import SoakStack
+from localcluster.soak.resources import ResourceSampler, Sample, growth
+from localcluster.soak.stack import Daemon, SoakStack
 from localcluster.soak.timeline import Timeline
 
 log = logging.getLogger(__name__)
@@ -82,7 +84,9 @@ def _soak(config: SoakConfig, stack: SoakStack, timeline: Timeline) -> SoakResul
     invariants = Invariants(
         stack=stack, ledger=ledger, timeline=timeline, expected_down=runner.expected_down
     )
-    sampler = ResourceSampler(daemons=stack.running_daemons, now=timeline.now)
+    sampler = ResourceSampler(
+        daemons=stack.running_daemons, now=timeline.now, phase=lambda d: _phase(stack, d)
+    )
     sampler.start()
     invariants.start()
     churn.start()
@@ -108,6 +112,7 @@ def _soak(config: SoakConfig, stack: SoakStack, timeline: Timeline) -> SoakResul
     invariants.stop()
     sampler.stop()
     final = _after_quiesce(stack, timeline)
+    write_samples(sampler.snapshot(), config.out / "resources.csv")
     outcomes = ledger.outcomes()
     ledger.stop()
     timeline.note("phase", "done")
@@ -129,6 +134,23 @@ def _soak(config: SoakConfig, stack: SoakStack, timeline: Timeline) -> SoakResul
         failed_reads=invariants.failed_reads,
         cache_excess=dict(invariants.cache_excess),
     )
+
+
+def _phase(stack: SoakStack, daemon: Daemon) -> str | None:
+    """A controller leads or stands by (None: it did not say); the other daemons have no phase."""
+    if not daemon.role.startswith("controller"):
+        return ""
+    lead = leading(stack.metrics_text(daemon))
+    return None if lead is None else ("leader" if lead else "standby")
+
+
+def write_samples(samples: list[Sample], path: Path) -> None:
+    """Every resource sample, one CSV row each (for plots)."""
+    with path.open("w", encoding="utf-8", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["at_s", "role", "pid", "phase", "rss_kib", "fds", "threads"])
+        for s in samples:
+            writer.writerow([s.at_s, s.role, s.pid, s.phase, s.rss_kib, s.fds, s.threads])
 
 
 def _after_quiesce(stack: SoakStack, timeline: Timeline) -> list[Violation]:

@@ -11,7 +11,7 @@ from instaslice.status import ClusterView, FreeProfile, GpuView
 from localcluster.soak.checks import Violation, fits, free_capacity
 from localcluster.soak.faults import KINDS, NODE_KINDS, FaultRecord, plan
 from localcluster.soak.ledger import telling_reason, waiting
-from localcluster.soak.metrics import informer_lists, informer_objects
+from localcluster.soak.metrics import informer_lists, informer_objects, leading
 from localcluster.soak.report import SoakResult, render
 from localcluster.soak.resources import Growth, Sample, growth, limit
 from localcluster.soak.workloads import SHAPES, claim_templates, deployment, job, single_pod
@@ -167,6 +167,7 @@ def _result(**changes: object) -> SoakResult:
             Growth(
                 role=role,
                 pid=1,
+                phase="",
                 figure="rss_kib",
                 judged=True,
                 start=1,
@@ -201,7 +202,7 @@ def test_a_clean_result_passes_and_says_so() -> None:
         ({"faults": []}, "never injected"),
         ({"pods": {"ran": Counter(), "did not run": Counter({"without a reason": 2})}},
          "said nothing"),
-        ({"growth": [Growth(role="controller-0", pid=1, figure="rss_kib", judged=True, start=100,
+        ({"growth": [Growth(role="controller-0", pid=1, phase="leader", figure="rss_kib", judged=True, start=100,
                             end=120, growth=0.2, slope_per_hour=0.6, within=False)]}, "grew +20"),
         ({"growth": []}, "no controller lived long enough"),
         ({"faults": [FaultRecord(kind="kill-leader", target="", started_s=1, recovered_s=None)]},
@@ -244,3 +245,27 @@ def test_a_pool_that_fills_early_is_no_leak_but_a_count_still_rising_late_is() -
     }
     assert results["plugin/node-2"].within
     assert not results["plugin/node-1"].within
+
+
+def test_taking_the_lead_starts_a_new_series_and_is_no_growth() -> None:
+    standby = [
+        Sample(at_s=10 * i, role="controller-1", pid=5, rss_kib=70_000, fds=15, threads=60,
+               phase="standby")
+        for i in range(40)
+    ]  # fmt: skip
+    leader = [
+        Sample(at_s=400 + 10 * i, role="controller-1", pid=5, rss_kib=78_000, fds=22, threads=61,
+               phase="leader")
+        for i in range(80)
+    ]  # fmt: skip
+    results = growth(standby + leader, soak_s=1200, soak_warmup_s=150)
+    led = [g for g in results if g.phase == "leader"]
+    assert {g.figure for g in led} == {"rss_kib", "fds", "threads"}
+    assert all(g.judged and g.within and g.growth == 0 for g in led)
+    assert not any(g.judged for g in results if g.phase == "standby")  # 250 s: too short
+
+
+def test_leading_is_read_from_the_controller_metrics() -> None:
+    assert leading(SCRAPE) is True
+    assert leading(SCRAPE.replace("leader 1.0", "leader 0.0")) is False
+    assert leading("") is None
