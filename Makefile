@@ -6,8 +6,10 @@ PACKAGES := api driver controller kubeletplugin instaslice localcluster protos
 TYPECHECKED := $(PACKAGES) tests bench
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
+SOAK_MINUTES ?= 20
+SOAK_ARGS ?=
 
-.PHONY: help install lock protos protos-check lint fmt typecheck test test-real test-autoscale test-unit bench demo check-nvml clean
+.PHONY: help install lock protos protos-check lint fmt typecheck test test-real test-autoscale test-unit soak bench demo check-nvml clean
 
 help: ## list targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-28s %s\n", $$1, $$2}'
@@ -72,6 +74,11 @@ test-autoscale: $(INSTALLED) ## cluster-autoscaler (externalgrpc) growing and sh
 	@reason=$$($(PY) -c 'from tests.autoscale.autoscaler import describe_missing; print(describe_missing() or "")'); \
 	if [ -n "$$reason" ]; then echo "test-autoscale: skipped: $$reason"; \
 	else $(PY) -m pytest tests/autoscale/real --autoscale -p no:cacheprovider $(PYTEST_ARGS); fi
+
+soak: $(INSTALLED) ## SOAK_MINUTES (20) of churn and faults on the real stack, invariants and daemon growth checked (docs/reliability.md); skips in one line when not built
+	@reason=$$($(PY) -c 'from localcluster.realstack import describe_missing; print(describe_missing() or "")'); \
+	if [ -n "$$reason" ]; then echo "soak: skipped: $$reason"; \
+	else $(PY) -m localcluster.soak --minutes $(SOAK_MINUTES) $(SOAK_ARGS); fi
 
 bench: $(INSTALLED) ## run the benchmarks; figures go to stdout and bench/results/*.json
 	$(PY) -m bench

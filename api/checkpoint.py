@@ -189,6 +189,8 @@ def decode_checkpoint(raw: bytes) -> Checkpoint:
         raise CheckpointDecodeError(
             f"not valid JSON ({exc}); the file may be truncated or partly written"
         ) from exc
+    except RecursionError as exc:  # the stdlib parser recurses per nesting level
+        raise CheckpointDecodeError("JSON nested deeper than a checkpoint ever is") from exc
     if not isinstance(envelope, dict):
         raise CheckpointDecodeError(f"expected a JSON object, found {type(envelope).__name__}")
     missing = sorted(_ENVELOPE_KEYS - envelope.keys())
@@ -209,7 +211,10 @@ def decode_checkpoint(raw: bytes) -> Checkpoint:
     data = envelope["data"]
     if not isinstance(data, dict):
         raise CheckpointDecodeError(f"data must be a JSON object, found {type(data).__name__}")
-    canonical = _canonical(data)
+    try:
+        canonical = _canonical(data)
+    except (RecursionError, ValueError) as exc:
+        raise CheckpointDecodeError(f"data cannot be encoded canonically: {exc}") from exc
     expected = _checksum(canonical)
     if envelope["checksum"] != expected:
         raise CheckpointDecodeError(

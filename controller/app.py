@@ -13,10 +13,12 @@ import threading
 from api.names import SYSTEM_NAMESPACE
 from controller.allocation.allocator import Allocator, AllocatorConfig
 from controller.informers import ClusterInformers
+from controller.metrics import NAMESPACE as METRICS_NAMESPACE
 from controller.metrics import ControllerMetrics
 from controller.webhook.context import CacheAdmissionContext
 from driver.cluster.clock import Clock, SystemClock
 from driver.cluster.events import EventRecorder
+from driver.cluster.informer_metrics import InformerCollector
 from driver.cluster.leader import LeaderElectionConfig, LeaderElector
 from driver.cluster.port import ClusterApi
 
@@ -69,6 +71,9 @@ class Controller:
             pending=self.allocator.pending,
             free=self.allocator.state.free_per_profile,
             leader=self.allocator.is_acting,
+        )
+        self.metrics.registry.register(
+            InformerCollector(namespace=METRICS_NAMESPACE, informers=self.informers.named)
         )
 
     def is_leader(self) -> bool:

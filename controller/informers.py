@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from api.names import SHADOW_CLAIM_LABEL, SHIM_LEASE_LABEL, SYSTEM_NAMESPACE
 from driver.cluster.indexes import (
@@ -113,6 +113,10 @@ class _InformerSet:
 
     def __iter__(self) -> Iterator[Informer]:
         raise NotImplementedError
+
+    def named(self) -> dict[str, Informer]:
+        """Each informer by its field name (``pods``, ``claims``…): the label of its metrics."""
+        return {field.name: getattr(self, field.name) for field in fields(self)}  # type: ignore[arg-type]
 
     def start(self) -> None:
         for informer in self:

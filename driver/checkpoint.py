@@ -1,10 +1,11 @@
 """The node checkpoint on disk: load, save atomically, read-modify-write under one lock.
 
 The schema and byte format are ``api.checkpoint``; this module only adds the file: a missing file is
-an empty checkpoint (first start on the node), a file that cannot be decoded is a ``CheckpointError``
-naming the file and the problem (never silently replaced: it may be the only record of slices that
-exist), and every save is durable before it returns (temp file, fsync, ``os.replace``, fsync of the
-directory) with mode 0600 — the file lists the node's claims and is nobody else's business.
+an empty checkpoint (first start on the node), a file that cannot be decoded (or is larger than
+``MAX_CHECKPOINT_BYTES``) is a ``CheckpointError`` naming the file and the problem (never silently
+replaced: it may be the only record of slices that exist), and every save is durable before it
+returns (temp file, fsync, ``os.replace``, fsync of the directory) with mode 0600 — the file lists
+the node's claims and is nobody else's business.
 """
 
 import logging
@@ -22,6 +23,9 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_FILE_NAME: Final = "checkpoint.json"
 CHECKPOINT_FILE_MODE: Final = 0o600
+MAX_CHECKPOINT_BYTES: Final = 16 * 1024 * 1024
+"""Far above any node's checkpoint (a few hundred bytes per prepared claim); a bigger file is not
+one of ours and is refused unread, so a corrupt file cannot take the plugin's memory."""
 
 
 class CheckpointStore:
@@ -43,11 +47,16 @@ class CheckpointStore:
         """The checkpoint on disk; empty if there is no file yet."""
         with self._lock:
             try:
-                raw = self._path.read_bytes()
+                with self._path.open("rb") as file:
+                    raw = file.read(MAX_CHECKPOINT_BYTES + 1)
             except FileNotFoundError:
                 return Checkpoint()
             except OSError as exc:
                 raise CheckpointError(f"cannot read checkpoint {self._path}: {exc}") from exc
+            if len(raw) > MAX_CHECKPOINT_BYTES:
+                raise CheckpointError(
+                    f"checkpoint {self._path} is unusable: larger than {MAX_CHECKPOINT_BYTES} bytes"
+                )
             try:
                 return decode_checkpoint(raw)
             except CheckpointDecodeError as exc:

@@ -28,6 +28,7 @@ from driver.cdi_common import NO_COMMON_EDITS, CommonEdits, write_common_spec
 from driver.checkpoint import CHECKPOINT_FILE_NAME, CheckpointStore
 from driver.cluster.events import EventRecorder
 from driver.cluster.informer import Informer, ListWatch
+from driver.cluster.informer_metrics import InformerCollector
 from driver.cluster.port import RESOURCE_SLICES, ClusterApi, JsonObject
 from driver.cluster.views import SliceView
 from driver.daemon.http import HttpEndpoint, endpoints_by_address
@@ -45,7 +46,7 @@ from kubeletplugin.health.liveness import HealthChecker
 from kubeletplugin.health.settings import XidPolicy
 from kubeletplugin.health.stream import DeviceHealthBoard, DraHealthServicer, add_health_service
 from kubeletplugin.health.xid import XidHealth
-from kubeletplugin.metrics import PluginMetrics
+from kubeletplugin.metrics import NAMESPACE, PluginMetrics
 from kubeletplugin.node.publisher import SlicePublisher
 from kubeletplugin.settings import split_address
 from kubeletplugin.sockets import UnixGrpcServer, ensure_directory
@@ -115,6 +116,9 @@ class KubeletPlugin:
         )
         self.publisher = self._publisher(backend=backend, api=api, events=events)
         self._own_slices = self._watch_own_slices(api)
+        self.metrics.registry.register(
+            InformerCollector(namespace=NAMESPACE, informers=lambda: {"slices": self._own_slices})
+        )
         self.state = self._device_state(
             backend=backend, api=api, majors=majors, step_hook=step_hook
         )

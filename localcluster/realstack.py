@@ -663,6 +663,16 @@ class RealStack(DaemonStack):
             process.stop()
         process.start()
 
+    def replace_plugin(self, node: str) -> None:
+        """The node's plugin as a new DaemonSet pod: stopped, a new token bound to the Node as it
+        is now, started. A Node deleted and registered again is a new object: the old token,
+        bound to the old one, is refused (401) for good."""
+        self.plugins[node].stop()
+        self._credentials[f"plugin/{node}"] = self._service_account_kubeconfig(
+            "instaslice-kubelet-plugin", node=node
+        )
+        self.plugins[node].start()
+
     # --- allocation modes: the steps of docs/deploy.md "Switching modes" -------------------------
 
     def set_extended_resource_names(self, *, on: bool) -> None:

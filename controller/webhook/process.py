@@ -37,10 +37,11 @@ from typing import Final
 from controller.allocation.state import SliceState
 from controller.informers import WebhookInformers
 from controller.logs import FIELDS as LOG_FIELDS
-from controller.metrics import CONTENT_TYPE, WebhookMetrics
+from controller.metrics import CONTENT_TYPE, WEBHOOK_NAMESPACE, WebhookMetrics
 from controller.settings import Settings, parse_settings, split_address
 from controller.webhook.context import CacheAdmissionContext
 from controller.webhook.replica import WebhookRunner
+from driver.cluster.informer_metrics import InformerCollector
 from driver.cluster.kube import connect
 from driver.cluster.port import ClusterApi, JsonObject
 from driver.cluster.throttle import ClientSettings
@@ -85,6 +86,9 @@ class WebhookProcess:
         )
         self.admission = CacheAdmissionContext(informers=self.informers, state=self.state)
         self.metrics = WebhookMetrics()
+        self.metrics.registry.register(
+            InformerCollector(namespace=WEBHOOK_NAMESPACE, informers=self.informers.named)
+        )
         self.webhook = WebhookRunner(
             settings=settings, api=api, admission=self.admission, stop=stop, metrics=self.metrics
         )

@@ -8,6 +8,15 @@ mounted Secret) is served without a restart: the files are checked for changes a
 Errors never take the server down. A body that is not JSON, or not an ``AdmissionReview``, gets
 HTTP 400; an unexpected failure of the decision gets HTTP 500 — kube-apiserver then applies the
 webhook's ``failurePolicy``, which is the operator's choice to make, not ours.
+
+What callers may hold is bounded (``driver.daemon.connguard``): ``MAX_CONNECTIONS`` open at once,
+``REQUEST_DEADLINE_S`` for a TLS handshake or for one request from its first byte to its answer (a
+client sending a byte a second is cut off there), ``MAX_BODY_BYTES`` per body and
+``BODY_BUDGET_BYTES`` of bodies in memory across all requests.
+
+TLS is 1.2 or newer (``MIN_TLS_VERSION``); on TLS 1.2 only forward-secret AEAD suites are offered
+(``TLS12_CIPHERS``: ECDHE with AES-GCM or ChaCha20-Poly1305, what Go's client, kube-apiserver,
+prefers); TLS 1.3 suites are OpenSSL's, all AEAD.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -29,6 +39,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from controller.webhook.admission import MalformedReviewError
+from driver.daemon.connguard import BodyBudget, ConnectionGuard, handle_guarded
 from driver.errors import ConfigError
 
 _log = logging.getLogger(__name__)
@@ -51,7 +62,27 @@ webhook connection (its transport's 90 s): a server that closes first races the 
 request on that connection, which then fails with a broken pipe — and a POST is not retried, so
 the pod create fails (seen on a real 1.36 control plane with 30 s here)."""
 RESPONSE_BUFFER_BYTES: Final = 64 * 1024
+MAX_CONNECTIONS: Final = 64
+"""kube-apiserver opens one connection per concurrent call (HTTP/1.1): far fewer than this."""
+REQUEST_DEADLINE_S: Final = 30.0
+"""The longest ``timeoutSeconds`` a webhook may have: kube-apiserver gives up on a call by then."""
+BODY_BUDGET_BYTES: Final = 32 * 1024 * 1024
+BODY_WAIT_S: Final = 5.0
+"""How long a request waits for room in ``BODY_BUDGET_BYTES`` before it is refused (503)."""
+MIN_TLS_VERSION: Final = ssl.TLSVersion.TLSv1_2
+TLS12_CIPHERS: Final = "ECDHE+AESGCM:ECDHE+CHACHA20"
 _FileStamp = tuple[int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class CallerLimits:
+    """What all callers together may hold of the server (module docstring)."""
+
+    idle_timeout_s: float = IDLE_TIMEOUT_S
+    max_connections: int = MAX_CONNECTIONS
+    request_deadline_s: float = REQUEST_DEADLINE_S
+    body_budget_bytes: int = BODY_BUDGET_BYTES
+    body_wait_s: float = BODY_WAIT_S
 
 
 class _CertificateReloader:
@@ -78,7 +109,8 @@ class _CertificateReloader:
 
     def _build(self) -> ssl.SSLContext:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.minimum_version = MIN_TLS_VERSION
+        context.set_ciphers(TLS12_CIPHERS)
         try:
             context.load_cert_chain(certfile=self._cert_file, keyfile=self._key_file)
         except (OSError, ssl.SSLError) as exc:
@@ -107,6 +139,9 @@ class _CertificateReloader:
 class _Server(ThreadingHTTPServer):
     daemon_threads = False
     block_on_close = True
+    request_queue_size = 128
+    """The listen backlog: at socketserver's 5, a burst of kube-apiserver connects beyond it waits
+    for SYN retries (1 s, then 3 s) — most of a 3 s webhook timeout."""
 
     def __init__(
         self,
@@ -115,14 +150,21 @@ class _Server(ThreadingHTTPServer):
         reloader: _CertificateReloader,
         review: ReviewHandler,
         paths: frozenset[str],
-        connection_timeout: float,
         observe: AnswerObserver | None,
+        limits: CallerLimits,
     ) -> None:
         self.reloader = reloader
+        self.guard = ConnectionGuard(
+            max_connections=limits.max_connections,
+            deadline_s=limits.request_deadline_s,
+            name="webhook",
+        )
+        self.bodies = BodyBudget(limit_bytes=limits.body_budget_bytes)
+        self.body_wait_s = limits.body_wait_s
         self.review = review
         self.observe = observe
         self.paths = paths
-        self.connection_timeout = connection_timeout
+        self.connection_timeout = limits.idle_timeout_s
         self._open: set[socket.socket] = set()
         self._open_lock = threading.Lock()
         super().__init__(address, _Handler)
@@ -139,11 +181,23 @@ class _Server(ThreadingHTTPServer):
         )
         return tls, address
 
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        return self.guard.admit(request)
+
+    def shutdown_request(self, request: Any) -> None:
+        self.guard.release(request)
+        super().shutdown_request(request)
+
+    def service_actions(self) -> None:
+        self.guard.sweep()
+
     def finish_request(self, request: Any, client_address: Any) -> None:
         with self._open_lock:
             self._open.add(request)
         try:
+            self.guard.begin(request)
             request.do_handshake()
+            self.guard.end(request)
             super().finish_request(request, client_address)
         except (ssl.SSLError, OSError) as exc:
             _log.debug("webhook connection from %s ended: %s", client_address, exc)
@@ -172,6 +226,9 @@ class _Handler(BaseHTTPRequestHandler):
     wait for kube-apiserver's delayed ACK of the headers (Nagle): up to ~40 ms per answer on a
     keep-alive connection (docs/design.md F15)."""
 
+    def handle_one_request(self) -> None:
+        handle_guarded(self, self.server.guard, super().handle_one_request)
+
     def do_GET(self) -> None:
         if urlsplit(self.path).path in ("/healthz", "/readyz"):
             self._send(HTTPStatus.OK, b"ok", content_type="text/plain")
@@ -198,7 +255,15 @@ class _Handler(BaseHTTPRequestHandler):
             return self._refuse(HTTPStatus.BAD_REQUEST, "bad Content-Length")
         if not 0 <= length <= MAX_BODY_BYTES:
             return self._refuse(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "body too large")
-        body = self.rfile.read(length)
+        with self.server.bodies.hold(length, wait_s=self.server.body_wait_s) as granted:
+            if not granted:
+                return self._refuse(HTTPStatus.SERVICE_UNAVAILABLE, "too many requests at once")
+            body = self.rfile.read(length)
+            if len(body) < length:
+                return self._refuse(HTTPStatus.BAD_REQUEST, "body shorter than Content-Length")
+            return self._answer_review(body)
+
+    def _answer_review(self, body: bytes) -> tuple[HTTPStatus, dict[str, Any] | None]:
         try:
             review = orjson.loads(body)
             if not isinstance(review, dict):
@@ -258,17 +323,17 @@ class WebhookServer:
         address: tuple[str, int] = ("0.0.0.0", 9443),  # noqa: S104 (kube-apiserver: pod IP)
         paths: Sequence[str] = DEFAULT_PATHS,
         reload_interval: float = 10.0,
-        connection_timeout: float = IDLE_TIMEOUT_S,
         observe: AnswerObserver | None = None,
+        limits: CallerLimits | None = None,
     ) -> None:
         self._review = review
+        self._limits = limits or CallerLimits()
         self._observe = observe
         self._cert_file = cert_file
         self._key_file = key_file
         self._address = address
         self._paths = frozenset(paths)
         self._reload_interval = reload_interval
-        self._connection_timeout = connection_timeout
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -286,8 +351,8 @@ class WebhookServer:
             reloader=reloader,
             review=self._review,
             paths=self._paths,
-            connection_timeout=self._connection_timeout,
             observe=self._observe,
+            limits=self._limits,
         )
         self._thread = threading.Thread(
             target=self._server.serve_forever,
@@ -303,6 +368,13 @@ class WebhookServer:
         if self._server is None:
             raise RuntimeError("webhook server not started")
         return int(self._server.server_address[1])
+
+    @property
+    def guard(self) -> ConnectionGuard:
+        """The bounds on its callers (open connections, deadlines cut)."""
+        if self._server is None:
+            raise RuntimeError("webhook server not started")
+        return self._server.guard
 
     def stop(self) -> None:
         server, thread = self._server, self._thread

@@ -2,6 +2,13 @@
 
 The standard library's threading server is enough for a probe and a scrape; each route is a function
 returning (status, content type, body). Port 0 picks a free port (tests); ``port`` tells which.
+
+Plain HTTP, no TLS: what it serves (metrics, probe answers) is not secret and the kubelet's probes
+and Prometheus scrape it over the pod network; where the metrics must not be readable on that
+network, bind them to loopback (``--metrics-address 127.0.0.1:PORT``) behind an authenticating proxy.
+Callers are bounded as the webhook's are (``connguard``): ``MAX_CONNECTIONS`` at once, an idle
+connection closed after ``IDLE_TIMEOUT_S``, a request answered within ``REQUEST_DEADLINE_S`` of its
+first byte or cut off.
 """
 
 from __future__ import annotations
@@ -11,11 +18,16 @@ import threading
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Final
+
+from driver.daemon.connguard import ConnectionGuard, handle_guarded
 
 logger = logging.getLogger(__name__)
 
 Route = Callable[[], tuple[int, str, bytes]]
+MAX_CONNECTIONS: Final = 16
+IDLE_TIMEOUT_S: Final = 30.0
+REQUEST_DEADLINE_S: Final = 30.0
 
 
 def probe(check: Callable[[], bool], *, what: str) -> Route:
@@ -31,14 +43,31 @@ def probe(check: Callable[[], bool], *, what: str) -> Route:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 64
+    """The listen backlog: at socketserver's 5, a burst of connects waits for SYN retries (1 s)."""
     routes: Mapping[str, Route] = {}
+    guard: ConnectionGuard
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        return self.guard.admit(request)
+
+    def shutdown_request(self, request: Any) -> None:
+        self.guard.release(request)
+        super().shutdown_request(request)
+
+    def service_actions(self) -> None:
+        self.guard.sweep()
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
+    timeout = IDLE_TIMEOUT_S
     wbufsize = 64 * 1024
     """Headers and body leave in one write: as two, the body waits for the client's delayed ACK
     of the headers (Nagle), up to 40 ms a probe or scrape."""
+
+    def handle_one_request(self) -> None:
+        handle_guarded(self, self.server.guard, super().handle_one_request)
 
     def do_GET(self) -> None:
         route = self.server.routes.get(self.path.split("?", 1)[0])
@@ -67,10 +96,20 @@ class HttpEndpoint:
     reported in that daemon's own words.
     """
 
-    def __init__(self, *, address: tuple[str, int], routes: Mapping[str, Route], name: str) -> None:
+    def __init__(
+        self,
+        *,
+        address: tuple[str, int],
+        routes: Mapping[str, Route],
+        name: str,
+        max_connections: int = MAX_CONNECTIONS,
+        request_deadline: float = REQUEST_DEADLINE_S,
+    ) -> None:
         self._address = address
         self._routes = dict(routes)
         self.name = name
+        self._max_connections = max_connections
+        self._request_deadline = request_deadline
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -88,6 +127,11 @@ class HttpEndpoint:
     def start(self) -> None:
         server = _Server(self._address, _Handler)
         server.routes = self._routes
+        server.guard = ConnectionGuard(
+            max_connections=self._max_connections,
+            deadline_s=self._request_deadline,
+            name=self.name,
+        )
         self._server = server
         self._thread = threading.Thread(
             target=server.serve_forever, kwargs={"poll_interval": 0.2}, name=self.name, daemon=True

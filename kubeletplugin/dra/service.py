@@ -2,10 +2,12 @@
 
 The v1 and v1beta1 protos differ only in their package and in v1's ``Device.share_id`` (which we
 never set): one ``DraService`` is registered for both, answers each request with the messages of
-the version it came in, converts to ``kubeletplugin.model`` and delegates to one ``ClaimPreparer``. Failures are reported per claim
-inside the response map; the RPC itself fails only if the request is malformed. Even a bug in the
-core is turned into a per-claim error for every claim of the call, so one bad claim cannot fail the
-others, and every claim asked about gets an entry (the kubelet retries the missing).
+the version it came in, converts to ``kubeletplugin.model`` and delegates to one
+``ClaimPreparer``. Failures are reported per claim inside the response map; the RPC itself fails
+only if the request is malformed; a claim reference that cannot name a ResourceClaim gets its own
+error (``claimrefs``). Even a bug in the core is turned into a per-claim error for every claim of
+the call, so one bad claim cannot fail the others, and every claim asked about gets an entry (the
+kubelet retries the missing).
 """
 
 import logging
@@ -17,6 +19,7 @@ from typing import TypeVar, overload
 import grpc
 
 from driver.ids import ClaimUid
+from kubeletplugin.dra.claimrefs import split_claim_refs
 from kubeletplugin.metrics import PluginMetrics
 from kubeletplugin.model import ClaimPreparer, ClaimRef, PrepareResult
 from protos.dra.v1 import api_pb2 as v1
@@ -39,25 +42,29 @@ def claim_refs(claims: Iterable[_ClaimMessage]) -> list[ClaimRef]:
 
 
 def _prepare(preparer: ClaimPreparer, refs: list[ClaimRef]) -> dict[str, PrepareResult]:
+    refs, refused = split_claim_refs(refs)
+    answers = {uid: PrepareResult(error=error) for uid, error in refused.items()}
     if not refs:
-        return {}
+        return answers
     try:
         results = preparer.prepare(refs)
     except Exception as exc:
         logger.exception("prepare failed for %d claim(s)", len(refs))
-        return {ref.uid: PrepareResult(error=f"internal error: {exc}") for ref in refs}
-    return _complete({ref.uid for ref in refs}, results, missing=PrepareResult(error="no result"))
+        return answers | {ref.uid: PrepareResult(error=f"internal error: {exc}") for ref in refs}
+    missing = PrepareResult(error="no result")
+    return answers | _complete({ref.uid for ref in refs}, results, missing=missing)
 
 
 def _unprepare(preparer: ClaimPreparer, refs: list[ClaimRef]) -> dict[str, str]:
+    refs, answers = split_claim_refs(refs)
     if not refs:
-        return {}
+        return answers
     try:
         results = preparer.unprepare(refs)
     except Exception as exc:
         logger.exception("unprepare failed for %d claim(s)", len(refs))
-        return {ref.uid: f"internal error: {exc}" for ref in refs}
-    return _complete({ref.uid for ref in refs}, results, missing="no result")
+        return answers | {ref.uid: f"internal error: {exc}" for ref in refs}
+    return answers | _complete({ref.uid for ref in refs}, results, missing="no result")
 
 
 def _complete(uids: set[str], results: Mapping[ClaimUid, _T], *, missing: _T) -> dict[str, _T]:

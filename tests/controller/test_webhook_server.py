@@ -25,7 +25,7 @@ from controller.webhook.certificates import (
     CertificateManager,
     CertificateSettings,
 )
-from controller.webhook.server import WebhookServer
+from controller.webhook.server import CallerLimits, WebhookServer
 from driver.errors import ConfigError
 from tests.controller.certfakes import InMemoryCertificateStore, StepClock
 from tests.controller.test_admission import (
@@ -71,7 +71,7 @@ def server(cert_dir: Path) -> Iterator[WebhookServer]:
         key_file=cert_dir / KEY_FILE,
         address=("127.0.0.1", 0),
         reload_interval=0.0,
-        connection_timeout=5.0,
+        limits=CallerLimits(idle_timeout_s=5.0),
     ) as running:
         yield running
 
@@ -292,7 +292,7 @@ def test_stop_closes_idle_keep_alive_connections(cert_dir: Path) -> None:
         cert_file=cert_dir / CERT_FILE,
         key_file=cert_dir / KEY_FILE,
         address=("127.0.0.1", 0),
-        connection_timeout=60.0,
+        limits=CallerLimits(idle_timeout_s=60.0),
     )
     server.start()
     with closing(connect(server, cert_dir)) as connection:

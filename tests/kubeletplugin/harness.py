@@ -29,6 +29,7 @@ from driver.cluster.throttle import ClientSettings
 from driver.errors import ConflictError
 from driver.gpu.backend import GpuBackend
 from driver.gpu.emulated import EmulatedGpuBackend
+from kubeletplugin.health.settings import XidPolicy
 from kubeletplugin.plugin import KubeletPlugin, PluginConfig
 from protos.dra.v1 import api_pb2 as v1
 from protos.dra.v1 import api_pb2_grpc as v1_grpc
@@ -157,6 +158,9 @@ class NodeHarness:
         self.state_dir = self.root / "state"
         self.emulated_state = self.root / "emulated.json"
         self._running: list[tuple[KubeletPlugin, GpuBackend]] = []
+        self.xid_policy = XidPolicy()
+        """``XidPolicy(ignore_all=True)`` runs no XID watch: a plugin then stops at once instead
+        of after its watch's one-second wait (for tests that restart it many times)."""
         self._kubelets: list[Kubelet] = []
         self._counter = 0
 
@@ -213,6 +217,7 @@ class NodeHarness:
                 inventory_poll_seconds=3600,
                 cdi_common=cdi_common,
                 registration_wait_seconds=registration_wait_seconds,
+                xid_policy=self.xid_policy,
             ),
             backend=backend,
             api=self.api,
