@@ -96,10 +96,19 @@ EMULATED_GPUS ?=
 COMPONENTS ?=
 RENDER = IMG='$(IMG)' IMG_PLUGIN='$(IMG_PLUGIN)' EMULATED_GPUS='$(EMULATED_GPUS)' COMPONENTS='$(COMPONENTS)' KUBECTL='$(KUBECTL)' deploy/render.sh
 
-.PHONY: deviceclasses docker-build docker-push docker-buildx manifests deploy deploy-emulated undeploy deploy-classes undeploy-classes test-e2e-kind-emulated cleanup-test-e2e-kind-emulated
+.PHONY: deviceclasses images docker-build docker-push docker-buildx manifests deploy deploy-emulated undeploy deploy-classes undeploy-classes test-e2e-kind-emulated cleanup-test-e2e-kind-emulated test-deploy
 
 deviceclasses: $(INSTALLED) ## regenerate deploy/base/deviceclasses.yaml (and the extendedResourceName patches) from the MIG catalog
 	$(PY) deploy/generate_deviceclasses.py
+
+BUILDAH ?= buildah
+# The build stage's pip reaches PyPI through the host's network.
+BUILDAH_FLAGS ?= --network host
+images: ## build both images with buildah (no daemon): IMG (controller) and IMG_PLUGIN (kubelet plugin), then print their sizes
+	$(BUILDAH) bud $(BUILDAH_FLAGS) --layers --target controller -t $(IMG) .
+	$(BUILDAH) bud $(BUILDAH_FLAGS) --layers --target kubelet-plugin -t $(IMG_PLUGIN) .
+	@$(BUILDAH) images --format '{{.Name}}:{{.Tag}}  {{.Size}}' $(IMG)
+	@$(BUILDAH) images --format '{{.Name}}:{{.Tag}}  {{.Size}}' $(IMG_PLUGIN)
 
 docker-build: ## build both images: IMG (controller) and IMG_PLUGIN (kubelet plugin); CONTAINER_TOOL=podman works
 	$(CONTAINER_TOOL) build --target controller -t $(IMG) .
@@ -128,17 +137,16 @@ endif
 manifests: ## print what `make deploy` applies (OVERLAY=gpu|emulated|scheduler-native|scheduler-native-emulated, IMG, IMG_PLUGIN, EMULATED_GPUS, COMPONENTS)
 	@$(RENDER) $(OVERLAY)
 
-deploy: ## deploy InstaSlice with kustomize overlay OVERLAY (default gpu) and the images IMG / IMG_PLUGIN
+deploy: ## deploy InstaSlice with kustomize overlay OVERLAY (default gpu) and the images IMG / IMG_PLUGIN; waits for the rollout and says why it cannot finish
 	$(RENDER) $(OVERLAY) | $(KUBECTL) apply -f -
-	$(KUBECTL) -n instaslice-system rollout status deploy/instaslice-controller --timeout=300s
-	$(KUBECTL) -n instaslice-system rollout status ds/instaslice-kubelet-plugin --timeout=300s
+	KUBECTL='$(KUBECTL)' deploy/rollout.sh
 
 deploy-emulated: ## deploy on a cluster without GPUs (KinD): emulated GPUs, EMULATED_GPUS per node (default 2xA100-40GB)
 	$(MAKE) deploy OVERLAY=emulated
 
-undeploy: ## remove InstaSlice (delete MIG workloads first: slices left on GPUs are not destroyed)
-	$(RENDER) $(OVERLAY) | $(KUBECTL) delete --ignore-not-found -f -
-	$(KUBECTL) delete resourceslices --field-selector spec.driver=mig.instaslice.dev --ignore-not-found
+DRAIN ?= false
+undeploy: $(INSTALLED) ## remove InstaSlice; refuses (listing them) while pods hold MIG slices, DRAIN=true evicts them first (docs/deploy.md "Uninstall")
+	$(RENDER) $(OVERLAY) | $(PY) -m instaslice uninstall -f - $(if $(filter true,$(DRAIN)),--drain)
 
 deploy-classes: ## install only the cluster-scoped API objects: the DeviceClasses (what `install` is in kubebuilder projects)
 	$(KUBECTL) apply -f deploy/base/deviceclasses.yaml

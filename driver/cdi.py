@@ -196,7 +196,9 @@ def build_claim_spec(
             env.append(f"{slice_env_name(name)}={cdi_slice.mig_uuid}")
             if emulated:
                 env.append(f"{EMULATED_ENV}=true")
-            nodes = _emulated_device_nodes(cdi_slice) if emulated else _device_nodes(cdi_slice, majors)
+            nodes = (
+                _emulated_device_nodes(cdi_slice) if emulated else _device_nodes(cdi_slice, majors)
+            )
             edits = ContainerEdits(env=tuple(env), device_nodes=nodes)
             devices.append(CdiDevice(name=name, container_edits=edits))
         return CdiSpec(cdi_version=CDI_VERSION, kind=CDI_KIND, devices=tuple(devices))

@@ -5,6 +5,8 @@
 ``instaslice simulate`` capacity planning: replay a request trace per placement policy beside
                        the fluid floor, or how much more fits the cluster now.
 ``instaslice defrag``  the fewest pods to move so that a profile fits; ``--apply`` evicts them.
+``instaslice uninstall`` remove InstaSlice without stranding a pod: refuses while pods hold
+                       slices, or (``--drain``) evicts them and waits for their slices first.
 ``instaslice demo``    the whole system on this machine: a local API server, emulated kubelets,
                        the real controller and kubelet plugins, the samples applied and removed.
 """
@@ -78,6 +80,38 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--short-uuids", action="store_true", help="shorten UUIDs to fit")
     status.add_argument("--no-color", action="store_true", help="plain text (also: NO_COLOR=1)")
 
+    uninstall = sub.add_parser(
+        "uninstall",
+        help="remove InstaSlice without stranding pods (`make undeploy`)",
+        description="Remove the objects of the rendered manifests (`make manifests`) in an order "
+        "that strands no pod: while pods hold MIG slices it refuses and lists them, changing "
+        "nothing; with --drain it deletes the DeviceClasses (nothing new is allocated), evicts "
+        "those pods and waits until their slices are released, then removes the kubelet "
+        "plugins, the ResourceSlices, the webhook, the controller and the namespace, and lifts "
+        "the placement gate from pods still carrying it.",
+    )
+    add_connection_flags(uninstall)
+    uninstall.add_argument(
+        "-f",
+        "--filename",
+        required=True,
+        metavar="FILE",
+        help="the rendered manifests of what was deployed (`make manifests`); - reads stdin",
+    )
+    uninstall.add_argument(
+        "--drain",
+        action="store_true",
+        help="evict the pods holding slices first (their owners may recreate them: they wait "
+        "Pending until InstaSlice is installed again)",
+    )
+    uninstall.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="how long each wait may take (pods ending, plugins going; default 300)",
+    )
+
     # The demo's arguments (and its --help) belong to localcluster.demo, which only a source
     # checkout has: the installed package neither contains nor imports the test emulator.
     sub.add_parser(
@@ -145,6 +179,35 @@ def run_status(
             sleep(args.watch)
 
 
+def run_uninstall(args: argparse.Namespace, *, out: TextIO, stdin: TextIO) -> int:
+    import yaml  # noqa: PLC0415
+
+    from driver.cluster.kube import connect  # noqa: PLC0415 - imports kubernetes only when used
+    from driver.cluster.throttle import ClientSettings  # noqa: PLC0415
+    from instaslice.uninstall.run import Uninstaller  # noqa: PLC0415
+
+    try:
+        text = stdin.read() if args.filename == "-" else Path(args.filename).read_text("utf-8")
+        objects = [o for o in yaml.safe_load_all(text) if isinstance(o, dict)]
+    except (OSError, yaml.YAMLError) as exc:
+        print(f"instaslice uninstall: cannot read the manifests: {exc}", file=sys.stderr)
+        return 2
+    try:
+        api = connect(
+            kubeconfig=args.kubeconfig,
+            context=args.context,
+            url=args.kube_api_url,
+            settings=ClientSettings(user_agent="instaslice-cli"),
+        )
+        with api:
+            return Uninstaller(api=api, out=out, timeout_s=args.timeout).run(
+                objects, drain=args.drain
+            )
+    except DriverError as exc:
+        print(f"instaslice uninstall: {exc}", file=sys.stderr)
+        return 1
+
+
 DEMO_NEEDS_CHECKOUT = (
     "instaslice demo: the demo runs on the local cluster emulator (localcluster/), which is part of "
     "the source repository, not of the installed package: run `make demo` in a checkout"
@@ -175,6 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "status":
             return run_status(args, out=sys.stdout)
+        if args.command == "uninstall":
+            return run_uninstall(args, out=sys.stdout, stdin=sys.stdin)
         if args.command in ("simulate", "defrag"):
             from instaslice import plancli  # noqa: PLC0415
 

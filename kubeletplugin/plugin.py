@@ -30,8 +30,10 @@ from driver.errors import DriverError
 from driver.gpu.backend import GpuBackend
 from driver.taints import EFFECT_NO_SCHEDULE
 from kubeletplugin.dra.registration import (
+    REASON_NOT_REGISTERED,
     RegistrationServicer,
     RegistrationTracker,
+    RegistrationWatchdog,
     add_registration_service,
     registration_socket_path,
 )
@@ -41,7 +43,9 @@ from kubeletplugin.health.settings import XidPolicy
 from kubeletplugin.health.stream import DeviceHealthBoard, DraHealthServicer, add_health_service
 from kubeletplugin.health.xid import XidHealth
 from kubeletplugin.metrics import PluginMetrics
+from kubeletplugin.node.events import NodeEvents, NodeWarning
 from kubeletplugin.node.publisher import SlicePublisher
+from kubeletplugin.node.waiting import backoff
 from kubeletplugin.settings import split_address
 from kubeletplugin.sockets import UnixGrpcServer, ensure_directory
 from kubeletplugin.state.devicestate import DeviceState, StepHook, slices_in_use
@@ -75,6 +79,9 @@ class PluginConfig:
     """How often the health stream repeats the full state when nothing changed."""
     cdi_common: CommonEdits = NO_COMMON_EDITS
     """Edits shared by every slice's container (``driver.cdi_common``), written at start."""
+    registration_grace_seconds: float | None = None
+    """How long the kubelet may take to register the plugin before a Warning on the Node says
+    it does not (``RegistrationWatchdog``); None: not watched."""
 
 
 class KubeletPlugin:
@@ -180,8 +187,25 @@ class KubeletPlugin:
             max_workers=2,
             name="registration",
         )
+        self.registration_watchdog = (
+            None
+            if config.registration_grace_seconds is None
+            else RegistrationWatchdog(
+                tracker=self.tracker,
+                registration_socket=self.registration_socket,
+                report=NodeWarning(
+                    NodeEvents(api=api, events=events, node_name=config.node_name),
+                    reason=REASON_NOT_REGISTERED,
+                ),
+                grace_s=config.registration_grace_seconds,
+                delays=backoff(),
+            )
+        )
         served = [
-            (config.healthz_address, {"/healthz": self.health.route}),
+            (
+                config.healthz_address,
+                {"/healthz": self.health.route, "/readyz": self.health.ready_route},
+            ),
             (config.metrics_address, {"/metrics": self._metrics_route}),
         ]
         # one server when both flags name the same port
@@ -206,6 +230,8 @@ class KubeletPlugin:
         self.health_board.reopen()
         self._dra_server.start()
         self._registration_server.start()
+        if self.registration_watchdog is not None:
+            self.registration_watchdog.start()
         for endpoint in self._http:
             endpoint.start()
         self.publisher.start()
@@ -221,6 +247,8 @@ class KubeletPlugin:
             return
         self._started = False
         self.health_board.close()
+        if self.registration_watchdog is not None:
+            self.registration_watchdog.stop()
         self._registration_server.stop()
         self._dra_server.stop()
         self.device_status.close()
