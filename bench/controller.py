@@ -8,7 +8,7 @@ scheduling gate the webhook would add). A pod informer here notes when each pod'
 
 Figures: ``pods_per_s`` = pods / (last ungate - first creation); latency = ungate seen here - pod
 create call returned (p50/p99/max); ``overlaps`` must be 0 (no placement used twice) and
-``unplaced`` 0. Targets (issue 6): >= 100 pods/s, p99 <= 2 s.
+``unplaced`` 0. Targets: >= 100 pods/s, p99 <= 2 s.
 """
 
 from __future__ import annotations

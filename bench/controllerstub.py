@@ -9,7 +9,7 @@ delete-protection finalizer, its ``status.allocation`` (reserved for the pod), t
 check, no metrics, no webhook: each pod takes the next device of a list of ``PROFILE`` devices with
 disjoint memory slices, made once from the published ResourceSlices at start. So its CPU per pod is
 what the protocol costs a Python controller on this transport — the floor under our controller's
-figure (issue 16, item 2: "controller CPU per placed pod ≤ 1 ms").
+figure, against which the product's CPU per placed pod is judged.
 
 Only for the benchmark's own pods (each names one pre-made claim, asks ``PROFILE``); anything else
 is left alone. ``python -m bench.controllerstub --kubeconfig K --healthz-address H:P --workers N``;

@@ -3,17 +3,17 @@ fast ``instaslice simulate`` replays 100,000 requests.
 
 The traces live in ``bench/traces/`` (gzipped JSON Lines, the format ``instaslice simulate`` reads)
 and are reproducible: each is ``synthesize`` with the parameters in ``TRACES``;
-``python -m bench.simulate --regenerate`` writes them again, byte for byte. The goal of the policy
-work (issue 17): the best policy's rejections above the floor at most a quarter of first-fit's.
+``python -m bench.simulate --regenerate`` writes them again, byte for byte. The goal: on every trace,
+the best setting's rejections above the floor at most a quarter of first-fit's.
 
 ``--defrag-moves 1,2,4`` also replays every kept trace per policy with defragmentation on rejection
 (``replay(defrag_moves=K)``: a rejected request is admitted if moving at most K running requests makes
-room), each K in turn, against the same floor and first-fit's rejections without moves (issue 17g).
+room), each K in turn, against the same floor and first-fit's rejections without moves.
 That takes minutes per K and policy, so it is off by default. ``--defrag-whole-gpu-below PCT``
 adds ``replay(defrag_whole_gpu_below=PCT / 100)`` to those replays: whole-GPU requests move others
-only below PCT% of memory slices in use (issue 17i). ``--defrag-whole-gpu-reserve F`` adds
+only below PCT% of memory slices in use. ``--defrag-whole-gpu-reserve F`` adds
 ``replay(defrag_whole_gpu_reserve=F)``: whole-GPU requests move others only if the slices left free
-hold F mean request lifetimes of the smaller requests' recent demand (issues 17j, 17k).
+hold F mean request lifetimes of the smaller requests' recent demand.
 """
 
 from __future__ import annotations
@@ -66,21 +66,21 @@ HELD_OUT: dict[str, TraceSpec] = {
     "a100-10x8-issue-mix-load095-seed34": TraceSpec("10x8xA100-40GB", MIX_ISSUE, 0.95, 34),
     "a100-issue-mix-load085-seed23": TraceSpec("20x8xA100-40GB", MIX_ISSUE, 0.85, 23),
     "a100-small-mix-load090-seed32": TraceSpec("20x8xA100-40GB", MIX_SMALL, 0.90, 32),
-    # Jobs of a 60 s and a 1,800 s mean lifetime (issue 17k), where a reserve in seconds misses.
+    # Jobs of a 60 s and a 1,800 s mean lifetime, where a reserve counted in seconds misses.
     "a100-issue-mix-load095-dur60-seed41": TraceSpec(
         "20x8xA100-40GB", MIX_ISSUE, 0.95, 41, mean_duration=60.0
     ),
     "a100-issue-mix-load090-dur1800-seed44": TraceSpec(
         "20x8xA100-40GB", MIX_ISSUE, 0.90, 44, mean_duration=1800.0
     ),
-    # No setting measured meets the goal here (issue 17k).
+    # No setting measured meets the goal here.
     "a100-small-mix-load090-dur1800-seed46": TraceSpec(
         "20x8xA100-40GB", MIX_SMALL, 0.90, 46, mean_duration=1800.0
     ),
 }
-"""Traces kept to check a rule on traffic it was not tuned on (issues 17j and 17k's held-out
-checks; see ``bench/traces/README.md``). ``--regenerate`` writes them too; ``python -m bench
-simulate`` does not replay them."""
+"""Traces kept to check a rule on traffic it was not tuned on (the held-out traces of
+``bench/traces/README.md``). ``--regenerate`` writes them too; ``python -m bench simulate`` does
+not replay them."""
 
 SPEED_GPUS = "20x8xA100-40GB"
 SPEED_EVENTS = 100_000
@@ -254,7 +254,7 @@ def _speed(events: int) -> list[dict[str, Any]]:
     fleet = parse_fleet(SPEED_GPUS)
     trace = synthesize(fleet=fleet, mix=parse_mix(MIX_ISSUE), load=0.9, events=events, seed=11)
     runs = []
-    # CPU time is what the issue's goal is stated in: on a shared machine the wall clock also
+    # CPU time is what the speed goal is stated in: on a shared machine the wall clock also
     # counts other people's work.
     for policy in POLICIES:
         started, cpu = time.perf_counter(), time.process_time()

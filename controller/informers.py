@@ -81,15 +81,15 @@ def _informer(
 
 SLICE_PAGE_SIZE = 100
 """ResourceSlices per list request: a page of our slices is ~1.4 MB as sent and ~9 MiB parsed,
-held only until it is interned (at the client's 500 a page parsed was ~45 MiB, most of it left to
-the process as fragmented heap)."""
+held only until it is interned (a page of the client's default 500 would be ~45 MiB parsed, most
+of it left to the process as fragmented heap)."""
 
 
 def _slices_informer(api: ClusterApi, name: str) -> Informer:
     """ResourceSlices with their many equal small parts shared (``JsonInterner``), interned page by
-    page as the list arrives: ~0.9 → ~0.2 MiB per node of 8 A100s in a process (docs/design.md,
-    "Memory"). Slices change rarely, so the ~6 ms of CPU per node this costs is spent at start and on a
-    republish, not per pod."""
+    page as the list arrives, so a node of 8 A100s takes about a sixth of its parsed size
+    (docs/design.md, "Memory"). Slices change rarely, so the CPU interning costs is spent at start
+    and on a republish, not per pod."""
     return _informer(
         api,
         RESOURCE_SLICES,

@@ -125,9 +125,9 @@ class KubeletPlugin:
             listeners=(self.health_board,),
         )
         # The kubelet deletes every ResourceSlice of its node when it starts (no driver is
-        # registered yet) and of a driver that stays unregistered; seen on real kubelets, our
-        # slices were then missing until the next poll (up to ``inventory_poll_seconds``) while
-        # the node's claims stayed allocated. A watch on our own slices republishes at once.
+        # registered yet) and of a driver that stays unregistered (seen on real kubelets); our
+        # slices would then be missing until the next poll (up to ``inventory_poll_seconds``)
+        # while the node's claims stay allocated. A watch on our own slices republishes at once.
         self._own_slices = Informer(
             source=ListWatch(
                 api, RESOURCE_SLICES, field_selector=f"spec.nodeName={config.node_name}"

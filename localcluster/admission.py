@@ -162,10 +162,10 @@ class MutatingAdmission:
 _CEL = celpy.Environment()
 _CEL_LOCK = threading.Lock()
 """celpy's parser keeps per-call state on the shared environment: compiled from several request
-threads at once, expressions came out wrong — a true matchCondition read false (33 of 3,200
-evaluations in 8 threads), so a webhook was silently skipped and a pod admitted without its gate
-(the demo's rare "no MIG slice" Job pod). Programs are compiled once, under this lock, as the
-controller's selectors are (``controller/allocation/selectors.py``); evaluating a shared program is safe."""
+threads at once, expressions can come out wrong — a true matchCondition reads false, so a webhook
+is silently skipped and a pod admitted without its gate. Programs are compiled once, under this
+lock, as the controller's selectors are (``controller/allocation/selectors.py``); evaluating a
+shared program is safe."""
 _PROGRAMS: dict[str, Any] = {}
 
 

@@ -788,5 +788,5 @@ def describe_missing(paths: RealStackPaths | None = None) -> str | None:
     return (
         f"real stack not built ({missing[0]} missing"
         f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}): "
-        "see ../shared/realstack/README.md and README 'Testing'"
+        "see ../shared/realstack/README.md and docs/design.md, the real-stack tier"
     )

@@ -261,7 +261,7 @@ class InstaSliceStack(DaemonStack):
         self, node: str, *, kill: bool = True, classic_shim: bool | None = None
     ) -> None:
         """Kill (or stop) the node's kubelet plugin and start it again; ``classic_shim`` on/off
-        restarts it with ``--classic-shim`` switched (None: the same flags as before)."""
+        restarts it with ``--classic-shim`` switched (None: the flags it ran with)."""
         process = self.plugins[node]
         if kill:
             process.kill()
@@ -286,10 +286,8 @@ class InstaSliceStack(DaemonStack):
         # deploy/base/webhook.yaml's rules, with more time per call: the pods-with-claims hook fails
         # open after its 3 s, and kube-scheduler then allocates such a pod itself, but this
         # cluster's scheduler only binds, so here a pod the webhook missed would never run, and a
-        # loaded 2-core machine can take seconds for a first call. (The demo's Job pod admitted
-        # ungated and left Pending was not a timeout after all: the local API server compiled
-        # matchConditions from several threads at once and celpy got them wrong — fixed in
-        # localcluster/admission.py.) The real stack keeps the deployed timeouts.
+        # loaded 2-core machine can take seconds for a first call. The real stack keeps the
+        # deployed timeouts.
         for hook in config.get("webhooks") or []:
             hook["timeoutSeconds"] = LOCAL_WEBHOOK_TIMEOUT_S
         apply_object(self.api, config)

@@ -32,7 +32,7 @@ deploy/base/webhook.yaml) a claim whose requests name one of our DeviceClasses g
 must write before an allocation (docs/design.md F3), added here instead of by an update of its own
 once the claim's pod arrives — one write per placed pod fewer for the controller and for
 kube-apiserver (F25). Nothing relies on it: a claim admitted without it (an outage; that webhook
-fails open) gets it from the controller as before. A claim being deleted that was never allocated
+fails open) gets it from the controller's own update. A claim being deleted that was never allocated
 loses it to kube-controller-manager (its resourceclaim controller lifts the finalizer of an
 unreserved claim being deleted, allocated or not), so it never blocks a deletion. Claims of other
 drivers, of system namespaces and with the finalizer already are left unchanged.

@@ -1,8 +1,8 @@
 """The pod webhook in a process of its own: ``python -m controller.webhook.process``.
 
 Why a process: admission is on the path of every pod create (docs/design.md F15). Served by the
-controller's process it shared one interpreter lock with the allocation workers: kube-apiserver
-measured it at 4 ms when idle but 60 ms on average during a 1,000-pod burst. Here it has its own
+controller's process it would share one interpreter lock with the allocation workers, and every
+answer during a burst would wait for them. Here it has its own
 interpreter, its own client and its own informers — claims, claim templates, DeviceClasses and
 ResourceSlices, which is all admission reads; never pods or nodes, the busiest kinds in a burst —
 so allocation work cannot delay an answer.
@@ -13,7 +13,7 @@ webhook, certificate, client and log settings and ignores the rest. It can also 
 (its ``--healthz-address`` then serves ``/readyz``, its ``--metrics-address`` ``/metrics``). Its
 figures (``metrics.WebhookMetrics``: answers by status and decision, the server-side time of each)
 are served on 127.0.0.1 when the controller started it, and the controller's ``/metrics`` adds
-them to its own: one scrape target per pod, as before the webhook had a process of its own.
+them to its own: one scrape target per controller pod.
 The server opens its port only once the caches are synced and the slice inventory is built (at
 hundreds of nodes that takes seconds: never on an admission's path; later slice changes are applied
 by a thread of their own), then

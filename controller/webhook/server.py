@@ -168,9 +168,9 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "instaslice-webhook"
     wbufsize = RESPONSE_BUFFER_BYTES
     """Buffered: status line, headers and body go out in one write (one TLS record) when the
-    request is done. Unbuffered, the headers and the body were two writes, and the body waited for
-    kube-apiserver's delayed ACK of the headers (Nagle): ~40 ms per answer on a keep-alive
-    connection (docs/design.md F15)."""
+    request is done. Unbuffered, the headers and the body would be two writes, and the body would
+    wait for kube-apiserver's delayed ACK of the headers (Nagle): up to ~40 ms per answer on a
+    keep-alive connection (docs/design.md F15)."""
 
     def do_GET(self) -> None:
         if urlsplit(self.path).path in ("/healthz", "/readyz"):

@@ -60,8 +60,8 @@ def _fingerprint(*values: Any) -> object:
     differ, unlike with ``==``); a value that is not JSON is never equal to anything.
 
     Copied to a bytes object of its own length: orjson's result keeps the 4 KiB buffer it was
-    written into (orjson 3.13, measured with ``tracemalloc``), and one fingerprint per index per
-    cached pod and claim is kept — 80 MB at 10,000 pods with their claims."""
+    written into (orjson 3.13), and one fingerprint per index per cached pod and claim is kept —
+    80 MB at 10,000 pods with their claims."""
     try:
         return bytes(memoryview(orjson.dumps(values)))
     except TypeError:

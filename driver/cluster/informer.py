@@ -353,7 +353,7 @@ class JsonInterner:
 
     A node's ResourceSlices repeat the same small JSON objects hundreds of times — ``{"int": 0}``,
     ``{"string": "1g.5gb"}``, a placement's capacity and counters — and every node repeats them
-    again: parsed, one node of 8 A100s took ~0.85 MiB, most of it such duplicates (docs/design.md,
+    again: parsed, one node of 8 A100s takes ~0.85 MiB, most of it such duplicates (docs/design.md,
     "Memory"). Here every object or array of at most ``max_width`` entries whose entries are all
     interned is replaced by the one equal object seen before, and strings of up to 64 characters by
     the interpreter's interned copy; wider containers (a device, its attributes, a slice) stay

@@ -7,8 +7,8 @@ encoded by ``orjson``; responses are decoded by ``orjson`` too. The bodies stay
 the wire JSON (no round trip through generated models that drop fields they do not know, like newer
 ``resource.k8s.io/v1`` ones), one code path serves every resource, and the client's own per-request
 work — a recursive ``sanitize_for_serialization`` of the body, ``json.dumps``, the pool manager's
-URL parsing and pool lookup — is skipped: it was most of the controller's CPU per placed pod. Past a
-proxy-less pool, urllib3's own per-request work is skipped too: requests and watch bodies are
+URL parsing and pool lookup — is skipped: it would be most of the controller's CPU per placed pod.
+Past a proxy-less pool, urllib3's own per-request work is skipped too: requests and watch bodies are
 exchanged on the pool's connected sockets by ``kube_http``. A watch response is read by
 ``kube_watch.KubeWatchStream``; Status bodies become our errors in ``kube_wire`` (all plain Python,
 no ``kubernetes`` import).

@@ -1,6 +1,6 @@
 """One API-server watch response read as a stream of ``WatchEvent``s, closable from any thread.
 
-Split from ``kube`` (which opens the response) because reading it is its own job: newline-framed
+Apart from ``kube`` (which opens the response) because reading it is its own job: newline-framed
 JSON events, ``ERROR`` frames turned into our errors, and a close that wakes a reader blocked in
 another thread without handing a half-read connection back to the pool. Plain Python over the
 urllib3 response object: it does not import ``kubernetes``.

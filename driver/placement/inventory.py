@@ -779,7 +779,7 @@ class Inventory:
             if _relevant(table, signature):
                 sigs.append(sig)
         graded = self.track_levels
-        # Cached level lists are one entry short now; extend each once, shared as before.
+        # Cached level lists are one entry short now; extend each once and keep it shared.
         self._level_cache = {}
         self._level_vectors = {}
         self._level_diffs = {}

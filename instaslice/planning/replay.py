@@ -13,17 +13,17 @@ requests take their new places (in a cluster: their pods are evicted and restart
 departure times) and the request is admitted at the plan's target. Requests of several slices get
 targets on one GPU, as the engine places them. With ``defrag_whole_gpu_below=U`` as well, a request
 that takes every memory slice of a GPU (such as 7g.40gb) may defragment only while less than the
-fraction U of the fleet's memory slices is in use; smaller requests always may (issue 17i: at 95%
-load, plans that admit whole-GPU requests hold memory several later small requests needed). With
+fraction U of the fleet's memory slices is in use; smaller requests always may (at 95% load, plans
+that admit whole-GPU requests hold memory several later small requests needed). With
 ``defrag_whole_gpu_reserve=F``, a whole-GPU request may defragment only if the memory slices still
 free once it is admitted would hold the smaller requests' recent demand over F mean request
 lifetimes: the memory slices they asked for (admitted or not) per second over the last
 ``DEMAND_WINDOW_LIFETIMES`` mean lifetimes, times F mean lifetimes. The mean lifetime is what the
 replay has seen so far: the mean duration of the last ``LIFETIME_SAMPLE`` requests to depart
 (before the first departure the rule allows). Every time in the rule is a multiple of that mean,
-so a trace whose times and durations are all scaled by one factor gets the same decisions
-(issue 17j: a rule relative to the fleet's own traffic, not a fixed use level; issue 17k: relative
-to its request lifetimes, not a number of seconds tuned on 300 s jobs).
+so a trace whose times and durations are all scaled by one factor gets the same decisions: the
+rule is relative to the fleet's own traffic, not a fixed use level, and to its request lifetimes,
+not a number of seconds that fits only one job length.
 
 Figures per run: accepted / rejected, *stranded* (rejected although one GPU of a model offering the
 profile had enough free memory slices — counted without placement rules: the fragmentation a policy
@@ -54,7 +54,7 @@ Need = tuple[tuple[str, int], ...]
 
 DEMAND_WINDOW_LIFETIMES = 0.4
 """``defrag_whole_gpu_reserve`` measures the smaller requests' demand over this many mean request
-lifetimes of trace time before each arrival (120 s on traces of 300 s jobs, as issue 17j set it)."""
+lifetimes of trace time before each arrival (120 s on traces of 300 s jobs)."""
 
 LIFETIME_SAMPLE = 1_000
 """The mean request lifetime is the mean duration of this many latest departures."""

@@ -5,7 +5,8 @@ asking ``nvidia.com/mig-1g.5gb: 2`` is refused on a node advertising fewer than 
 are not what decides where a slice goes — the controller's gate and its placement (shadow claims
 pinned to a node) are — so the count only has to be **never smaller than what the controller may
 place here**, and stable, because changing a node's capacity is slow (node status updates every
-10 s) and was the public InstaSlice's recurring admission failure (its issues #96, #143).
+10 s), and a capacity that moves under the kubelet is what made the public InstaSlice's device
+plugin fail admissions again and again.
 
 Choice: per GPU, the most instances of the profile that GPU can hold at once *if it held nothing
 else* — the largest set of its placements that do not overlap, capped by the profile's

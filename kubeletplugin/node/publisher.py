@@ -28,7 +28,7 @@ counts GPUs by health.
 
 An API server without the ``DRADeviceTaints`` feature (Kubernetes 1.35 by default) silently drops the
 taints; the publisher notices that in the objects it gets back and from then on withdraws an
-unhealthy GPU's devices instead (a new pool generation without them), as before taints existed.
+unhealthy GPU's devices instead (a new pool generation without them).
 
 Listeners (``InventoryListener``: the health stream) hear of every inventory read and of every
 failure to read the GPUs.

@@ -1,6 +1,6 @@
 """A claim's devices through prepare, as records: planned → intended → CDI-written → answered.
 
-Split from ``devicestate`` (which sequences prepare/unprepare, locks and rollback) because these are
+Apart from ``devicestate`` (which sequences prepare/unprepare, locks and rollback) because these are
 the values that go into the checkpoint and the CDI spec, built from the plan and the created slices:
 the ``PrepareStarted`` records and the overlap check that guards them, the completed records with
 GI/CI ids, MIG UUIDs and CDI ids (written to the claim's CDI spec), and what the kubelet is told.

@@ -7,7 +7,7 @@ destroys the old slice only when it notices — for a classic pod's shadow claim
 reconcile pass. A prepare (device-plugin ``Allocate`` or DRA ``NodePrepareResources``) that lands in
 that window asks a ``StaleSliceJudge`` about each prepared claim in its way: a claim the judge calls
 stale is released first, through the same path as any unprepare (slices, CDI spec, checkpoint
-entry); any other clash is refused as before, with the judge's reason in the message.
+entry); any other clash is refused, with the judge's reason in the message.
 
 The judge for shim-prepared claims lives with the shim (``deviceplugin.staleness``); claims the
 kubelet prepared through DRA are the kubelet's to unprepare, so no judge releases them.

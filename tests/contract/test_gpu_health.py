@@ -83,7 +83,7 @@ def test_a_lost_gpu_is_reported_unhealthy_as_last_seen_not_raised() -> None:
     assert lost.health_reason is not None
     assert "GPU is lost" in lost.health_reason
     assert lost.health_code == "GpuLost"
-    with pytest.raises(BackendError, match="GPU is lost"):  # the GPU's own answer, as before
+    with pytest.raises(BackendError, match="GPU is lost"):  # the lost GPU's own answer
         backend.instances(gpu_index=1)
     with pytest.raises(BackendError, match="GPU is lost"):
         backend.create_slice(gpu_index=1, profile="1g.5gb", start=0)

@@ -157,7 +157,7 @@ def test_a_term_that_starts_while_a_lease_renew_is_late_still_allocates(
 ) -> None:
     """The state is rebuilt on a term's own thread after the caches sync; a renew that is late
     right then (``is_leader()`` False for a moment) does not end the term, so the rebuild must not
-    give up on it: before, the replica went on renewing the lease without ever allocating."""
+    give up on it, or the replica would go on renewing the lease without ever allocating."""
     api = cluster_api(apiserver, stack)
     publish_node(api, "node-00", gpus=1)
     controller = start_controller(apiserver, stack, sync=SyncConfig(not_leader_retry=0.2))

@@ -1,8 +1,9 @@
 """The flags of the two daemons, as the manifests may use them.
 
 Taken from the daemons' own argument parsers (``build_parser()`` in ``<package>.__main__`` or
-``<package>.settings``) where they exist; otherwise from the interface the controller and
-kubelet-plugin issues fixed (the literal lists below). Every flag is also an environment variable ``INSTASLICE_<FLAG_IN_CAPS_WITH_UNDERSCORES>``.
+``<package>.settings``) where they exist; otherwise from the interface the controller and the
+kubelet plugin are specified with (the literal lists below). Every flag is also an environment
+variable ``INSTASLICE_<FLAG_IN_CAPS_WITH_UNDERSCORES>``.
 """
 
 from __future__ import annotations

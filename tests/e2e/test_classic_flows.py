@@ -178,7 +178,7 @@ def test_a_placement_freed_by_a_deleted_classic_pod_is_not_handed_out_before_its
     # The controller frees the placement as soon as the shadow claim is released, while the shim
     # destroys the old slice only on its next reconcile; the new pod's Allocate must release that
     # stale slice first (kubeletplugin/state/overlaps.py) instead of failing admission
-    # (UnexpectedAdmissionError), which a Deployment scaled down and up used to hit every time.
+    # (UnexpectedAdmissionError), which a Deployment scaled down and up would hit every time.
     apply(classic, [classic_pod("first", profile="1g.5gb", namespace=E2E_NS)])
     wait_pod_running(classic, E2E_NS, "first")
     classic.api.delete(PODS, name="first", namespace=E2E_NS)

@@ -343,7 +343,7 @@ def test_plugin_taints_an_unhealthy_gpu_tells_the_kubelet_and_keeps_prepared_sli
         assert gauge(plugin.metrics, "unhealthy") == 1.0
         assert any("GPU 1: XID 48" in line for line in plugin.health.check().checks)
         assert plugin.health.check().ok  # a broken GPU is no reason to restart the plugin
-        # The prepared slice stays, and the kubelet's repeat is answered as before.
+        # The prepared slice stays, and the kubelet's repeat gets the first answer again.
         assert [(g, p, s) for g, p, s, _ in node.instances()] == [(1, "2g.10gb", 2)]
         assert kubelet.prepare([claim])[claim.uid] == first
 

@@ -1,10 +1,9 @@
 """The placement decisions of every policy on a few thousand replayed requests, pinned.
 
-Speed work on the engine (issue 17, item 7) must not change a single decision: each policy's
-placements (node, GPU, profile, start of every device) or rejection, request by request, are
-compared with ``data/decisions-<policy>.txt.gz``, recorded before that work began. A policy change
-that is *meant* to move decisions rewrites them with ``python -m tests.planning.test_decisions``
-(and says so in its commit).
+Speed work on the engine must not change a single decision: each policy's placements (node, GPU,
+profile, start of every device) or rejection, request by request, are compared with the recorded
+ones in ``data/decisions-<policy>.txt.gz``. A policy change that is *meant* to move decisions
+rewrites them with ``python -m tests.planning.test_decisions`` (and says so in its commit).
 """
 
 from __future__ import annotations

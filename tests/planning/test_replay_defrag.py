@@ -85,7 +85,7 @@ def test_fewer_moves_than_needed_still_reject() -> None:
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_defrag_off_keeps_the_recorded_decisions(policy: str) -> None:
-    """Rejections equal the pinned decisions of ``test_decisions`` (recorded before this work)."""
+    """Rejections equal the pinned decisions of ``test_decisions``."""
     fleet = parse_fleet(test_decisions.FLEET)
     trace = test_decisions._trace(fleet)
     recorded = gzip.decompress(test_decisions._path(policy).read_bytes()).decode().splitlines()

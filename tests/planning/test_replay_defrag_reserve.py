@@ -1,6 +1,5 @@
 """``defrag_whole_gpu_reserve``: whole-GPU requests defragment only if the memory slices left free
-hold the smaller requests' recent demand over some share of the mean request lifetime (issues 17j,
-17k)."""
+hold the smaller requests' recent demand over some share of the mean request lifetime."""
 
 from __future__ import annotations
 
@@ -69,7 +68,7 @@ def _scaled(trace: list[TraceRequest], factor: float) -> list[TraceRequest]:
 
 
 def test_the_window_and_the_sample_are_as_documented() -> None:
-    # 0.4 lifetimes: the 120 s the rule was tuned with on traces of 300 s jobs (issue 17j).
+    # 0.4 lifetimes: the 120 s the rule was tuned with on traces of 300 s jobs.
     assert DEMAND_WINDOW_LIFETIMES == 0.4
     assert LIFETIME_SAMPLE == 1_000
 
@@ -209,7 +208,7 @@ def test_with_both_rules_both_must_allow(
         (1, 0.0, "more than 0 and at most 1, got 0.0"),
         (1, -0.5, "got -0.5"),
         (1, 1.5, "got 1.5"),
-        (1, 14.0, "got 14.0"),  # seconds, as the rule took before issue 17k
+        (1, 14.0, "got 14.0"),  # a number of seconds, not of lifetimes
         (1, math.inf, "got inf"),
         (1, math.nan, "got nan"),
     ],

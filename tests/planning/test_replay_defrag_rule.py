@@ -1,4 +1,4 @@
-"""``defrag_whole_gpu_below``: whole-GPU requests defragment only below a memory use (issue 17i)."""
+"""``defrag_whole_gpu_below``: whole-GPU requests defragment only below a memory use."""
 
 from __future__ import annotations
 

@@ -73,7 +73,7 @@ def to_scheduler_mode(stack: RealStack, *, held: dict[str, list[str]] | None = N
     stack.set_extended_resource_names(on=True)
     stack.set_classic_shim(on=False)
     # The plugins clear nvidia.com/mig-* once the kubelet has forgotten the device plugin: 5
-    # minutes after it went (before, a classic pod bound through DRA would be failed by it).
+    # minutes after it went (until then, a classic pod bound through DRA would be failed by it).
     wait_for(
         stack,
         lambda: _stale_classic(stack) == (held or {}) or None,
