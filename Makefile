@@ -7,7 +7,7 @@ TYPECHECKED := $(PACKAGES) tests bench
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: help install lock protos protos-check lint fmt typecheck test test-real test-unit bench demo check-nvml clean
+.PHONY: help install lock protos protos-check lint fmt typecheck test test-real test-deploy test-unit bench demo check-nvml clean
 
 help: ## list targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-28s %s\n", $$1, $$2}'
@@ -67,6 +67,19 @@ test-real: $(INSTALLED) ## the real-stack tier (tests/real) on Kubernetes built 
 	@reason=$$($(PY) -c 'from localcluster.realstack import describe_missing; print(describe_missing() or "")'); \
 	if [ -n "$$reason" ]; then echo "test-real: skipped: $$reason"; \
 	else $(PY) -m pytest tests/real --real-stack -p no:cacheprovider $(PYTEST_ARGS); fi
+
+# The deploy tier's images (built by `make images` outside the lock) and the real stack's lock,
+# held while its pytest runs (REALSTACK_LOCK= when the caller already holds it).
+DEPLOY_TEST_IMG ?= localhost/instaslice-controller:deploy-test
+DEPLOY_TEST_IMG_PLUGIN ?= localhost/instaslice-kubelet-plugin:deploy-test
+REALSTACK_LOCK ?= /tmp/realstack.lock
+test-deploy: $(INSTALLED) ## the deploy tier (tests/deployed): images built here, `make deploy` on containerd nodes, lifecycle; skips in one line when those nodes are not built
+	@reason=$$($(PY) -c 'from localcluster.containerstack import describe_missing; print(describe_missing() or "")'); \
+	if [ -n "$$reason" ]; then echo "test-deploy: skipped: $$reason"; \
+	else $(MAKE) --no-print-directory images IMG=$(DEPLOY_TEST_IMG) IMG_PLUGIN=$(DEPLOY_TEST_IMG_PLUGIN) \
+	  && INSTASLICE_DEPLOY_IMG=$(DEPLOY_TEST_IMG) INSTASLICE_DEPLOY_IMG_PLUGIN=$(DEPLOY_TEST_IMG_PLUGIN) \
+	  $(if $(REALSTACK_LOCK),flock -w 3600 -o $(REALSTACK_LOCK)) \
+	  $(PY) -m pytest tests/deployed --deploy-tier -p no:cacheprovider $(PYTEST_ARGS); fi
 
 bench: $(INSTALLED) ## run the benchmarks; figures go to stdout and bench/results/*.json
 	$(PY) -m bench

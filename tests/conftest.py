@@ -1,9 +1,10 @@
 """Project-wide fixtures: a local API server per test and a ``kubernetes`` client bound to it.
 
 Sub-folder conftests add their own fixtures; these two are the shared contract. The real-stack
-tier (``tests/real``) is collected only with ``--real-stack`` (``make test-real``): it needs the
-Kubernetes components built by ``../shared/realstack`` and takes minutes, so ``make test`` leaves
-it out even where the stack is built.
+tier (``tests/real``) is collected only with ``--real-stack`` (``make test-real``), the deploy tier
+(``tests/deployed``) only with ``--deploy-tier`` (``make test-deploy``): they need the Kubernetes
+components built by ``../shared/realstack`` and take minutes, so ``make test`` leaves them out even
+where the stack is built.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from localcluster.apiserver import LocalApiServer
 from localcluster.testing import api_client, close_client
 
 REAL_TIER = Path(__file__).resolve().parent / "real"
+DEPLOY_TIER = Path(__file__).resolve().parent / "deployed"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -27,13 +29,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="run tests/real on the real Kubernetes stack (make test-real)",
     )
+    parser.addoption(
+        "--deploy-tier",
+        action="store_true",
+        default=False,
+        help="run tests/deployed: the images deployed on nodes with real containers "
+        "(make test-deploy)",
+    )
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    if config.getoption("--real-stack"):
-        return None
-    if collection_path == REAL_TIER or REAL_TIER in collection_path.parents:
-        return True
+    for tier, option in ((REAL_TIER, "--real-stack"), (DEPLOY_TIER, "--deploy-tier")):
+        inside = collection_path == tier or tier in collection_path.parents
+        if inside and not config.getoption(option):
+            return True
     return None
 
 

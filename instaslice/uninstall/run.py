@@ -5,8 +5,9 @@ it first makes sure no new slice can be allocated, evicts those pods (PodDisrupt
 a refused eviction is tried again), and waits until they have ended — the kubelet plugins still
 run, so each slice is unprepared and destroyed and each claim released. Then it removes the
 plugins (waiting for their pods), our ResourceSlices, the webhook configurations, the rest and
-the namespace, and lifts our scheduling gate from the pods still carrying it: they wait as
-ordinary Pending pods, and are placed again once InstaSlice is installed again. The order and why:
+the namespace, and lifts our scheduling gate from the DRA pods still carrying it: they wait as
+ordinary Pending pods (kube-scheduler serves them once InstaSlice is back); classic pods keep it
+(only InstaSlice can serve them) and are placed when it is installed again. The order and why:
 ``instaslice.uninstall.manifests``.
 """
 
@@ -16,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TextIO
 
-from api.names import DRIVER_NAME, SCHEDULING_GATE
+from api.names import CLASSIC_RESOURCE_PREFIX, DRIVER_NAME, SCHEDULING_GATE
 from driver.cluster.ops import remove_scheduling_gate
 from driver.cluster.port import (
     PODS,
@@ -212,10 +213,17 @@ class Uninstaller:
             self._say(f"deleted {len(slices)} ResourceSlices of {DRIVER_NAME}")
 
     def _lift_gates(self) -> None:
-        lifted = []
+        """Lift our gate from DRA pods (kube-scheduler may serve them: after a reinstall it
+        allocates them, as a hand-off); keep it on classic pods, which only InstaSlice can serve
+        (ungated, kube-scheduler would bind them to the shim's resource once it is back and the
+        kubelet would fail them)."""
+        lifted, kept = [], []
         for pod in self._api.list_objects(PODS).items:
             view = PodView.of(pod)
             if not view.gated_by(SCHEDULING_GATE):
+                continue
+            if view.requests_resource(lambda name: name.startswith(CLASSIC_RESOURCE_PREFIX)):
+                kept.append(view.key)
                 continue
             try:
                 remove_scheduling_gate(self._api, pod=pod)
@@ -226,8 +234,13 @@ class Uninstaller:
             lifted.append(view.key)
         if lifted:
             self._say(
-                f"lifted {SCHEDULING_GATE} from {len(lifted)} pods (they wait Pending for "
-                f"InstaSlice): {', '.join(lifted)}"
+                f"lifted {SCHEDULING_GATE} from {len(lifted)} pods (they wait Pending; "
+                f"kube-scheduler or a reinstalled InstaSlice serves them): {', '.join(lifted)}"
+            )
+        if kept:
+            self._say(
+                f"kept {SCHEDULING_GATE} on {len(kept)} classic pods (InstaSlice places them "
+                f"when installed again; delete them otherwise): {', '.join(kept)}"
             )
 
     def _say(self, line: str) -> None:

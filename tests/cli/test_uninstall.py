@@ -231,7 +231,7 @@ def test_it_refuses_while_a_pod_holds_a_slice_and_changes_nothing(api: KubeClust
     assert api.get(PODS, name="busy", namespace=NS)
 
 
-def test_drained_it_strands_nothing_and_lifts_the_gate_of_waiting_pods(
+def test_drained_it_strands_nothing_and_lifts_the_gate_of_waiting_dra_pods(
     api: KubeClusterApi,
 ) -> None:
     objects = _manifests()
@@ -240,6 +240,10 @@ def test_drained_it_strands_nothing_and_lifts_the_gate_of_waiting_pods(
     waiting = pod("waiting", gates=(names.SCHEDULING_GATE, "other.example.com/hold"))
     waiting["metadata"].pop("uid")
     api.create(PODS, waiting)
+    classic = pod("classic", gates=(names.SCHEDULING_GATE,))
+    classic["metadata"].pop("uid")
+    classic["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/mig-1g.5gb": "1"}}
+    api.create(PODS, classic)
     out = io.StringIO()
     assert _uninstaller(api, out, _Clock()).run(objects, drain=True) == 0, out.getvalue()
     assert not any(_exists(api, o) for o in objects)
@@ -249,6 +253,9 @@ def test_drained_it_strands_nothing_and_lifts_the_gate_of_waiting_pods(
     assert api.list_objects(RESOURCE_SLICES).items == []
     # someone else's gate stays: the pod is theirs to release
     assert gate_names(api.get(PODS, name="waiting", namespace=NS)) == ["other.example.com/hold"]
+    # only InstaSlice can serve a classic pod: it waits gated for a reinstall
+    assert gate_names(api.get(PODS, name="classic", namespace=NS)) == [names.SCHEDULING_GATE]
+    assert "kept instaslice.dev/placement on 1 classic pods" in out.getvalue()
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("deleted 1 DeviceClasses")
     assert "evicted pod demo/busy" in lines
