@@ -76,7 +76,7 @@ REALSTACK_LOCK ?= /tmp/realstack.lock
 test-deploy: $(INSTALLED) ## the deploy tier (tests/deployed): images built here, `make deploy` on containerd nodes, lifecycle; skips in one line when those nodes are not built
 	@reason=$$($(PY) -c 'from localcluster.containerstack import describe_missing; print(describe_missing() or "")'); \
 	if [ -n "$$reason" ]; then echo "test-deploy: skipped: $$reason"; \
-	else $(MAKE) --no-print-directory images IMG=$(DEPLOY_TEST_IMG) IMG_PLUGIN=$(DEPLOY_TEST_IMG_PLUGIN) \
+	else $(call build_images,$(DEPLOY_TEST_IMG),$(DEPLOY_TEST_IMG_PLUGIN)) \
 	  && INSTASLICE_DEPLOY_IMG=$(DEPLOY_TEST_IMG) INSTASLICE_DEPLOY_IMG_PLUGIN=$(DEPLOY_TEST_IMG_PLUGIN) \
 	  $(if $(REALSTACK_LOCK),flock -w 3600 -o $(REALSTACK_LOCK)) \
 	  $(PY) -m pytest tests/deployed --deploy-tier -p no:cacheprovider $(PYTEST_ARGS); fi
@@ -117,11 +117,13 @@ deviceclasses: $(INSTALLED) ## regenerate deploy/base/deviceclasses.yaml (and th
 BUILDAH ?= buildah
 # The build stage's pip reaches PyPI through the host's network.
 BUILDAH_FLAGS ?= --network host
+# build_images CONTROLLER,PLUGIN: both targets of the Dockerfile, then their sizes
+build_images = $(BUILDAH) bud $(BUILDAH_FLAGS) --layers --target controller -t $(1) . \
+	&& $(BUILDAH) bud $(BUILDAH_FLAGS) --layers --target kubelet-plugin -t $(2) . \
+	&& $(BUILDAH) images --format '{{.Name}}:{{.Tag}}  {{.Size}}' $(1) \
+	&& $(BUILDAH) images --format '{{.Name}}:{{.Tag}}  {{.Size}}' $(2)
 images: ## build both images with buildah (no daemon): IMG (controller) and IMG_PLUGIN (kubelet plugin), then print their sizes
-	$(BUILDAH) bud $(BUILDAH_FLAGS) --layers --target controller -t $(IMG) .
-	$(BUILDAH) bud $(BUILDAH_FLAGS) --layers --target kubelet-plugin -t $(IMG_PLUGIN) .
-	@$(BUILDAH) images --format '{{.Name}}:{{.Tag}}  {{.Size}}' $(IMG)
-	@$(BUILDAH) images --format '{{.Name}}:{{.Tag}}  {{.Size}}' $(IMG_PLUGIN)
+	$(call build_images,$(IMG),$(IMG_PLUGIN))
 
 docker-build: ## build both images: IMG (controller) and IMG_PLUGIN (kubelet plugin); CONTAINER_TOOL=podman works
 	$(CONTAINER_TOOL) build --target controller -t $(IMG) .
