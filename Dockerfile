@@ -2,9 +2,10 @@
 # InstaSlice images: one Dockerfile, two targets.
 #   docker build --target controller     -t quay.io/instaslice/instaslice-controller:latest .
 #   docker build --target kubelet-plugin -t quay.io/instaslice/instaslice-kubelet-plugin:latest .
-# (`make docker-build`; `make docker-buildx PLATFORMS=linux/amd64,linux/arm64` for multi-arch.)
+# (`make images` builds both with buildah, no daemon; `make docker-build`; `make docker-buildx
+# PLATFORMS=linux/amd64,linux/arm64` for multi-arch.)
 # The Python package is built once into a virtualenv in the build stage and copied into a slim
-# runtime; no compiler, pip cache or source tree ends up in the images. Only the product's packages
+# runtime; no compiler, installer, pip cache or source tree ends up in the images. Only the product's packages
 # are copied: the local cluster emulator (localcluster/), bench/ and tests/ never ship.
 ARG PYTHON_VERSION=3.11
 
