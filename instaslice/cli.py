@@ -200,9 +200,15 @@ def run_uninstall(args: argparse.Namespace, *, out: TextIO, stdin: TextIO) -> in
             settings=ClientSettings(user_agent="instaslice-cli"),
         )
         with api:
-            return Uninstaller(api=api, out=out, timeout_s=args.timeout).run(
-                objects, drain=args.drain
+
+            def read_metrics(namespace: str, pod: str, port: int) -> str:
+                path = f"/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy/metrics"
+                return api.request("GET", path, accept="text/plain").decode()
+
+            uninstaller = Uninstaller(
+                api=api, out=out, read_metrics=read_metrics, timeout_s=args.timeout
             )
+            return uninstaller.run(objects, drain=args.drain)
     except DriverError as exc:
         print(f"instaslice uninstall: {exc}", file=sys.stderr)
         return 1

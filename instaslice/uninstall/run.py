@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TextIO
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from api.names import CLASSIC_RESOURCE_PREFIX, DRIVER_NAME, SCHEDULING_GATE
 from driver.cluster.ops import remove_scheduling_gate
 from driver.cluster.port import (
@@ -46,12 +48,19 @@ class UninstallError(DriverError):
     """The cluster did not reach the next step in time; the message says what is left."""
 
 
+MetricsReader = Callable[[str, str, int], str]
+"""``(namespace, pod, port) -> /metrics text`` of a pod (the API server's pod proxy)."""
+SLICES_IN_USE = "instaslice_kubelet_plugin_slices_in_use"
+"""The kubelet plugin's gauge of the slices its checkpoint holds (prepared, not yet unprepared)."""
+
+
 class Uninstaller:
     def __init__(
         self,
         *,
         api: ClusterApi,
         out: TextIO,
+        read_metrics: MetricsReader,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         poll_s: float = POLL_S,
         clock: Callable[[], float] = time.monotonic,
@@ -59,6 +68,7 @@ class Uninstaller:
     ) -> None:
         self._api = api
         self._out = out
+        self._read_metrics = read_metrics
         self._timeout_s = timeout_s
         self._poll_s = poll_s
         self._clock = clock
@@ -105,6 +115,7 @@ class Uninstaller:
         self._delete(plan.classes, what="DeviceClasses (no new slice can be allocated)")
         if not found.clear:
             self._drain()
+        self._wait_nodes_released(plan.plugins)
         # foreground: the DaemonSet is gone only once its pods are (their sockets removed)
         self._delete(plan.plugins, what="kubelet plugins", wait=True, propagation="Foreground")
         self._delete_resource_slices()
@@ -143,6 +154,68 @@ class Uninstaller:
                     + "\n".join(describe_holders(found))
                 )
             self._sleep(self._poll_s)
+
+    def _wait_nodes_released(self, plugins: tuple[Target, ...]) -> None:
+        """Wait until every ready kubelet plugin holds no slice. A pod's object can be gone from
+        the API before its node's kubelet has unprepared its claims (it does so once the
+        containers have stopped, and retries while the plugin is away): the plugins must stay
+        until they have destroyed those slices. A plugin that is not ready cannot be asked (and
+        serves no kubelet): said, not waited for."""
+        deadline = self._clock() + self._timeout_s
+        while True:
+            holding, unknown = self._plugin_slices(plugins)
+            if not holding:
+                for line in unknown:
+                    self._say(f"WARNING: {line}")
+                return
+            if self._clock() >= deadline:
+                raise UninstallError(
+                    f"after {self._timeout_s:.0f}s the kubelet plugins still hold slices: "
+                    + ", ".join(
+                        f"node {node}: {count:g}" for node, count in sorted(holding.items())
+                    )
+                )
+            self._sleep(self._poll_s)
+
+    def _plugin_slices(self, plugins: tuple[Target, ...]) -> tuple[dict[str, float], list[str]]:
+        """Node -> slices its plugin holds (only nodes holding some), and why some could not
+        be asked."""
+        holding: dict[str, float] = {}
+        unknown: list[str] = []
+        for target in plugins:
+            if target.namespace is None:
+                continue
+            for pod in self._plugin_pods(target):
+                view = PodView.of(pod)
+                ready = view.condition("Ready")
+                port = _metrics_port(pod)
+                if ready is None or not ready.true or port is None:
+                    why = "not ready" if port is not None else "serving no metrics port"
+                    unknown.append(
+                        f"cannot confirm that node {view.node_name or '?'} released its slices: "
+                        f"plugin pod {view.key} is {why}"
+                    )
+                    continue
+                try:
+                    text = self._read_metrics(view.namespace, view.name, port)
+                except DriverError as exc:
+                    unknown.append(f"cannot read the metrics of plugin pod {view.key}: {exc}")
+                    continue
+                count = slices_in_use(text)
+                if count:
+                    holding[view.node_name] = count
+        return holding, unknown
+
+    def _plugin_pods(self, target: Target) -> list[JsonObject]:
+        try:
+            daemonset = self._api.get(target.resource, name=target.name, namespace=target.namespace)
+        except ApiNotFoundError:
+            return []
+        labels = ((daemonset.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        return self._api.list_objects(
+            PODS, namespace=target.namespace, label_selector=selector
+        ).items
 
     def _evict(self, namespace: str, name: str, uid: str) -> bool:
         """True once the pod is evicted (or already gone); False while a budget refuses."""
@@ -246,6 +319,24 @@ class Uninstaller:
     def _say(self, line: str) -> None:
         self._out.write(f"{line}\n")
         self._out.flush()
+
+
+def slices_in_use(metrics: str) -> float:
+    """The sum of the plugin's slices-in-use gauge in a ``/metrics`` text."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == SLICES_IN_USE
+    )
+
+
+def _metrics_port(pod: JsonObject) -> int | None:
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for port in container.get("ports") or []:
+            if port.get("name") == "metrics":
+                return int(port["containerPort"])
+    return None
 
 
 def _names(targets: Iterable[Target]) -> str:

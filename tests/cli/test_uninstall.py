@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -202,8 +202,46 @@ class _Clock:
         self.now += seconds
 
 
-def _uninstaller(api: KubeClusterApi, out: io.StringIO, clock: _Clock) -> Uninstaller:
-    return Uninstaller(api=api, out=out, timeout_s=30, poll_s=1, clock=clock, sleep=clock.sleep)
+def _no_metrics(namespace: str, pod: str, port: int) -> str:
+    raise AssertionError(f"no plugin pod to ask, yet {namespace}/{pod}:{port} was asked")
+
+
+def _uninstaller(
+    api: KubeClusterApi,
+    out: io.StringIO,
+    clock: _Clock,
+    read_metrics: Callable[[str, str, int], str] = _no_metrics,
+) -> Uninstaller:
+    return Uninstaller(
+        api=api,
+        out=out,
+        read_metrics=read_metrics,
+        timeout_s=30,
+        poll_s=1,
+        clock=clock,
+        sleep=clock.sleep,
+    )
+
+
+def _plugin_pod(api: KubeClusterApi, name: str, node: str, *, ready: bool) -> None:
+    """A pod of the plugin DaemonSet (no DaemonSet controller here: made by hand)."""
+    body = pod(name, namespace=SYSTEM, node=node)
+    body["metadata"].pop("uid")
+    body["metadata"]["labels"] = {"app": "plugin"}
+    body["spec"]["containers"][0]["ports"] = [{"name": "metrics", "containerPort": 9400}]
+    created = api.create(PODS, body)
+    created["status"] = {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+    }
+    api.update_status(PODS, created)
+
+
+def _gauge(slices: int) -> str:
+    return (
+        "# TYPE instaslice_kubelet_plugin_slices_in_use gauge\n"
+        f'instaslice_kubelet_plugin_slices_in_use{{gpu="0",profile="1g.5gb"}} {slices}\n'
+    )
 
 
 def _exists(api: KubeClusterApi, obj: JsonObject) -> bool:
@@ -309,3 +347,43 @@ def test_an_unknown_kind_in_the_manifests_is_refused_before_anything_is_deleted(
     with pytest.raises(ConfigError, match=r"Widget \(example.com/v1\) the uninstall does not"):
         _uninstaller(api, io.StringIO(), _Clock()).run(strange, drain=True)
     assert all(_exists(api, o) for o in objects if o["kind"] != "ClusterRole")
+
+
+def test_the_plugins_stay_until_their_nodes_have_released_every_slice(api: KubeClusterApi) -> None:
+    """The kubelet unprepares a deleted pod's claims after its object is gone: the plugin that
+    does it must still be there."""
+    objects = _manifests()
+    _install(api, objects)
+    _plugin_pod(api, "plugin-a", "node-0", ready=True)
+    _plugin_pod(api, "plugin-b", "node-1", ready=False)
+    asked: list[tuple[str, str, int]] = []
+    clock = _Clock()
+
+    def read_metrics(namespace: str, pod_name: str, port: int) -> str:
+        asked.append((namespace, pod_name, port))
+        return _gauge(2 if clock.now < 5 else 0)
+
+    out = io.StringIO()
+    assert _uninstaller(api, out, clock, read_metrics).run(objects, drain=True) == 0
+    assert clock.now >= 5  # waited for node-0's two slices
+    assert set(asked) == {(SYSTEM, "plugin-a", 9400)}  # a plugin that is not ready is not asked
+    assert (
+        f"WARNING: cannot confirm that node node-1 released its slices: plugin pod {SYSTEM}/plugin-b "
+        "is not ready"
+    ) in out.getvalue()
+
+
+def test_slices_a_plugin_never_releases_fail_the_uninstall_before_it_removes_the_plugin(
+    api: KubeClusterApi,
+) -> None:
+    objects = _manifests()
+    _install(api, objects)
+    _plugin_pod(api, "plugin-a", "node-0", ready=True)
+    out = io.StringIO()
+    code = _uninstaller(api, out, _Clock(), lambda *_: _gauge(3)).run(objects, drain=True)
+    assert code == 1
+    assert (
+        "FAILED: after 30s the kubelet plugins still hold slices: node node-0: 3" in out.getvalue()
+    )
+    daemonset = next(o for o in objects if o["kind"] == "DaemonSet")
+    assert _exists(api, daemonset)
