@@ -23,7 +23,7 @@ from controller.metrics import CONTENT_TYPE, WebhookMetrics
 from controller.settings import Settings, build_parser, parse_settings, split_address
 from controller.webhook.child import WebhookChild
 from controller.webhook.replica import WebhookRunner
-from driver.cluster.kube import connect
+from driver.cluster.kube import KubeClusterApi, connect
 from driver.cluster.leader import LeaderElectionConfig
 from driver.cluster.port import ClusterApi
 from driver.cluster.throttle import ClientSettings
@@ -99,33 +99,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(level=settings.log_level, log_format=settings.log_format, fields=LOG_FIELDS)
     stop = stop_on_signals(logger=logger)
     try:
-        api = connect(
-            kubeconfig=settings.kubeconfig,
-            url=settings.kube_api_url,
-            settings=ClientSettings(
-                qps=settings.kube_api_qps,
-                burst=settings.kube_api_burst,
-                connection_pool_maxsize=settings.workers + 16,
-                user_agent=COMPONENT,
-            ),
-        )
+        api = _connect(settings)
     except DriverError as exc:
         logger.error("cannot configure the Kubernetes client: %s", exc)
         return 1
     controller = build_controller(settings, api)
-    webhook: WebhookRunner | WebhookChild
-    if settings.webhook_process and settings.webhook_port != 0:
-        webhook = WebhookChild(argv=sys.argv[1:] if argv is None else argv, stop=stop)
-    else:
-        webhook = WebhookRunner(
-            settings=settings,
-            api=api,
-            admission=controller.admission,
-            stop=stop,
-            metrics=WebhookMetrics(controller.metrics.registry),
-        )
+    webhook = _webhook(settings, argv=argv, api=api, controller=controller, stop=stop)
     settled = threading.Event()
-    """Set once the caches as first listed are out of the collector's reach (below)."""
+    """Set once the caches as first listed are out of the collector's reach (``_run``)."""
     servers = endpoints(settings, controller, webhook, settled=settled)
     try:
         for server in servers:
@@ -138,16 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings.identity,
             "on" if settings.leader_elect else "off",
         )
-        while not stop.wait(0.5 if settled.is_set() else 0.05):
-            if not settled.is_set() and controller.ready():
-                # the caches as first listed (and, leading, the rebuilt state) live as long as the
-                # process: out of the cyclic collector's reach, they are not scanned again by
-                # every full collection during a burst. /readyz answers OK only after this full
-                # collection (~0.4 s holding the interpreter lock at 100 nodes): pods that come
-                # once we are ready do not share the CPU with it.
-                gc.collect()
-                gc.freeze()
-                settled.set()
+        _run(controller, stop=stop, settled=settled)
         return 0
     except (DriverError, OSError) as exc:
         logger.error("controller failed: %s", exc)
@@ -159,6 +131,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         for server in servers:
             server.stop()
         api.close()
+
+
+def _connect(settings: Settings) -> KubeClusterApi:
+    return connect(
+        kubeconfig=settings.kubeconfig,
+        url=settings.kube_api_url,
+        settings=ClientSettings(
+            qps=settings.kube_api_qps,
+            burst=settings.kube_api_burst,
+            connection_pool_maxsize=settings.workers + 16,
+            user_agent=COMPONENT,
+        ),
+    )
+
+
+def _webhook(
+    settings: Settings,
+    *,
+    argv: Sequence[str] | None,
+    api: ClusterApi,
+    controller: Controller,
+    stop: threading.Event,
+) -> WebhookRunner | WebhookChild:
+    """The pod webhook: in a child process of its own (``--webhook-process``), else in this one."""
+    if settings.webhook_process and settings.webhook_port != 0:
+        return WebhookChild(argv=sys.argv[1:] if argv is None else argv, stop=stop)
+    return WebhookRunner(
+        settings=settings,
+        api=api,
+        admission=controller.admission,
+        stop=stop,
+        metrics=WebhookMetrics(controller.metrics.registry),
+    )
+
+
+def _run(controller: Controller, *, stop: threading.Event, settled: threading.Event) -> None:
+    """Until ``stop``; once the controller is first ready, settle its caches (``settled``)."""
+    while not stop.wait(0.5 if settled.is_set() else 0.05):
+        if not settled.is_set() and controller.ready():
+            # the caches as first listed (and, leading, the rebuilt state) live as long as the
+            # process: out of the cyclic collector's reach, they are not scanned again by
+            # every full collection during a burst. /readyz answers OK only after this full
+            # collection (~0.4 s holding the interpreter lock at 100 nodes): pods that come
+            # once we are ready do not share the CPU with it.
+            gc.collect()
+            gc.freeze()
+            settled.set()
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from the allocator when scraped, so they can never drift from it.
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -63,68 +63,58 @@ class _StateCollector(Collector):
 class ControllerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
-        self._latency = Histogram(
+        self._latency = self._histogram(
             "allocation_latency_seconds",
             "Time from a pod's creation (first seen by the controller) to its gate being lifted.",
-            namespace=NAMESPACE,
-            registry=self.registry,
-            buckets=_LATENCY_BUCKETS,
+            _LATENCY_BUCKETS,
         )
-        self._decision = Histogram(
+        self._decision = self._histogram(
             "decision_seconds",
             "Time the placement decision for one pod took (under the allocator's lock).",
-            namespace=NAMESPACE,
-            registry=self.registry,
-            buckets=_DECISION_BUCKETS,
+            _DECISION_BUCKETS,
         )
-        self._claims = Counter(
+        self._claims = self._counter(
             "claims_allocated",
             "Claims whose allocation this controller wrote.",
-            ["kind"],
-            namespace=NAMESPACE,
-            registry=self.registry,
+            ("kind",),
         )
-        self._ungated = Counter(
+        self._ungated = self._counter(
             "pods_ungated",
             "Pods whose instaslice.dev/placement gate this controller lifted.",
-            namespace=NAMESPACE,
-            registry=self.registry,
         )
-        self._conflicts = Counter(
+        self._conflicts = self._counter(
             "conflicts",
             "Writes that lost a race (409) or allocations withdrawn after overlapping another.",
-            ["kind"],
-            namespace=NAMESPACE,
-            registry=self.registry,
+            ("kind",),
         )
-        self._problems = Counter(
+        self._problems = self._counter(
             "placement_problems",
             "Decisions that left a pod gated, by reason.",
-            ["reason"],
-            namespace=NAMESPACE,
-            registry=self.registry,
+            ("reason",),
         )
-        self._handoffs = Counter(
+        self._handoffs = self._counter(
             "pods_handed_off",
             "Pods handed to kube-scheduler without an allocation of ours, by why: no-capacity "
             "(waited --handoff-after), not-bound (placed, but kube-scheduler could not bind it), "
             "scheduler-mode (--allocation-mode scheduler).",
-            ["reason"],
-            namespace=NAMESPACE,
-            registry=self.registry,
+            ("reason",),
         )
-        self._nominations_failed = Counter(
+        self._nominations_failed = self._counter(
             "node_nominations_failed",
             "Placed pods whose status.nominatedNodeName could not be set (a hint for "
             "kube-scheduler: they were ungated all the same).",
-            namespace=NAMESPACE,
-            registry=self.registry,
         )
-        self._released = Counter(
+        self._released = self._counter(
             "shadow_claims_released",
             "Shadow claims of finished classic pods whose allocation was cleared.",
-            namespace=NAMESPACE,
-            registry=self.registry,
+        )
+
+    def _counter(self, name: str, documentation: str, labels: tuple[str, ...] = ()) -> Counter:
+        return Counter(name, documentation, labels, namespace=NAMESPACE, registry=self.registry)
+
+    def _histogram(self, name: str, documentation: str, buckets: Sequence[float]) -> Histogram:
+        return Histogram(
+            name, documentation, namespace=NAMESPACE, registry=self.registry, buckets=buckets
         )
 
     def bind_state(

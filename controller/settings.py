@@ -94,6 +94,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="InstaSlice controller: the single allocator of MIG slices (DRA claims and "
         "classic nvidia.com/mig-* requests), the pod-gating webhook, leader election and metrics.",
     )
+    _add_cluster_flags(parser)
+    _add_webhook_flags(parser)
+    _add_allocator_flags(parser)
+    _add_client_flags(parser)
+    _add_mode_flags(parser)
+    flags.add_log_flags(parser, show_default=True)
+    return parser
+
+
+def _add_cluster_flags(parser: argparse.ArgumentParser) -> None:
+    """How to reach the API server, the namespace of our own objects, the placement policy."""
     _add(parser, "--kubeconfig", help_text="kubeconfig file (default: in-cluster)", default=None)
     _add(
         parser,
@@ -114,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_POLICY,
         choices=tuple(POLICIES),
     )
+
+
+def _add_webhook_flags(parser: argparse.ArgumentParser) -> None:
+    """The pod webhook: port, certificate, the Service and configuration kube-apiserver uses."""
     _add(
         parser,
         "--webhook-port",
@@ -153,6 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve the webhook from a child process with its own caches, so allocation work "
         f"never delays pod admission (env {env_var('webhook_process')}; default true)",
     )
+
+
+def _add_allocator_flags(parser: argparse.ArgumentParser) -> None:
+    """Node nomination, leader election and the allocation workers."""
     parser.add_argument(
         "--nominate-node",
         dest="nominate_node",
@@ -185,6 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
         help_text="worker threads writing allocations concurrently",
         default=str(DEFAULT_WORKERS),
     )
+
+
+def _add_client_flags(parser: argparse.ArgumentParser) -> None:
+    """The API client's rate limits and the /metrics and /healthz endpoints."""
     _add(
         parser,
         "--kube-api-qps",
@@ -209,6 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
         help_text="host:port of /healthz and /readyz; empty disables it",
         default=DEFAULT_HEALTHZ_ADDRESS,
     )
+
+
+def _add_mode_flags(parser: argparse.ArgumentParser) -> None:
+    """Who allocates (this controller or kube-scheduler) and when a waiting pod is handed over."""
     _add(
         parser,
         "--allocation-mode",
@@ -224,8 +251,6 @@ def build_parser() -> argparse.ArgumentParser:
         "placed, before it is handed to kube-scheduler (and cluster autoscalers); 0 disables",
         default=str(DEFAULT_HANDOFF_AFTER),
     )
-    flags.add_log_flags(parser, show_default=True)
-    return parser
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -251,6 +276,21 @@ def _number(parser: argparse.ArgumentParser, flag: str, text: str, *, kind: type
         parser.error(f"{flag}: {text!r} is not a number")
 
 
+def _leader_election_timing(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[int, float, float]:
+    """Lease duration, renew deadline and retry period, in that order of length."""
+    lease = int(_number(parser, "--lease-duration", args.lease_duration, kind=int))
+    renew = _number(parser, "--renew-deadline", args.renew_deadline, kind=float)
+    retry = _number(parser, "--retry-period", args.retry_period, kind=float)
+    if not 0 < retry < renew < lease:
+        parser.error(
+            "need 0 < --retry-period < --renew-deadline < --lease-duration, got "
+            f"{retry}, {renew}, {lease}"
+        )
+    return lease, renew, retry
+
+
 def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
     flags.check_choices(
         parser,
@@ -271,14 +311,7 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
     port = int(_number(parser, "--webhook-port", args.webhook_port, kind=int))
     if not 0 <= port <= 65535:
         parser.error(f"--webhook-port must be 0..65535, got {port}")
-    lease = int(_number(parser, "--lease-duration", args.lease_duration, kind=int))
-    renew = _number(parser, "--renew-deadline", args.renew_deadline, kind=float)
-    retry = _number(parser, "--retry-period", args.retry_period, kind=float)
-    if not 0 < retry < renew < lease:
-        parser.error(
-            "need 0 < --retry-period < --renew-deadline < --lease-duration, got "
-            f"{retry}, {renew}, {lease}"
-        )
+    lease, renew, retry = _leader_election_timing(parser, args)
     workers = int(_number(parser, "--workers", args.workers, kind=int))
     if workers < 1:
         parser.error(f"--workers must be at least 1, got {workers}")

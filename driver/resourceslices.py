@@ -135,56 +135,58 @@ def build_pool(
     go away with the Node. ``taints`` (GPU index → taints) go on every device of that GPU. Returns an
     empty list when there is nothing to publish (no MIG GPU).
     """
-    taints = taints or {}
     ordered = sorted(gpus, key=lambda g: g.index)
-    counter_sets = [_counter_set(g) for g in ordered]
+    device_groups = _device_groups(ordered, taints or {})
+    if not device_groups:
+        return []
+    counter_groups = _chunks([_counter_set(g) for g in ordered], MAX_COUNTER_SETS_PER_SLICE)
+    pool = {
+        "name": node,
+        "generation": generation,
+        "resourceSliceCount": len(counter_groups) + len(device_groups),
+    }
+    return [
+        *(
+            _slice(node, f"counters-{i}", {"sharedCounters": list(group)}, pool=pool, owner=owner)
+            for i, group in enumerate(counter_groups)
+        ),
+        *(
+            _slice(node, suffix, {"devices": list(group)}, pool=pool, owner=owner)
+            for suffix, group in device_groups
+        ),
+    ]
+
+
+def _device_groups(
+    ordered: Sequence[GpuInventory], taints: Mapping[int, Sequence[DeviceTaint]]
+) -> list[tuple[str, Sequence[JsonObject]]]:
+    """Each GPU's devices (with its taints), in chunks of at most ``MAX_DEVICES_PER_SLICE``,
+    named ``gpu-<index>-<part>``."""
     device_groups: list[tuple[str, Sequence[JsonObject]]] = []
     for gpu in ordered:
         gpu_taints = taints.get(gpu.index, ())
         devices = [_device(gpu, p, pl, gpu_taints) for p in gpu.profiles for pl in p.placements]
         for part, chunk in enumerate(_chunks(devices, MAX_DEVICES_PER_SLICE)):
             device_groups.append((f"gpu-{gpu.index}-{part}", chunk))
-    if not device_groups:
-        return []
-    counter_groups = _chunks(counter_sets, MAX_COUNTER_SETS_PER_SLICE)
-    total = len(counter_groups) + len(device_groups)
+    return device_groups
 
-    def spec(body: JsonObject) -> JsonObject:
-        return {
-            "driver": names.DRIVER_NAME,
-            "pool": {"name": node, "generation": generation, "resourceSliceCount": total},
-            "nodeName": node,
-            **body,
-        }
 
-    def metadata(suffix: str) -> JsonObject:
-        meta: JsonObject = {
-            "name": slice_name(node, suffix),
-            "labels": {"app.kubernetes.io/managed-by": "instaslice"},
-        }
-        if owner is not None:
-            meta["ownerReferences"] = [{**owner, "controller": True}]
-        return meta
-
-    slices = [
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceSlice",
-            "metadata": metadata(f"counters-{i}"),
-            "spec": spec({"sharedCounters": list(group)}),
-        }
-        for i, group in enumerate(counter_groups)
-    ]
-    slices += [
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceSlice",
-            "metadata": metadata(suffix),
-            "spec": spec({"devices": list(group)}),
-        }
-        for suffix, group in device_groups
-    ]
-    return slices
+def _slice(
+    node: str, suffix: str, body: JsonObject, *, pool: JsonObject, owner: JsonObject | None
+) -> JsonObject:
+    """One ResourceSlice of ``node``'s pool; the Node owns it when ``owner`` is given."""
+    meta: JsonObject = {
+        "name": slice_name(node, suffix),
+        "labels": {"app.kubernetes.io/managed-by": "instaslice"},
+    }
+    if owner is not None:
+        meta["ownerReferences"] = [{**owner, "controller": True}]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": meta,
+        "spec": {"driver": names.DRIVER_NAME, "pool": dict(pool), "nodeName": node, **body},
+    }
 
 
 def _attr(device: SliceDevice, name: str) -> AttributeValue:

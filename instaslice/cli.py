@@ -20,109 +20,46 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
-from driver.errors import DriverError
+from api import names
+from driver.checkpoint import CheckpointStore
+from driver.cluster.port import NODES
+from driver.errors import ApiNotFoundError, CheckpointError, ConfigError, DriverError
+from instaslice.flags import (
+    add_defrag_parser,
+    add_demo_parser,
+    add_simulate_parser,
+    add_status_parser,
+)
+from instaslice.inputs import (
+    CommandParser,
+    check_regular_file,
+    connect_cluster,
+    package_version,
+    refuse,
+)
 from instaslice.status import ClusterView, Style, mig_uuids_from_checkpoints, read_view, render_view
+from instaslice.uninstall.command import add_uninstall_parser, run_uninstall
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
-
-
-def add_connection_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("cluster connection")
-    group.add_argument(
-        "--kubeconfig",
-        help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)",
-    )
-    group.add_argument("--context", help="kubeconfig context (default: the current one)")
-    group.add_argument(
-        "--kube-api-url",
-        help="plain API server URL without auth (e.g. the demo's local API server)",
-    )
+MAX_CHECKPOINT_BYTES = 64 * 1024 * 1024
+"""A kubelet-plugin checkpoint holds a node's prepared claims: kilobytes, never this much."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="instaslice",
         description="InstaSlice operator tools: MIG slices created on demand for Kubernetes pods.",
     )
+    parser.add_argument("--version", action="version", version=package_version())
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    status = sub.add_parser(
-        "status",
-        help="show each GPU's MIG slice map",
-        description="Each GPU's MIG slice map from the published ResourceSlices and the "
-        "allocated ResourceClaims of mig.instaslice.dev: which placements are taken, by which "
-        "claim and pod, and which placement starts are still free per profile.",
-    )
-    add_connection_flags(status)
-    status.add_argument(
-        "--node", action="append", default=[], help="only this node (may be repeated)"
-    )
-    status.add_argument(
-        "--checkpoint",
-        action="append",
-        default=[],
-        type=Path,
-        metavar="FILE",
-        help="kubelet-plugin checkpoint to read MIG UUIDs from (on a node: "
-        "/var/lib/instaslice/checkpoint.json; may be repeated)",
-    )
-    status.add_argument(
-        "--watch",
-        nargs="?",
-        const=2.0,
-        type=float,
-        metavar="SECONDS",
-        help="redraw every SECONDS (default 2) until Ctrl-C",
-    )
-    status.add_argument("--short-uuids", action="store_true", help="shorten UUIDs to fit")
-    status.add_argument("--no-color", action="store_true", help="plain text (also: NO_COLOR=1)")
-
-    uninstall = sub.add_parser(
-        "uninstall",
-        help="remove InstaSlice without stranding pods (`make undeploy`)",
-        description="Remove the objects of the rendered manifests (`make manifests`) in an order "
-        "that strands no pod: while pods hold MIG slices it refuses and lists them, changing "
-        "nothing; with --drain it deletes the DeviceClasses (nothing new is allocated), evicts "
-        "those pods and waits until their slices are released, then removes the kubelet "
-        "plugins, the ResourceSlices, the webhook, the controller and the namespace, and lifts "
-        "the placement gate from pods still carrying it.",
-    )
-    add_connection_flags(uninstall)
-    uninstall.add_argument(
-        "-f",
-        "--filename",
-        required=True,
-        metavar="FILE",
-        help="the rendered manifests of what was deployed (`make manifests`); - reads stdin",
-    )
-    uninstall.add_argument(
-        "--drain",
-        action="store_true",
-        help="evict the pods holding slices first (their owners may recreate them: they wait "
-        "Pending until InstaSlice is installed again)",
-    )
-    uninstall.add_argument(
-        "--timeout",
-        type=float,
-        default=300.0,
-        metavar="SECONDS",
-        help="how long each wait may take (pods ending, plugins going; default 300)",
-    )
-
-    # The demo's arguments (and its --help) belong to localcluster.demo, which only a source
-    # checkout has: the installed package neither contains nor imports the test emulator.
-    sub.add_parser(
-        "demo",
-        add_help=False,
-        help="run the whole system on this machine with emulated GPUs (from a source checkout; "
-        "`instaslice demo --help` for its options)",
-    )
-    from instaslice.plancli import add_planning_parsers  # noqa: PLC0415
-
-    add_planning_parsers(sub, add_connection_flags)
+    add_status_parser(sub)
+    add_demo_parser(sub)
+    add_simulate_parser(sub)
+    add_defrag_parser(sub)
+    add_uninstall_parser(sub)
     return parser
 
 
@@ -148,27 +85,24 @@ def run_status(
     out: TextIO,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
-    from driver.cluster.kube import connect  # noqa: PLC0415 - imports kubernetes only when used
-    from driver.cluster.throttle import ClientSettings  # noqa: PLC0415
-
-    style = Style(color=use_color(no_color=args.no_color, stream=out), short_uuids=args.short_uuids)
+    """``instaslice status``: the checkpoints and the connection are checked before the first
+    read; a node named by ``--node`` that shows no GPU at the first read is an error."""
     try:
-        api = connect(
-            kubeconfig=args.kubeconfig,
-            context=args.context,
-            url=args.kube_api_url,
-            settings=ClientSettings(user_agent="instaslice-cli"),
-        )
+        check_checkpoints(args.checkpoint)
+        api = connect_cluster(args)
     except DriverError as exc:
-        print(f"instaslice status: {exc}", file=sys.stderr)
-        return 1
+        return refuse("status", exc)
+    style = Style(color=use_color(no_color=args.no_color, stream=out), short_uuids=args.short_uuids)
     with api:
+        first = True
         while True:
             try:
                 view = read_view(api, mig_uuids=mig_uuids_from_checkpoints(args.checkpoint))
             except DriverError as exc:
-                print(f"instaslice status: cannot read the cluster: {exc}", file=sys.stderr)
-                return 1
+                return refuse("status", ConfigError(f"cannot read the cluster: {exc}"))
+            if first and (problem := missing_nodes(api, view, args.node)):
+                return refuse("status", ConfigError(problem))
+            first = False
             text = render_status(view, nodes=args.node, style=style)
             if args.watch is None:
                 out.write(text)
@@ -179,39 +113,37 @@ def run_status(
             sleep(args.watch)
 
 
-def run_uninstall(args: argparse.Namespace, *, out: TextIO, stdin: TextIO) -> int:
-    import yaml  # noqa: PLC0415
+def check_checkpoints(paths: Sequence[Path]) -> None:
+    """``ConfigError`` unless every ``--checkpoint`` is a readable kubelet-plugin checkpoint."""
+    for path in paths:
+        check_regular_file(path, what="checkpoint", max_bytes=MAX_CHECKPOINT_BYTES)
+        try:
+            CheckpointStore(path).load()
+        except CheckpointError as exc:
+            raise ConfigError(str(exc)) from exc
 
-    from driver.cluster.kube import connect  # noqa: PLC0415 - imports kubernetes only when used
-    from driver.cluster.throttle import ClientSettings  # noqa: PLC0415
-    from instaslice.uninstall.run import Uninstaller  # noqa: PLC0415
 
-    try:
-        text = stdin.read() if args.filename == "-" else Path(args.filename).read_text("utf-8")
-        objects = [o for o in yaml.safe_load_all(text) if isinstance(o, dict)]
-    except (OSError, yaml.YAMLError) as exc:
-        print(f"instaslice uninstall: cannot read the manifests: {exc}", file=sys.stderr)
-        return 2
-    try:
-        api = connect(
-            kubeconfig=args.kubeconfig,
-            context=args.context,
-            url=args.kube_api_url,
-            settings=ClientSettings(user_agent="instaslice-cli"),
-        )
-        with api:
-
-            def read_metrics(namespace: str, pod: str, port: int) -> str:
-                path = f"/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy/metrics"
-                return api.request("GET", path, accept="text/plain").decode()
-
-            uninstaller = Uninstaller(
-                api=api, out=out, read_metrics=read_metrics, timeout_s=args.timeout
+def missing_nodes(api: Any, view: ClusterView, nodes: Sequence[str]) -> str | None:
+    """Why the nodes of ``nodes`` that show no GPU in ``view`` show none (None: all show some)."""
+    shown = {gpu.node for gpu in view.gpus}
+    problems = []
+    for node in dict.fromkeys(n for n in nodes if n not in shown):
+        try:
+            api.get(NODES, name=node)
+        except ApiNotFoundError:
+            problems.append(f"node {node} does not exist")
+            continue
+        except DriverError as exc:
+            problems.append(
+                f"node {node} publishes no MIG devices of {names.DRIVER_NAME} (whether it exists "
+                f"could not be read: {exc})"
             )
-            return uninstaller.run(objects, drain=args.drain)
-    except DriverError as exc:
-        print(f"instaslice uninstall: {exc}", file=sys.stderr)
-        return 1
+            continue
+        problems.append(
+            f"node {node} publishes no MIG devices of {names.DRIVER_NAME} (is the kubelet plugin "
+            "running there, and are its GPUs in MIG mode?)"
+        )
+    return "; ".join(problems) or None
 
 
 DEMO_NEEDS_CHECKOUT = (
@@ -242,19 +174,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        if args.command == "status":
-            return run_status(args, out=sys.stdout)
-        if args.command == "uninstall":
-            return run_uninstall(args, out=sys.stdout, stdin=sys.stdin)
-        if args.command in ("simulate", "defrag"):
-            from instaslice import plancli  # noqa: PLC0415
-
-            if args.command == "simulate":
-                return plancli.run_simulate(args, out=sys.stdout)
-            return plancli.run_defrag(args, out=sys.stdout)
-        return run_demo(rest)
+        return _run(args, rest)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader of our output went away (``| head``): nothing more to say, and nothing to
+        # flush at exit either.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _run(args: argparse.Namespace, rest: Sequence[str]) -> int:
+    if args.command == "status":
+        return run_status(args, out=sys.stdout)
+    if args.command == "uninstall":
+        return run_uninstall(args, out=sys.stdout, stdin=sys.stdin)
+    if args.command in ("simulate", "defrag"):
+        from instaslice import plancli  # noqa: PLC0415
+
+        if args.command == "simulate":
+            return plancli.run_simulate(args, out=sys.stdout)
+        return plancli.run_defrag(args, out=sys.stdout)
+    return run_demo(rest)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,10 @@
 ``defrag --profile 7g.40gb [--count N]``          the fewest pods to move to make room; ``--apply``
                                                 evicts them through the Eviction API
 
-Parsing and output live here; the logic is in ``instaslice.planning`` and ``instaslice.clusterplan``.
+Every input is checked before any work starts (``instaslice.flags`` says which flag belongs to which
+mode of ``simulate``, ``instaslice.planning.limits`` how large an input may be); a refusal is one
+line on stderr and exit status 1. Output lives here; the logic is in ``instaslice.planning`` and
+``instaslice.clusterplan``.
 """
 
 from __future__ import annotations
@@ -20,17 +23,27 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from driver.errors import ConfigError, DriverError, TooManyRequestsError
 from driver.placement import DEFAULT_POLICY, POLICIES
-from instaslice.planning.defrag import DefragPlan, plan_defrag
-from instaslice.planning.fleet import parse_fleet
-from instaslice.planning.headroom import fit_batch, free_by_profile, parse_batch
+from instaslice.flags import (
+    DEFAULT_EVENTS,
+    DEFAULT_LOAD,
+    DEFAULT_MEAN_DURATION,
+    DEFAULT_MIX,
+    DEFAULT_SEED,
+    MAX_DEFRAG_COUNT,
+    simulate_flag_problem,
+)
+from instaslice.inputs import connect_cluster, connection_flag_problem, refuse
+from instaslice.planning.defrag import DefragPlan, NoPlan, plan_defrag
+from instaslice.planning.fleet import Fleet, parse_fleet
+from instaslice.planning.headroom import BatchResult, fit_batch, free_by_profile, parse_batch
+from instaslice.planning.limits import MAX_DEFRAG_REPLAY_REQUESTS, MAX_REPLAY_WORK
 from instaslice.planning.replay import (
     DEMAND_WINDOW_LIFETIMES,
-    LIFETIME_SAMPLE,
     FloorResult,
     ReplayResult,
     check_trace,
@@ -38,121 +51,21 @@ from instaslice.planning.replay import (
     replay,
 )
 from instaslice.planning.trace import (
+    TraceRequest,
+    check_counts,
     parse_mix,
     read_trace,
     save_trace,
     synthesize,
     write_trace,
 )
-
-DEFAULT_MIX = "1g.5gb=45,1g.10gb=10,2g.10gb=15,3g.20gb=15,4g.20gb=5,7g.40gb=5,1g.5gb+me=5"
-
-
-def add_planning_parsers(
-    sub: Any, add_connection_flags: Callable[[argparse.ArgumentParser], None]
-) -> None:
-    """Add ``simulate`` and ``defrag`` to the ``instaslice`` sub-command parser."""
-    simulate = sub.add_parser(
-        "simulate",
-        help="replay a request trace per placement policy; or what fits the cluster now",
-        description="Replay a JSON Lines trace of MIG requests on a hypothetical fleet with the "
-        "controller's own placement engine, once per policy, beside the fluid floor (the "
-        "rejections of perfect packing). With --synthesize, write such a trace instead; with "
-        "--from-cluster, report how many more slices of each profile fit the cluster now.",
-    )
-    simulate.add_argument("--trace", type=Path, metavar="FILE", help="the trace (.gz: compressed)")
-    simulate.add_argument(
-        "--gpus", metavar="SPEC", help="the fleet: NODESxGPUSxMODEL[,…], e.g. 20x8xA100-40GB"
-    )
-    simulate.add_argument(
-        "--policy",
-        default=",".join(POLICIES),
-        metavar="LIST",
-        help=f"policies to compare, comma-separated (default: all of {', '.join(POLICIES)}); "
-        f"with --from-cluster, the one that places --add (default {DEFAULT_POLICY})",
-    )
-    simulate.add_argument("--json", action="store_true", help="print one JSON object")
-    simulate.add_argument(
-        "--queue", action="store_true", help="rejected requests wait (FIFO) instead of leaving"
-    )
-    simulate.add_argument(
-        "--defrag-on-reject",
-        type=int,
-        metavar="K",
-        help="when a request does not fit, move at most K running requests elsewhere if that "
-        "makes room for it (the plan `instaslice defrag` would give); a move stands for evicting "
-        "a running pod so that it restarts on other slices. Reports per policy the requests "
-        "admitted so and the moves (not with --queue)",
-    )
-    simulate.add_argument(
-        "--defrag-whole-gpu-below",
-        type=float,
-        metavar="PCT",
-        help="with --defrag-on-reject: a request that takes a whole GPU (such as 7g.40gb) may "
-        "move running requests only while less than PCT%% of the fleet's memory slices are in "
-        "use (more than 0, at most 100); smaller requests always may",
-    )
-    simulate.add_argument(
-        "--defrag-whole-gpu-reserve",
-        type=float,
-        metavar="LIFETIMES",
-        help="with --defrag-on-reject: a request that takes a whole GPU may move running requests "
-        "only if the memory slices left free once it is placed would still hold the smaller "
-        "requests' demand over LIFETIMES mean request lifetimes (the memory slices they asked for "
-        f"per second over the last {DEMAND_WINDOW_LIFETIMES:g} lifetimes; the mean lifetime is "
-        f"that of the last {LIFETIME_SAMPLE:,} requests to depart; more than 0, at most 1; 0.04 "
-        "suggested, with --policy scarcity --defrag-on-reject 2); smaller requests always may",
-    )
-    simulate.add_argument(
-        "--plot", type=Path, metavar="PNG", help="utilization and rejections over time (matplotlib)"
-    )
-    synth = simulate.add_argument_group("synthetic traces (--synthesize)")
-    synth.add_argument(
-        "--synthesize", action="store_true", help="write a synthetic trace to --trace (- : stdout)"
-    )
-    synth.add_argument(
-        "--mix", default=DEFAULT_MIX, help=f"PROFILE=WEIGHT,… (default {DEFAULT_MIX})"
-    )
-    synth.add_argument("--load", type=float, default=0.9, help="offered load (default 0.9)")
-    synth.add_argument("--events", type=int, default=20_000, help="requests (default 20000)")
-    synth.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
-    synth.add_argument(
-        "--mean-duration", type=float, default=300.0, help="mean seconds held (default 300)"
-    )
-    live = simulate.add_argument_group("the cluster now (--from-cluster)")
-    live.add_argument(
-        "--from-cluster", action="store_true", help="start from the cluster's current occupancy"
-    )
-    live.add_argument("--add", metavar="BATCH", help="does this batch fit now? 3g.20gb=4,1g.5gb=10")
-    add_connection_flags(simulate)
-
-    defrag = sub.add_parser(
-        "defrag",
-        help="the fewest pods to move so that a MIG profile fits",
-        description="Finds the fewest running pods whose slices, placed elsewhere, free a "
-        "placement for --count slices of --profile, and prints the plan. Changes nothing unless "
-        "--apply: then, after confirmation, it evicts those pods through the Eviction API, so "
-        "PodDisruptionBudgets hold. Create the pod that needs the slice first: the controller "
-        "places waiting pods as soon as the slices free up.",
-    )
-    defrag.add_argument("--profile", required=True, help="the MIG profile to make room for")
-    defrag.add_argument("--count", type=int, default=1, help="how many slices of it (default 1)")
-    defrag.add_argument(
-        "--policy",
-        default="firstfit",
-        choices=tuple(POLICIES),
-        help="placement policy used to re-place moved pods (the controller's; default firstfit)",
-    )
-    defrag.add_argument("--apply", action="store_true", help="evict the pods of the plan")
-    defrag.add_argument("--yes", action="store_true", help="with --apply: do not ask")
-    add_connection_flags(defrag)
-
+from instaslice.simplot import check_plot_target, plot_results
 
 # ------------------------------------------------------------------------------------ simulate
 
 
-def _policies(text: str) -> list[str]:
-    chosen = [p.strip() for p in text.split(",") if p.strip()]
+def _policies(text: str | None) -> list[str]:
+    chosen = [p.strip() for p in (text or ",".join(POLICIES)).split(",") if p.strip()]
     unknown = [p for p in chosen if p not in POLICIES]
     if unknown or not chosen:
         raise ConfigError(
@@ -161,7 +74,23 @@ def _policies(text: str) -> list[str]:
     return list(dict.fromkeys(chosen))
 
 
+@dataclass(frozen=True, slots=True)
+class _Replay:
+    """A replay checked and read, before any policy runs."""
+
+    trace: tuple[TraceRequest, ...]
+    fleet: Fleet
+    policies: list[str]
+    defrag_moves: int
+    whole_gpu_below: float | None
+    whole_gpu_reserve: float | None
+
+
 def run_simulate(args: argparse.Namespace, *, out: TextIO) -> int:
+    """``instaslice simulate``: every input is checked (and the trace read) before any work."""
+    problem = simulate_flag_problem(args) or connection_flag_problem(args)
+    if problem is not None:
+        return refuse("simulate", ConfigError(problem))
     try:
         if args.from_cluster:
             return _from_cluster(args, out=out)
@@ -169,45 +98,81 @@ def run_simulate(args: argparse.Namespace, *, out: TextIO) -> int:
             raise ConfigError("give --gpus and --trace (or --from-cluster)")
         fleet = parse_fleet(args.gpus)
         if args.synthesize:
-            return _synthesize(args, fleet_text=args.gpus, out=out)
-        policies = _policies(args.policy)
-        defrag_moves = _defrag_moves(args)
-        whole_gpu_below = _whole_gpu_below(args)
-        whole_gpu_reserve = _whole_gpu_reserve(args)
-        trace = read_trace(args.trace)
-        if not trace:
-            raise ConfigError(f"trace {args.trace} has no requests")
-        check_trace(trace, fleet, source=str(args.trace))
-        floor = fluid_floor(trace, fleet)
-        results = [
-            replay(
-                trace,
-                fleet,
-                policy=p,
-                queue=args.queue,
-                timeline=args.plot is not None,
-                defrag_moves=defrag_moves,
-                defrag_whole_gpu_below=whole_gpu_below,
-                defrag_whole_gpu_reserve=whole_gpu_reserve,
-            )
-            for p in policies
-        ]
-        if args.plot is not None:
-            from instaslice.simplot import plot_results  # noqa: PLC0415 - optional matplotlib
-
-            plot_results(results, floor, path=args.plot, title=f"{args.trace.name} on {fleet.text}")
+            return _synthesize(args, fleet=fleet, out=out)
+        run = _checked_replay(args, fleet)
     except DriverError as exc:
-        print(f"instaslice simulate: {exc}", file=sys.stderr)
-        return 1
+        return refuse("simulate", exc)
+    floor = fluid_floor(run.trace, run.fleet)
+    results = [_replay_one(run, policy, queue=args.queue, timeline=args.plot is not None)
+               for policy in run.policies]  # fmt: skip
     if args.json:
         out.write(json.dumps(simulation_json(results, floor), sort_keys=True) + "\n")
     else:
-        span = trace[-1].t - trace[0].t
+        span = run.trace[-1].t - run.trace[0].t
         out.write(
-            f"trace {args.trace}: {len(trace)} requests over {span:,.0f} s on {fleet.text} "
+            f"trace {args.trace}: {len(run.trace)} requests over {span:,.0f} s on {fleet.text} "
             f"({fleet.gpu_count} GPUs, {fleet.memory_slices} memory slices)\n"
         )
         out.write(render_simulation(results, floor, queue=args.queue))
+    out.flush()
+    if args.plot is None:
+        return 0
+    return _plot(results, floor, args=args, fleet=fleet)
+
+
+def _checked_replay(args: argparse.Namespace, fleet: Fleet) -> _Replay:
+    policies = _policies(args.policy)
+    defrag_moves = _defrag_moves(args)
+    whole_gpu_below = _whole_gpu_below(args)
+    whole_gpu_reserve = _whole_gpu_reserve(args)
+    if args.plot is not None:
+        check_plot_target(args.plot)
+    trace = read_trace(args.trace)
+    if not trace:
+        raise ConfigError(f"trace {args.trace} has no requests")
+    check_trace(trace, fleet, source=str(args.trace))
+    check_counts(trace, fleet, source=str(args.trace))
+    _check_replay_size(len(trace), fleet, defrag=defrag_moves > 0)
+    return _Replay(trace, fleet, policies, defrag_moves, whole_gpu_below, whole_gpu_reserve)
+
+
+def _check_replay_size(requests: int, fleet: Fleet, *, defrag: bool) -> None:
+    """``ConfigError`` if replaying ``requests`` on ``fleet`` could take unbounded time."""
+    work = requests * fleet.gpu_count
+    if work > MAX_REPLAY_WORK:
+        raise ConfigError(
+            f"{requests:,} requests on {fleet.gpu_count:,} GPUs is {work:,} request-GPUs to "
+            f"replay; at most {MAX_REPLAY_WORK:,}: shorten the trace or shrink the fleet"
+        )
+    if defrag and requests > MAX_DEFRAG_REPLAY_REQUESTS:
+        raise ConfigError(
+            f"with --defrag-on-reject a trace holds at most {MAX_DEFRAG_REPLAY_REQUESTS:,} "
+            f"requests (each rejection may search thousands of plans), this one {requests:,}"
+        )
+
+
+def _replay_one(run: _Replay, policy: str, *, queue: bool, timeline: bool) -> ReplayResult:
+    return replay(
+        run.trace,
+        run.fleet,
+        policy=policy,
+        queue=queue,
+        timeline=timeline,
+        defrag_moves=run.defrag_moves,
+        defrag_whole_gpu_below=run.whole_gpu_below,
+        defrag_whole_gpu_reserve=run.whole_gpu_reserve,
+    )
+
+
+def _plot(
+    results: Sequence[ReplayResult], floor: FloorResult, *, args: argparse.Namespace, fleet: Fleet
+) -> int:
+    """Draw the plot after the table is out; a failure is one line and status 1, the table stays."""
+    try:
+        plot_results(results, floor, path=args.plot, title=f"{args.trace.name} on {fleet.text}")
+    except DriverError as exc:
+        return refuse("simulate", exc)
+    print(f"instaslice simulate: wrote the plot to {args.plot}", file=sys.stderr)
     return 0
 
 
@@ -216,10 +181,10 @@ def _defrag_moves(args: argparse.Namespace) -> int:
     moves: int | None = args.defrag_on_reject
     if moves is None:
         return 0
-    if moves < 1:
+    if not 1 <= moves <= MAX_DEFRAG_COUNT:
         raise ConfigError(
-            f"--defrag-on-reject must be at least 1 (the most running pods moved to admit one "
-            f"rejected request), got {moves}"
+            f"--defrag-on-reject must be at least 1 and at most {MAX_DEFRAG_COUNT:,} (the most "
+            f"running pods moved to admit one rejected request), got {moves}"
         )
     if args.queue:
         raise ConfigError(
@@ -268,42 +233,46 @@ def _whole_gpu_rule(
 
 
 def simulation_json(results: Sequence[ReplayResult], floor: FloorResult) -> dict[str, Any]:
-    policies: dict[str, Any] = {}
-    for r in results:
-        entry: dict[str, Any] = {
-            "requests": r.requests,
-            "accepted": r.accepted,
-            "rejected": r.rejected,
-            "stranded": r.stranded,
-            "mean_utilization": r.mean_utilization,
-            "peak_utilization": r.peak_utilization,
-            "wall_s": r.wall_s,
-        }
-        if r.wait_p50_s is not None:
-            entry.update(queued=r.queued, wait_p50_s=r.wait_p50_s, wait_p99_s=r.wait_p99_s)
-        if r.defrag_moves:
-            entry.update(
-                defrag_moves=r.defrag_moves,
-                defragged=r.defragged,
-                moves=r.moves,
-                defrag_budget_hit=r.defrag_budget_hit,
-            )
-        if r.defrag_whole_gpu_below is not None:
-            entry["defrag_whole_gpu_below"] = r.defrag_whole_gpu_below
-        if r.defrag_whole_gpu_reserve is not None:
-            entry["defrag_whole_gpu_reserve_lifetimes"] = r.defrag_whole_gpu_reserve
-        policies[r.policy] = entry
-    return {"policies": policies, "floor": {"rejected": floor.rejected}}
+    return {
+        "policies": {r.policy: _result_json(r) for r in results},
+        "floor": {"rejected": floor.rejected},
+    }
+
+
+def _result_json(r: ReplayResult) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "requests": r.requests,
+        "accepted": r.accepted,
+        "rejected": r.rejected,
+        "stranded": r.stranded,
+        "mean_utilization": r.mean_utilization,
+        "peak_utilization": r.peak_utilization,
+        "wall_s": r.wall_s,
+    }
+    if r.wait_p50_s is not None:
+        entry.update(queued=r.queued, wait_p50_s=r.wait_p50_s, wait_p99_s=r.wait_p99_s)
+    if r.defrag_moves:
+        entry.update(
+            defrag_moves=r.defrag_moves,
+            defragged=r.defragged,
+            moves=r.moves,
+            defrag_budget_hit=r.defrag_budget_hit,
+        )
+    if r.defrag_whole_gpu_below is not None:
+        entry["defrag_whole_gpu_below"] = r.defrag_whole_gpu_below
+    if r.defrag_whole_gpu_reserve is not None:
+        entry["defrag_whole_gpu_reserve_lifetimes"] = r.defrag_whole_gpu_reserve
+    return entry
 
 
 def render_simulation(
     results: Sequence[ReplayResult], floor: FloorResult, *, queue: bool = False
 ) -> str:
+    defrag = any(r.defrag_moves for r in results)
     header = ["policy", "requests", "accepted", "rejected", "above floor", "stranded"]
     header += ["mean util", "peak util", "wall s"]
     if queue:
         header += ["queued", "wait p50 s", "wait p99 s"]
-    defrag = any(r.defrag_moves for r in results)
     if defrag:
         header += ["defragged", "moves"]
     rows = [header]
@@ -318,92 +287,114 @@ def render_simulation(
         if defrag:
             row += [str(r.defragged), str(r.moves)]
         rows.append(row)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = [
+    notes = _floor_notes(results, floor, queue=queue)
+    if defrag:
+        notes += _defrag_notes(results)
+    return "\n".join(_aligned(rows)) + "\n" + notes
+
+
+def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
+    """The rows as text columns: the first left-aligned, the others right-aligned."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
         "  ".join(
             cell.ljust(w) if i == 0 else cell.rjust(w)
             for i, (cell, w) in enumerate(zip(row, widths, strict=True))
         )
         for row in rows
     ]
+
+
+def _floor_notes(results: Sequence[ReplayResult], floor: FloorResult, *, queue: bool) -> str:
+    """What the floor is, and why a policy can reject fewer than it."""
     note = (
         "floor: rejections of a fluid fleet (only the total of free memory slices counts, every "
-        "request that fits is admitted): the excess above it is what placement rules cost.\n"
+        "request that fits when it arrives is admitted): the excess above it is what placement "
+        "rules cost. It is a lower bound only while the fleet keeps up: under overload, or with "
+        "--queue, a policy can reject fewer.\n"
     )
     if queue:
-        note += "with --queue, 'rejected' counts requests that never fit, even on empty GPUs.\n"
-    if defrag:
-        limit = max(r.defrag_moves for r in results)
         note += (
-            f"defragged: requests admitted by moving at most {limit} running request(s) each "
-            "(a move is a pod evicted to restart elsewhere); moves: requests moved in all.\n"
+            "with --queue, 'rejected' counts requests that never fit, even on empty GPUs, and the "
+            "others wait; the floor does not wait (it rejects at arrival).\n"
         )
-        below = [r.defrag_whole_gpu_below for r in results if r.defrag_whole_gpu_below is not None]
-        if below:
-            note += (
-                f"whole-GPU requests moved others only below {max(below) * 100:g}% of memory slices "
-                "in use; so a policy may reject fewer than the floor (which admits every request "
-                "that fits): the slices of a whole-GPU request turned away can hold several small "
-                "ones.\n"
-            )
-        reserve = [
-            r.defrag_whole_gpu_reserve for r in results if r.defrag_whole_gpu_reserve is not None
-        ]
-        if reserve:
-            note += (
-                f"whole-GPU requests moved others only if the memory slices left free held "
-                f"{max(reserve):g} mean request lifetimes of the smaller requests' demand (slices "
-                f"asked per second over the last {DEMAND_WINDOW_LIFETIMES:g} lifetimes); so a policy "
-                "may reject fewer than the floor.\n"
-            )
-        hit = [f"{r.policy} {r.defrag_budget_hit}" for r in results if r.defrag_budget_hit]
-        if hit:
-            note += f"plan searches that stopped at their budget: {', '.join(hit)}.\n"
-    return "\n".join(lines) + "\n" + note
+    below = [r.policy for r in results if r.rejected < floor.rejected]
+    if below and not queue:
+        note += (
+            f"below the floor: {', '.join(below)} ('above floor' negative). Admitting every "
+            "request that fits, the floor also admits requests whose slices several later ones "
+            "would have used; a policy that turns such a request away admits more in all.\n"
+        )
+    return note
 
 
-def _synthesize(args: argparse.Namespace, *, fleet_text: str, out: TextIO) -> int:
-    fleet = parse_fleet(fleet_text)
+def _defrag_notes(results: Sequence[ReplayResult]) -> str:
+    limit = max(r.defrag_moves for r in results)
+    note = (
+        f"defragged: requests admitted by moving at most {limit} running request(s) each "
+        "(a move is a pod evicted to restart elsewhere); moves: requests moved in all.\n"
+    )
+    below = [r.defrag_whole_gpu_below for r in results if r.defrag_whole_gpu_below is not None]
+    if below:
+        note += (
+            f"whole-GPU requests moved others only below {max(below) * 100:g}% of memory slices "
+            "in use; so a policy may reject fewer than the floor (which admits every request "
+            "that fits): the slices of a whole-GPU request turned away can hold several small "
+            "ones.\n"
+        )
+    reserve = [
+        r.defrag_whole_gpu_reserve for r in results if r.defrag_whole_gpu_reserve is not None
+    ]
+    if reserve:
+        note += (
+            f"whole-GPU requests moved others only if the memory slices left free held "
+            f"{max(reserve):g} mean request lifetimes of the smaller requests' demand (slices "
+            f"asked per second over the last {DEMAND_WINDOW_LIFETIMES:g} lifetimes); so a policy "
+            "may reject fewer than the floor.\n"
+        )
+    hit = [f"{r.policy} {r.defrag_budget_hit}" for r in results if r.defrag_budget_hit]
+    if hit:
+        note += f"plan searches that stopped at their budget: {', '.join(hit)}.\n"
+    return note
+
+
+def _synthesize(args: argparse.Namespace, *, fleet: Fleet, out: TextIO) -> int:
+    load = DEFAULT_LOAD if args.load is None else args.load
+    seed = DEFAULT_SEED if args.seed is None else args.seed
     requests = synthesize(
         fleet=fleet,
-        mix=parse_mix(args.mix),
-        load=args.load,
-        events=args.events,
-        seed=args.seed,
-        mean_duration=args.mean_duration,
+        mix=parse_mix(DEFAULT_MIX if args.mix is None else args.mix),
+        load=load,
+        events=DEFAULT_EVENTS if args.events is None else args.events,
+        seed=seed,
+        mean_duration=DEFAULT_MEAN_DURATION if args.mean_duration is None else args.mean_duration,
     )
     if str(args.trace) == "-":
         write_trace(requests, out)
         return 0
     written = save_trace(requests, args.trace)
     print(
-        f"wrote {written} requests to {args.trace} (load {args.load} on {fleet.text}, "
-        f"seed {args.seed})",
+        f"wrote {written} requests to {args.trace} (load {load} on {fleet.text}, seed {seed})",
         file=sys.stderr,
     )
     return 0
 
 
-def _connect(args: argparse.Namespace) -> Any:
-    from driver.cluster.kube import connect  # noqa: PLC0415 - imports kubernetes only when used
-    from driver.cluster.throttle import ClientSettings  # noqa: PLC0415
-
-    return connect(
-        kubeconfig=args.kubeconfig,
-        context=args.context,
-        url=args.kube_api_url,
-        settings=ClientSettings(user_agent="instaslice-cli"),
-    )
+# ------------------------------------------------------------------------------------ the cluster
 
 
 def _from_cluster(args: argparse.Namespace, *, out: TextIO) -> int:
+    """How much more fits the cluster now; status 1 when ``--add`` does not fit."""
     from instaslice.clusterplan import read_snapshot  # noqa: PLC0415
 
     chosen = _policies(args.policy)
     policy = chosen[0] if len(chosen) == 1 else DEFAULT_POLICY
     batch = parse_batch(args.add) if args.add else None
-    with _connect(args) as api:
-        snapshot = read_snapshot(api, policy=policy)
+    with connect_cluster(args) as api:
+        try:
+            snapshot = read_snapshot(api, policy=policy)
+        except DriverError as exc:
+            raise ConfigError(f"cannot read the cluster: {exc}") from exc
     engine = snapshot.engine
     headroom = free_by_profile(engine)
     fit = fit_batch(engine, batch) if batch is not None else None
@@ -412,24 +403,32 @@ def _from_cluster(args: argparse.Namespace, *, out: TextIO) -> int:
         if fit is not None:
             obj["add"] = {"fits": fit.fits, "placed": dict(fit.placed), "policy": policy}
         out.write(json.dumps(obj, sort_keys=True) + "\n")
-        return 0
-    if not headroom:
+    elif not headroom:
         out.write("no node publishes MIG devices of mig.instaslice.dev\n")
+    else:
+        width = max(len(h.profile) for h in headroom)
+        out.write(f"{'profile'.ljust(width)}  more that fit now (each profile alone)\n")
+        for h in headroom:
+            out.write(f"{h.profile.ljust(width)}  {h.free:>5}   on {h.gpus} GPUs that offer it\n")
+        if fit is not None:
+            out.write("\n" + _fit_line(fit, policy=policy) + "\n")
+    if fit is None or fit.fits:
         return 0
-    width = max(len(h.profile) for h in headroom)
-    out.write(f"{'profile'.ljust(width)}  more that fit now (each profile alone)\n")
-    for h in headroom:
-        out.write(f"{h.profile.ljust(width)}  {h.free:>5}   on {h.gpus} GPUs that offer it\n")
-    if fit is not None:
-        wanted = ", ".join(f"{n} x {p}" for p, n in fit.wanted)
-        if fit.fits:
-            out.write(f"\n{wanted}: fits now (placed with {policy}, largest first)\n")
-        else:
-            got = ", ".join(
-                f"{n} of {w} x {p}" for (p, n), (_, w) in zip(fit.placed, fit.wanted, strict=True)
-            )
-            out.write(f"\n{wanted}: does not fit now; {policy}, largest first, placed {got}\n")
-    return 0
+    out.flush()
+    missing = ", ".join(f"{w - n} of {w} x {p}" for (p, n), (_, w) in _pairs(fit) if n < w)
+    return refuse("simulate", ConfigError(f"--add does not fit now: no room for {missing}"))
+
+
+def _pairs(fit: BatchResult) -> list[tuple[tuple[str, int], tuple[str, int]]]:
+    return list(zip(fit.placed, fit.wanted, strict=True))
+
+
+def _fit_line(fit: BatchResult, *, policy: str) -> str:
+    wanted = ", ".join(f"{n} x {p}" for p, n in fit.wanted)
+    if fit.fits:
+        return f"{wanted}: fits now (placed with {policy}, largest first)"
+    got = ", ".join(f"{n} of {w} x {p}" for (p, n), (_, w) in _pairs(fit))
+    return f"{wanted}: does not fit now; {policy}, largest first, placed {got}"
 
 
 # ------------------------------------------------------------------------------------ defrag
@@ -447,22 +446,21 @@ def run_defrag(
     from instaslice.clusterplan import read_snapshot  # noqa: PLC0415
 
     try:
-        if args.count < 1:
-            raise ConfigError(f"--count must be at least 1, got {args.count}")
-        api = (connect or _connect)(args)
+        if args.yes and not args.apply:
+            raise ConfigError("--yes applies with --apply only (it answers the eviction question)")
+        if not 1 <= args.count <= MAX_DEFRAG_COUNT:
+            raise ConfigError(f"--count must be from 1 to {MAX_DEFRAG_COUNT:,}, got {args.count}")
+        api = (connect or connect_cluster)(args)
     except DriverError as exc:
-        print(f"instaslice defrag: {exc}", file=sys.stderr)
-        return 1
+        return refuse("defrag", exc)
     with api:
         try:
             snapshot = read_snapshot(api, policy=args.policy)
         except DriverError as exc:
-            print(f"instaslice defrag: cannot read the cluster: {exc}", file=sys.stderr)
-            return 1
+            return refuse("defrag", ConfigError(f"cannot read the cluster: {exc}"))
         plan = plan_defrag(snapshot.engine, snapshot.units, profile=args.profile, count=args.count)
-        if not isinstance(plan, DefragPlan):
-            print(f"instaslice defrag: {plan.reason}", file=sys.stderr)
-            return 1
+        if isinstance(plan, NoPlan):
+            return refuse("defrag", ConfigError(no_plan_words(plan)))
         out.write(render_plan(plan))
         pods = [pod for move in plan.moves for pod in snapshot.pods[move.unit.key]]
         if not pods:
@@ -473,24 +471,45 @@ def run_defrag(
                 "API (PodDisruptionBudgets hold).\n"
             )
             return 0
-        if not args.yes:
-            answer = confirm(f"Evict {len(pods)} pod(s)? [y/N] ")
-            if answer.strip().lower() not in ("y", "yes"):
-                out.write("Nothing was changed.\n")
-                return 1
-        failed = 0
-        for pod in pods:
-            try:
-                api.evict(name=pod.name, namespace=pod.namespace)
-            except TooManyRequestsError as exc:
-                failed += 1
-                out.write(f"  {pod.key}: not evicted, a PodDisruptionBudget refuses now ({exc})\n")
-            except DriverError as exc:
-                failed += 1
-                out.write(f"  {pod.key}: not evicted: {exc}\n")
-            else:
-                out.write(f"  {pod.key}: evicted\n")
-        return 1 if failed else 0
+        if not args.yes and not _confirmed(confirm, f"Evict {len(pods)} pod(s)? [y/N] "):
+            out.write("Nothing was changed.\n")
+            return 1
+        return _evict(api, pods, out=out)
+
+
+def _confirmed(confirm: Callable[[str], str], question: str) -> bool:
+    """``confirm``'s answer is yes; no answer at all (stdin closed) is no."""
+    try:
+        answer = confirm(question)
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("y", "yes")
+
+
+def no_plan_words(plan: NoPlan) -> str:
+    """Why there is no plan, in words that tell "none exists" from "the search stopped"."""
+    if plan.budget_exhausted:
+        return (
+            f"the search stopped at its budget without a plan ({plan.reason}); a plan may exist "
+            "all the same: free some slices by hand, or ask for fewer"
+        )
+    return f"no plan exists: {plan.reason}"
+
+
+def _evict(api: Any, pods: Sequence[Any], *, out: TextIO) -> int:
+    failed = 0
+    for pod in pods:
+        try:
+            api.evict(name=pod.name, namespace=pod.namespace)
+        except TooManyRequestsError as exc:
+            failed += 1
+            out.write(f"  {pod.key}: not evicted, a PodDisruptionBudget refuses now ({exc})\n")
+        except DriverError as exc:
+            failed += 1
+            out.write(f"  {pod.key}: not evicted: {exc}\n")
+        else:
+            out.write(f"  {pod.key}: evicted\n")
+    return 1 if failed else 0
 
 
 def render_plan(plan: DefragPlan) -> str:

@@ -1,16 +1,45 @@
 """``instaslice simulate --plot``: utilization and rejections over time per policy, as a PNG.
 
 matplotlib is an optional extra (``pip install 'instaslice[plots]'``), imported only here and only
-when a plot is asked for; without it the command says how to get it.
+when a plot is asked for; without it the command says how to get it. ``check_plot_target`` checks
+the image's path before the replay starts, so that a path the plot cannot be written to is refused
+before any work.
+
+The fluid floor is drawn as what it is: one total over the whole trace (a dashed line the policies'
+curves end against), labelled as a lower bound that holds while the fleet keeps up — under
+overload, or with ``--queue``, a policy can reject fewer.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from driver.errors import ConfigError
 from instaslice.planning.replay import FloorResult, ReplayResult
+
+
+def check_plot_target(path: Path) -> None:
+    """``ConfigError`` if an image could not be written to ``path``: its folder is missing or not
+    writable, it is a folder, or (with matplotlib installed) matplotlib cannot write its format."""
+    folder = path.parent
+    if path.is_dir():
+        raise ConfigError(f"--plot {path} is a directory; name an image file such as plot.png")
+    if not folder.is_dir():
+        raise ConfigError(f"--plot {path}: the directory {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise ConfigError(f"--plot {path}: the directory {folder} is not writable")
+    if importlib.util.find_spec("matplotlib") is None:
+        return  # the plot cannot be drawn; the command says so after the table
+    from matplotlib.backend_bases import FigureCanvasBase  # noqa: PLC0415 - optional dependency
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix.lower().lstrip(".") not in formats:
+        raise ConfigError(
+            f"--plot {path}: matplotlib writes images named .{', .'.join(sorted(formats))}"
+        )
 
 
 def plot_results(
@@ -35,7 +64,14 @@ def plot_results(
         used = [u / timeline.capacity for u in timeline.used_slices]
         top.plot(hours, used, linewidth=0.6, label=result.policy)
         bottom.plot(hours, timeline.rejected, linewidth=1.2, label=result.policy)
-    bottom.axhline(floor.rejected, color="black", linestyle="--", linewidth=0.8, label="floor")
+    bottom.axhline(
+        floor.rejected,
+        color="black",
+        linestyle="--",
+        linewidth=0.8,
+        label=f"fluid floor: {floor.rejected} rejected over the trace (a lower bound while the "
+        "fleet keeps up; overload or --queue can beat it)",
+    )
     top.set_ylabel("memory slices in use")
     top.set_ylim(0, 1.02)
     top.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))

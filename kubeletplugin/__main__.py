@@ -9,15 +9,18 @@ kept (a restarted plugin answers for them again).
 
 import logging
 import sys
+import threading
 from collections.abc import Sequence
 
 from driver import cdi
+from driver.cdi_common import CommonEdits
 from driver.cluster.events import EventRecorder
-from driver.cluster.kube import connect
+from driver.cluster.kube import KubeClusterApi, connect
 from driver.cluster.throttle import ClientSettings
 from driver.daemon.logs import configure_logging
 from driver.daemon.signals import stop_on_signals
 from driver.errors import DriverError
+from driver.gpu.backend import GpuBackend
 from kubeletplugin.deviceplugin import Shim, ShimConfig
 from kubeletplugin.deviceplugin.podresources import PodResourcesClient
 from kubeletplugin.logs import FIELDS as LOG_FIELDS
@@ -26,7 +29,7 @@ from kubeletplugin.node.events import NodeEvents, NodeWarning
 from kubeletplugin.node.setup import prepare_node
 from kubeletplugin.node.waiting import REASON_GPU_BACKEND_UNAVAILABLE, BackendWait
 from kubeletplugin.plugin import KubeletPlugin, PluginConfig
-from kubeletplugin.settings import parse_settings
+from kubeletplugin.settings import Settings, parse_settings
 from kubeletplugin.state.recovery import read_boot_id
 
 logger = logging.getLogger("kubeletplugin")
@@ -47,15 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(level=settings.log_level, log_format=settings.log_format, fields=LOG_FIELDS)
     stop = stop_on_signals(logger=logger)
     try:
-        api = connect(
-            kubeconfig=settings.kubeconfig,
-            url=settings.kube_api_url,
-            settings=ClientSettings(
-                qps=settings.kube_api_qps,
-                burst=settings.kube_api_burst,
-                user_agent=COMPONENT,
-            ),
-        )
+        api = _connect(settings)
     except DriverError as exc:
         logger.error("cannot configure the Kubernetes client: %s", exc)
         return 1
@@ -76,21 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         plugin = KubeletPlugin(
-            config=PluginConfig(
-                node_name=settings.node_name,
-                plugin_registry_dir=settings.plugin_registry_dir,
-                plugin_dir=settings.plugin_dir,
-                cdi_root=settings.cdi_root,
-                state_dir=settings.state_dir,
-                emulated=settings.gpu_backend == "emulated",
-                healthz_address=settings.healthz_address,
-                metrics_address=settings.metrics_address,
-                inventory_poll_seconds=settings.inventory_poll_seconds,
-                unhealthy_taint_effect=settings.health.taint_effect,
-                xid_policy=settings.health.xids,
-                cdi_common=cdi_common,
-                registration_grace_seconds=REGISTRATION_GRACE_SECONDS,
-            ),
+            config=_plugin_config(settings, cdi_common),
             backend=backend,
             api=api,
             boot_id=read_boot_id(),
@@ -102,9 +83,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         backend.close()
         api.close()
         return 1
-    # With --classic-shim off the shim still releases the slices of classic pods it served before
-    # (a switch to scheduler mode with such pods running); it serves nothing new.
-    shim = Shim(
+    return _serve(
+        settings,
+        stop=stop,
+        plugin=plugin,
+        shim=_shim(settings, plugin=plugin, api=api, events=events),
+        cleaner=_stale_capacity_cleaner(settings, api=api),
+        backend=backend,
+        api=api,
+    )
+
+
+def _connect(settings: Settings) -> KubeClusterApi:
+    return connect(
+        kubeconfig=settings.kubeconfig,
+        url=settings.kube_api_url,
+        settings=ClientSettings(
+            qps=settings.kube_api_qps,
+            burst=settings.kube_api_burst,
+            user_agent=COMPONENT,
+        ),
+    )
+
+
+def _plugin_config(settings: Settings, cdi_common: CommonEdits) -> PluginConfig:
+    return PluginConfig(
+        node_name=settings.node_name,
+        plugin_registry_dir=settings.plugin_registry_dir,
+        plugin_dir=settings.plugin_dir,
+        cdi_root=settings.cdi_root,
+        state_dir=settings.state_dir,
+        emulated=settings.gpu_backend == "emulated",
+        healthz_address=settings.healthz_address,
+        metrics_address=settings.metrics_address,
+        inventory_poll_seconds=settings.inventory_poll_seconds,
+        unhealthy_taint_effect=settings.health.taint_effect,
+        xid_policy=settings.health.xids,
+        cdi_common=cdi_common,
+        registration_grace_seconds=REGISTRATION_GRACE_SECONDS,
+    )
+
+
+def _shim(
+    settings: Settings, *, plugin: KubeletPlugin, api: KubeClusterApi, events: EventRecorder
+) -> Shim:
+    """With --classic-shim off the shim still releases the slices of classic pods it served before
+    (a switch to scheduler mode with such pods running); it serves nothing new."""
+    return Shim(
         config=ShimConfig(
             node_name=settings.node_name,
             device_plugin_dir=settings.device_plugin_dir,
@@ -117,20 +142,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         inventory=lambda: plugin.publisher.inventory,
         events=events,
     )
-    # Shim off: the kubelet's stale nvidia.com/mig-* entries would make kube-scheduler bind classic
-    # pods without a slice (docs/design.md F13); keep them out of this Node's status once the kubelet
-    # has forgotten the device plugin (until then they make kube-scheduler wait, not fail, pods).
-    cleaner = (
-        None
-        if settings.classic_shim
-        else StaleCapacityCleaner(
-            api=api,
-            node_name=settings.node_name,
-            resource_prefix=settings.classic_resource_prefix,
-            kubelet_checkpoint=settings.device_plugin_dir / KUBELET_CHECKPOINT,
-            pod_resources=PodResourcesClient(settings.pod_resources_socket),
-        )
+
+
+def _stale_capacity_cleaner(
+    settings: Settings, *, api: KubeClusterApi
+) -> StaleCapacityCleaner | None:
+    """Shim off: the kubelet's stale nvidia.com/mig-* entries would make kube-scheduler bind
+    classic pods without a slice (docs/design.md F13); keep them out of this Node's status once the
+    kubelet has forgotten the device plugin (until then they make kube-scheduler wait, not fail,
+    pods)."""
+    if settings.classic_shim:
+        return None
+    return StaleCapacityCleaner(
+        api=api,
+        node_name=settings.node_name,
+        resource_prefix=settings.classic_resource_prefix,
+        kubelet_checkpoint=settings.device_plugin_dir / KUBELET_CHECKPOINT,
+        pod_resources=PodResourcesClient(settings.pod_resources_socket),
     )
+
+
+def _serve(
+    settings: Settings,
+    *,
+    stop: threading.Event,
+    plugin: KubeletPlugin,
+    shim: Shim,
+    cleaner: StaleCapacityCleaner | None,
+    backend: GpuBackend,
+    api: KubeClusterApi,
+) -> int:
+    """Start everything, run until SIGTERM or SIGINT, then stop everything and close the backend
+    and the API client."""
     try:
         if cleaner is not None:
             cleaner.start()

@@ -25,7 +25,7 @@ from driver.cluster.events import EventRecorder
 from driver.cluster.informer import Informer, ListWatch
 from driver.cluster.port import RESOURCE_SLICES, ClusterApi, JsonObject
 from driver.cluster.views import SliceView
-from driver.daemon.http import endpoints_by_address
+from driver.daemon.http import HttpEndpoint, endpoints_by_address
 from driver.errors import DriverError
 from driver.gpu.backend import GpuBackend
 from driver.taints import EFFECT_NO_SCHEDULE
@@ -112,7 +112,42 @@ class KubeletPlugin:
         self.xid_health = XidHealth(
             backend=backend, policy=config.xid_policy, on_change=self._gpu_health_changed
         )
-        self.publisher = SlicePublisher(
+        self.publisher = self._publisher(backend=backend, api=api, events=events)
+        self._own_slices = self._watch_own_slices(api)
+        self.state = self._device_state(
+            backend=backend, api=api, majors=majors, step_hook=step_hook
+        )
+        self.device_status = DeviceStatusWriter(
+            api=api, driver=config.driver_name, pool=config.node_name
+        )
+        self.recovery = self._recovery(api=api, boot_id=boot_id)
+        self.health = HealthChecker(
+            registration_socket=self.registration_socket,
+            dra_socket=self.dra_socket,
+            tracker=self.tracker,
+            inventory=lambda: self.publisher.inventory,
+        )
+        self.health_service = DraHealthServicer(
+            self.health_board, resend_seconds=config.health_resend_seconds
+        )
+        self._dra_server = UnixGrpcServer(
+            path=self.dra_socket, register=self._register_dra, name="dra"
+        )
+        self._registration_server = UnixGrpcServer(
+            path=self.registration_socket,
+            register=self._register_registration,
+            max_workers=2,
+            name="registration",
+        )
+        self.registration_watchdog = self._registration_watchdog(api=api, events=events)
+        self._http = self._http_endpoints()
+        self._started = False
+
+    def _publisher(
+        self, *, backend: GpuBackend, api: ClusterApi, events: EventRecorder | None
+    ) -> SlicePublisher:
+        config = self.config
+        return SlicePublisher(
             api=api,
             backend=backend,
             node_name=config.node_name,
@@ -124,18 +159,17 @@ class KubeletPlugin:
             overlay=self.xid_health.apply,
             listeners=(self.health_board,),
         )
-        # The kubelet deletes every ResourceSlice of its node when it starts (no driver is
-        # registered yet) and of a driver that stays unregistered (seen on real kubelets); our
-        # slices would then be missing until the next poll (up to ``inventory_poll_seconds``)
-        # while the node's claims stay allocated. A watch on our own slices republishes at once.
-        self._own_slices = Informer(
-            source=ListWatch(
-                api, RESOURCE_SLICES, field_selector=f"spec.nodeName={config.node_name}"
-            ),
-            name=f"slices-{config.node_name}",
-        )
-        self._own_slices.add_handler(on_delete=self._slice_deleted)
-        self.state = DeviceState(
+
+    def _device_state(
+        self,
+        *,
+        backend: GpuBackend,
+        api: ClusterApi,
+        majors: cdi.DeviceMajors | None,
+        step_hook: StepHook | None,
+    ) -> DeviceState:
+        config = self.config
+        return DeviceState(
             node_name=config.node_name,
             backend=backend,
             api=api,
@@ -148,10 +182,49 @@ class KubeletPlugin:
             step_hook=step_hook,
             common_cdi_device_ids=config.cdi_common.cdi_device_ids,
         )
-        self.device_status = DeviceStatusWriter(
-            api=api, driver=config.driver_name, pool=config.node_name
+
+    def _registration_watchdog(
+        self, *, api: ClusterApi, events: EventRecorder | None
+    ) -> RegistrationWatchdog | None:
+        config = self.config
+        if config.registration_grace_seconds is None:
+            return None
+        return RegistrationWatchdog(
+            tracker=self.tracker,
+            registration_socket=self.registration_socket,
+            report=NodeWarning(
+                NodeEvents(api=api, events=events, node_name=config.node_name),
+                reason=REASON_NOT_REGISTERED,
+            ),
+            grace_s=config.registration_grace_seconds,
+            delays=backoff(),
         )
-        self.recovery = Recovery(
+
+    def _http_endpoints(self) -> list[HttpEndpoint]:
+        """``/healthz``, ``/readyz`` and ``/metrics``: one server when the flags name one port."""
+        health = {"/healthz": self.health.route, "/readyz": self.health.ready_route}
+        served = [
+            (self.config.healthz_address, health),
+            (self.config.metrics_address, {"/metrics": self._metrics_route}),
+        ]
+        return list(endpoints_by_address(served, split=split_address).values())
+
+    def _watch_own_slices(self, api: ClusterApi) -> Informer:
+        """The kubelet deletes every ResourceSlice of its node when it starts (no driver is
+        registered yet) and of a driver that stays unregistered (seen on real kubelets); our
+        slices would then be missing until the next poll (up to ``inventory_poll_seconds``) while
+        the node's claims stay allocated. A watch on our own slices republishes at once."""
+        node_name = self.config.node_name
+        informer = Informer(
+            source=ListWatch(api, RESOURCE_SLICES, field_selector=f"spec.nodeName={node_name}"),
+            name=f"slices-{node_name}",
+        )
+        informer.add_handler(on_delete=self._slice_deleted)
+        return informer
+
+    def _recovery(self, *, api: ClusterApi, boot_id: str) -> Recovery:
+        config = self.config
+        return Recovery(
             node_name=config.node_name,
             store=self.store,
             slices=self.state.slices,
@@ -162,55 +235,6 @@ class KubeletPlugin:
             metrics=self.metrics,
             common_cdi_device_ids=config.cdi_common.cdi_device_ids,
         )
-        self.health = HealthChecker(
-            registration_socket=self.registration_socket,
-            dra_socket=self.dra_socket,
-            tracker=self.tracker,
-            inventory=lambda: self.publisher.inventory,
-        )
-        self.health_service = DraHealthServicer(
-            self.health_board, resend_seconds=config.health_resend_seconds
-        )
-        self._dra_server = UnixGrpcServer(
-            path=self.dra_socket,
-            register=self._register_dra,
-            name="dra",
-        )
-        self._registration_server = UnixGrpcServer(
-            path=self.registration_socket,
-            register=lambda server: add_registration_service(
-                server,
-                RegistrationServicer(
-                    driver_name=config.driver_name, endpoint=self.dra_socket, tracker=self.tracker
-                ),
-            ),
-            max_workers=2,
-            name="registration",
-        )
-        self.registration_watchdog = (
-            None
-            if config.registration_grace_seconds is None
-            else RegistrationWatchdog(
-                tracker=self.tracker,
-                registration_socket=self.registration_socket,
-                report=NodeWarning(
-                    NodeEvents(api=api, events=events, node_name=config.node_name),
-                    reason=REASON_NOT_REGISTERED,
-                ),
-                grace_s=config.registration_grace_seconds,
-                delays=backoff(),
-            )
-        )
-        served = [
-            (
-                config.healthz_address,
-                {"/healthz": self.health.route, "/readyz": self.health.ready_route},
-            ),
-            (config.metrics_address, {"/metrics": self._metrics_route}),
-        ]
-        # one server when both flags name the same port
-        self._http = list(endpoints_by_address(served, split=split_address).values())
-        self._started = False
 
     def start(self) -> RecoveryReport:
         """Recover, publish, serve; returns what recovery did. Raises ``DriverError`` if the
@@ -275,6 +299,14 @@ class KubeletPlugin:
             metrics=self.metrics,
         )
         add_health_service(server, self.health_service)
+
+    def _register_registration(self, server: grpc.Server) -> None:
+        add_registration_service(
+            server,
+            RegistrationServicer(
+                driver_name=self.config.driver_name, endpoint=self.dra_socket, tracker=self.tracker
+            ),
+        )
 
     def endpoint_port(self, name: str) -> int:
         """Port serving ``/healthz`` or ``/metrics`` (``name`` without the slash; after start)."""

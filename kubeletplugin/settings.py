@@ -87,7 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
         prog="instaslice-kubelet-plugin",
         description="InstaSlice node agent: DRA kubelet plugin that creates MIG slices on demand.",
     )
+    _add_node_flags(parser)
+    _add_path_flags(parser)
+    _add_service_flags(parser)
+    _add_classic_flags(parser)
+    add_health_flags(parser)
+    _add_setup_flags(parser)
+    flags.add_log_flags(parser)
+    return parser
 
+
+def _add_node_flags(parser: argparse.ArgumentParser) -> None:
+    """This node, its GPU backend, and how to reach the API server."""
     add_flag(
         parser,
         "--node-name",
@@ -119,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
         help_text="plain API server URL without auth (local API server); overrides --kubeconfig",
         default=None,
     )
+
+
+def _add_path_flags(parser: argparse.ArgumentParser) -> None:
+    """The kubelet's directories and sockets, and our own CDI and state directories."""
     add_flag(
         parser,
         "--plugin-registry-dir",
@@ -149,6 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_flag(
         parser, "--state-dir", help_text="directory for node-local state", default=DEFAULT_STATE_DIR
     )
+
+
+def _add_service_flags(parser: argparse.ArgumentParser) -> None:
+    """The /metrics and /healthz endpoints, the inventory poll and the API client's rate limits."""
     add_flag(
         parser,
         "--metrics-address",
@@ -179,6 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
         help_text="API requests allowed at once before --kube-api-qps applies",
         default=str(DEFAULT_KUBE_API_BURST),
     )
+
+
+def _add_classic_flags(parser: argparse.ArgumentParser) -> None:
+    """The device-plugin shim for classic nvidia.com/mig-<profile> requests."""
     add_flag(
         parser,
         "--classic-shim",
@@ -194,7 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
         help_text="extended-resource name prefix of the classic shim; '+' in profiles becomes '-'",
         default=DEFAULT_CLASSIC_RESOURCE_PREFIX,
     )
-    add_health_flags(parser)
+
+
+def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
+    """How the node is prepared: the edits every slice's container shares, and MIG mode."""
     add_flag(
         parser,
         "--cdi-common-edits",
@@ -211,8 +237,6 @@ def build_parser() -> argparse.ArgumentParser:
         choices=MIG_MODES,
         default="never",
     )
-    flags.add_log_flags(parser)
-    return parser
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -234,6 +258,47 @@ def parse_settings(
     return _validate(parser, args)
 
 
+def _check_node_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The node's name, the classic shim's resource prefix, and the emulated backend's GPUs."""
+    if not args.node_name:
+        parser.error(f"--node-name is required (or env {env_var('node_name')} / NODE_NAME)")
+    if not _RESOURCE_PREFIX.match(args.classic_resource_prefix):
+        parser.error(
+            f"--classic-resource-prefix {args.classic_resource_prefix!r} is not '<domain>/<name-prefix>' "
+            "(e.g. nvidia.com/mig-)"
+        )
+    if args.gpu_backend == "emulated" and not args.emulated_gpus:
+        parser.error("--gpu-backend emulated needs --emulated-gpus, e.g. 2xA100-40GB")
+
+
+def _inventory_poll_seconds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> float:
+    try:
+        poll = float(args.inventory_poll_seconds)
+    except ValueError:
+        poll = -1.0
+    if not poll > 0:
+        parser.error(
+            f"--inventory-poll-seconds must be a positive number, got {args.inventory_poll_seconds!r}"
+        )
+    return poll
+
+
+def _api_rate_limits(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[float, int]:
+    try:
+        qps = float(args.kube_api_qps)
+        burst = int(args.kube_api_burst)
+    except ValueError:
+        qps, burst = -1.0, 0
+    if qps < 0 or burst < 1:
+        parser.error(
+            f"--kube-api-qps must be >= 0 and --kube-api-burst >= 1, "
+            f"got {args.kube_api_qps!r} / {args.kube_api_burst!r}"
+        )
+    return qps, burst
+
+
 def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
     flags.check_choices(
         parser,
@@ -252,34 +317,10 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
     log_level = str(args.log_level).upper()
     if log_level not in LOG_LEVELS:
         parser.error(f"log level {args.log_level!r} is not one of {LOG_LEVELS}")
-    if not args.node_name:
-        parser.error(f"--node-name is required (or env {env_var('node_name')} / NODE_NAME)")
-    if not _RESOURCE_PREFIX.match(args.classic_resource_prefix):
-        parser.error(
-            f"--classic-resource-prefix {args.classic_resource_prefix!r} is not '<domain>/<name-prefix>' "
-            "(e.g. nvidia.com/mig-)"
-        )
-    if args.gpu_backend == "emulated" and not args.emulated_gpus:
-        parser.error("--gpu-backend emulated needs --emulated-gpus, e.g. 2xA100-40GB")
+    _check_node_flags(parser, args)
     flags.check_addresses(parser, args, ("metrics_address", "healthz_address"), split=split_address)
-    try:
-        poll = float(args.inventory_poll_seconds)
-    except ValueError:
-        poll = -1.0
-    if not poll > 0:
-        parser.error(
-            f"--inventory-poll-seconds must be a positive number, got {args.inventory_poll_seconds!r}"
-        )
-    try:
-        qps = float(args.kube_api_qps)
-        burst = int(args.kube_api_burst)
-    except ValueError:
-        qps, burst = -1.0, 0
-    if qps < 0 or burst < 1:
-        parser.error(
-            f"--kube-api-qps must be >= 0 and --kube-api-burst >= 1, "
-            f"got {args.kube_api_qps!r} / {args.kube_api_burst!r}"
-        )
+    poll = _inventory_poll_seconds(parser, args)
+    qps, burst = _api_rate_limits(parser, args)
     state_dir = Path(args.state_dir)
     emulated_state = (
         Path(args.emulated_state_file)

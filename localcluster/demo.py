@@ -24,8 +24,12 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, TextIO
 
+from driver.errors import ConfigError
+from driver.gpu.emulated import parse_gpu_spec
+from instaslice.inputs import CommandParser, check_regular_file, integer_between, number_between
 from instaslice.status import ClusterView, Style, TakenSlice, memory_bar, render_view
 from localcluster import podstages
+from localcluster.manifests import render_kustomization
 from localcluster.podstages import StageChange
 
 if TYPE_CHECKING:
@@ -35,6 +39,11 @@ DEFAULT_NODES = 2
 DEFAULT_GPUS = "2xA100-40GB"
 DEFAULT_SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 SETTLE_TIMEOUT_S = 90.0
+MAX_DEMO_NODES = 8
+"""One kubelet plugin process per node runs on this machine."""
+MAX_DEMO_GPUS_PER_NODE = 8
+MAX_PAUSE_S = 600.0
+MAX_TIMEOUT_S = 3600.0
 POD_COLUMN = 52
 CLEANUP_TIMEOUT_S = 30.0
 
@@ -55,13 +64,17 @@ _STAGE_COLORS = {
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--nodes", type=int, default=DEFAULT_NODES, help=f"emulated nodes (default {DEFAULT_NODES})"
+        "--nodes",
+        type=integer_between(1, MAX_DEMO_NODES),
+        default=DEFAULT_NODES,
+        help=f"emulated nodes, from 1 to {MAX_DEMO_NODES} (default {DEFAULT_NODES})",
     )
     parser.add_argument(
         "--gpus",
+        type=demo_gpus,
         default=DEFAULT_GPUS,
-        help=f"emulated GPUs per node, e.g. 2xA100-40GB or A100-40GB,H100-80GB (default "
-        f"{DEFAULT_GPUS})",
+        help=f"emulated GPUs per node, e.g. 2xA100-40GB or A100-40GB,H100-80GB; at most "
+        f"{MAX_DEMO_GPUS_PER_NODE} (default {DEFAULT_GPUS})",
     )
     parser.add_argument(
         "--samples",
@@ -77,23 +90,47 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--pause",
-        type=float,
+        type=number_between(0, MAX_PAUSE_S, what="seconds"),
         default=3.0,
         metavar="SECONDS",
-        help="pause with the samples running before deleting them (default 3; 0 with --fast)",
+        help=f"pause with the samples running before deleting them (default 3, at most "
+        f"{MAX_PAUSE_S:g}; 0 with --fast)",
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=number_between(0, MAX_TIMEOUT_S, low_included=False, what="seconds"),
         default=SETTLE_TIMEOUT_S,
         metavar="SECONDS",
-        help=f"how long the samples may take to run (default {SETTLE_TIMEOUT_S:.0f})",
+        help=f"how long the samples may take to run (default {SETTLE_TIMEOUT_S:.0f}, at most "
+        f"{MAX_TIMEOUT_S:g})",
     )
     parser.add_argument(
         "--keep-logs",
         action="store_true",
         help="keep the daemons' logs (printed path) instead of removing everything at the end",
     )
+
+
+def demo_gpus(text: str) -> str:
+    """An argparse ``type``: the emulated GPUs of one node, checked (``parse_gpu_spec``) and at
+    most ``MAX_DEMO_GPUS_PER_NODE`` of them; kept as written, as the kubelet plugins take it."""
+    try:
+        count = len(parse_gpu_spec(text))
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if count > MAX_DEMO_GPUS_PER_NODE:
+        raise argparse.ArgumentTypeError(
+            f"{count} GPUs per node; the demo draws every GPU, at most {MAX_DEMO_GPUS_PER_NODE}"
+        )
+    return text
+
+
+def demo_plan(samples: Path) -> DemoPlan:
+    """What the demo will apply, read before any daemon starts; ``ConfigError`` if unreadable."""
+    if not samples.is_dir():
+        raise ConfigError(f"--samples {samples} is not a directory (a kustomization directory)")
+    check_regular_file(samples / "kustomization.yaml", what="kustomization")
+    return plan_for(render_kustomization(samples))
 
 
 class Printer:
@@ -324,89 +361,111 @@ def _wait(watcher: Watcher, done: str, *, timeout: float, interval: float) -> bo
 
 
 def run_demo(args: argparse.Namespace, *, out: TextIO) -> int:
-    """The whole demo; 0 when every sample ran and every slice was gone at the end."""
-    from localcluster.manifests import apply_all, delete_all, render_kustomization  # noqa: PLC0415
+    """The whole demo; 0 when every sample ran and every slice was gone at the end. The samples
+    are read first: a bad ``--samples`` is one line, before any daemon starts."""
     from localcluster.stack import InstaSliceStack, StackConfig  # noqa: PLC0415
 
+    try:
+        plan = demo_plan(args.samples)
+    except ConfigError as exc:
+        print(f"instaslice demo: {exc}", file=sys.stderr)
+        return 1
     color = not (args.no_color or os.environ.get("NO_COLOR")) and out.isatty()
     printer = Printer(out, color=color)
-    pause = 0.0 if args.fast else args.pause
-    interval = 0.05 if args.fast else 0.2
     stack = InstaSliceStack(StackConfig(nodes=args.nodes, gpus=args.gpus))
-    ok = True
     watcher: Watcher | None = None
     with _sigterm_as_interrupt():
         try:
-            plan = plan_for(render_kustomization(args.samples))
-            printer.heading(
-                f"InstaSlice demo: {args.nodes} node(s) x {args.gpus}, emulated GPUs, all under "
-                f"{stack.root}"
-            )
-            stack.start()
-            printer.step(f"local API server {stack.url}   ({stack.kubeconfig_hint()})")
-            for node in stack.node_names:
-                printer.step(
-                    f"instaslice-kubelet-plugin on {node} (pid {stack.plugins[node].pid}): "
-                    "registered with the kubelet, ResourceSlices published"
-                )
-            assert stack.controller is not None
-            printer.step(
-                f"instaslice-controller (pid {stack.controller.pid}): leader, pod webhook on "
-                f"https://127.0.0.1:{stack.webhook_port}"
-            )
-            printer.line(
-                f"   watch it from another terminal:  instaslice status --kube-api-url "
-                f"{stack.url} --watch"
-            )
-            printer.heading("Every GPU is empty: each placement a pod could get is published")
-            printer.line(render_view(stack.view(), style=printer.style).rstrip())
-
+            _start(stack, printer, args)
             watcher = Watcher(stack, plan, printer)
             watcher.start()
-            printer.heading(f"kubectl apply -k {_shown(args.samples)}")
-            printer.restart_clock()
-            for outcome in apply_all(stack.api, plan.objects):
-                printer.line(f"   {outcome}")
-            printer.heading(
-                f"Pods on their way ({plan.expected_pods} expected): "
-                "Pending -> gated -> placed -> bound -> Running"
-            )
-            if not _wait(watcher, "settled", timeout=args.timeout, interval=interval):
-                ok = False
-                _report_stuck(watcher, printer)
-            printer.heading("The slice map with the samples running (instaslice status)")
-            printer.line(render_view(stack.view(), style=printer.style).rstrip())
-            if pause:
-                time.sleep(pause)
-
-            printer.heading(f"kubectl delete -k {_shown(args.samples)}")
-            printer.restart_clock()
-            for outcome in delete_all(stack.api, plan.objects):
-                printer.line(f"   {outcome}")
-            if not _wait(watcher, "drained", timeout=CLEANUP_TIMEOUT_S, interval=interval):
-                ok = False
-                printer.line("   !! not every slice was released in time")
-            printer.heading("After the delete: no slice left")
-            printer.line(render_view(stack.view(), style=printer.style).rstrip())
-            printer.line(_leftovers(stack))
+            ok = _run_samples(stack, watcher, plan, printer, args)
         except KeyboardInterrupt:
             printer.line()
             printer.line("interrupted: stopping everything")
-            ok = False
             return 130
         finally:
-            if watcher is not None:
-                watcher.stop()
-            logs = (
-                Path(tempfile.mkdtemp(prefix="instaslice-demo-logs-")) if args.keep_logs else None
-            )
-            stack.stop(keep_logs=logs)
-            printer.heading(
-                f"Stopped the controller, the kubelet plugins and the cluster; removed {stack.root}"
-            )
-            if logs is not None:
-                printer.line(f"   daemon logs kept in {logs}")
+            _stop(stack, watcher, printer, keep_logs=args.keep_logs)
     return 0 if ok else 1
+
+
+def _start(stack: InstaSliceStack, printer: Printer, args: argparse.Namespace) -> None:
+    printer.heading(
+        f"InstaSlice demo: {args.nodes} node(s) x {args.gpus}, emulated GPUs, all under "
+        f"{stack.root}"
+    )
+    stack.start()
+    printer.step(f"local API server {stack.url}   ({stack.kubeconfig_hint()})")
+    for node in stack.node_names:
+        printer.step(
+            f"instaslice-kubelet-plugin on {node} (pid {stack.plugins[node].pid}): "
+            "registered with the kubelet, ResourceSlices published"
+        )
+    assert stack.controller is not None
+    printer.step(
+        f"instaslice-controller (pid {stack.controller.pid}): leader, pod webhook on "
+        f"https://127.0.0.1:{stack.webhook_port}"
+    )
+    printer.line(
+        f"   watch it from another terminal:  instaslice status --kube-api-url {stack.url} --watch"
+    )
+    printer.heading("Every GPU is empty: each placement a pod could get is published")
+    printer.line(render_view(stack.view(), style=printer.style).rstrip())
+
+
+def _run_samples(
+    stack: InstaSliceStack,
+    watcher: Watcher,
+    plan: DemoPlan,
+    printer: Printer,
+    args: argparse.Namespace,
+) -> bool:
+    """Apply the samples, follow them to Running, delete them, follow the slices away; False if
+    a step did not finish in time."""
+    from localcluster.manifests import apply_all, delete_all  # noqa: PLC0415
+
+    ok = True
+    interval = 0.05 if args.fast else 0.2
+    printer.heading(f"kubectl apply -k {_shown(args.samples)}")
+    printer.restart_clock()
+    for outcome in apply_all(stack.api, plan.objects):
+        printer.line(f"   {outcome}")
+    printer.heading(
+        f"Pods on their way ({plan.expected_pods} expected): "
+        "Pending -> gated -> placed -> bound -> Running"
+    )
+    if not _wait(watcher, "settled", timeout=args.timeout, interval=interval):
+        ok = False
+        _report_stuck(watcher, printer)
+    printer.heading("The slice map with the samples running (instaslice status)")
+    printer.line(render_view(stack.view(), style=printer.style).rstrip())
+    if not args.fast and args.pause:
+        time.sleep(args.pause)
+    printer.heading(f"kubectl delete -k {_shown(args.samples)}")
+    printer.restart_clock()
+    for outcome in delete_all(stack.api, plan.objects):
+        printer.line(f"   {outcome}")
+    if not _wait(watcher, "drained", timeout=CLEANUP_TIMEOUT_S, interval=interval):
+        ok = False
+        printer.line("   !! not every slice was released in time")
+    printer.heading("After the delete: no slice left")
+    printer.line(render_view(stack.view(), style=printer.style).rstrip())
+    printer.line(_leftovers(stack))
+    return ok
+
+
+def _stop(
+    stack: InstaSliceStack, watcher: Watcher | None, printer: Printer, *, keep_logs: bool
+) -> None:
+    if watcher is not None:
+        watcher.stop()
+    logs = Path(tempfile.mkdtemp(prefix="instaslice-demo-logs-")) if keep_logs else None
+    stack.stop(keep_logs=logs)
+    printer.heading(
+        f"Stopped the controller, the kubelet plugins and the cluster; removed {stack.root}"
+    )
+    if logs is not None:
+        printer.line(f"   daemon logs kept in {logs}")
 
 
 def _shown(path: Path) -> str:
@@ -443,7 +502,7 @@ def _leftovers(stack: InstaSliceStack) -> str:
 
 
 def build_parser(prog: str = "python -m localcluster.demo") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_demo_arguments(parser)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from api.names import DRIVER_NAME
 from controller.allocation.conditions import PlacementProblem, Reason
 from controller.allocation.inventory import SliceInventory
-from controller.allocation.requests import Alternative, ClassLookup
+from controller.allocation.requests import Alternative, ClassLookup, RequestSlot
 from driver.cluster.port import JsonObject
 from driver.cluster.views import ClaimView, DeviceClassView, DeviceConfigEntry
 from driver.placement import Placed
@@ -60,34 +60,44 @@ def allocations(
     out = []
     for index, claim in enumerate(claims):
         mine = [s for s in alternative.slots if s.claim_index == index]
-        config: list[JsonObject] = []
-        for slot in mine:
-            device_class = classes(slot.class_name)
-            class_config = DeviceClassView.of(device_class).config if device_class else ()
-            for entry in class_config:
-                opaque = _opaque(entry)
-                if opaque:
-                    config.append(
-                        {"source": "FromClass", "requests": [slot.result_request], "opaque": opaque}
-                    )
-        selected = {s.request for s in mine} | {s.result_request for s in mine}
-        for entry in claim.spec.config:
-            named = entry.requests
-            opaque = _opaque(entry)
-            if opaque and (not named or selected.intersection(named)):
-                config.append(
-                    {
-                        "source": "FromClaim",
-                        **({"requests": list(named)} if named else {}),
-                        "opaque": opaque,
-                    }
-                )
+        config = _config(claim, mine, classes=classes)
         allocation: JsonObject = {
             "devices": {"results": results[index], **({"config": config} if config else {})},
             "nodeSelector": node_selector(placed.node),
         }
         out.append(allocation)
     return out
+
+
+def _config(
+    claim: ClaimView, mine: Sequence[RequestSlot], *, classes: ClassLookup
+) -> list[JsonObject]:
+    """The allocation's ``config`` for one claim: the opaque config of the DeviceClasses its
+    slots were allocated from, then the claim's own entries that name one of its selected
+    requests or name none."""
+    config: list[JsonObject] = []
+    for slot in mine:
+        device_class = classes(slot.class_name)
+        class_config = DeviceClassView.of(device_class).config if device_class else ()
+        for entry in class_config:
+            opaque = _opaque(entry)
+            if opaque:
+                config.append(
+                    {"source": "FromClass", "requests": [slot.result_request], "opaque": opaque}
+                )
+    selected = {s.request for s in mine} | {s.result_request for s in mine}
+    for entry in claim.spec.config:
+        named = entry.requests
+        opaque = _opaque(entry)
+        if opaque and (not named or selected.intersection(named)):
+            config.append(
+                {
+                    "source": "FromClaim",
+                    **({"requests": list(named)} if named else {}),
+                    "opaque": opaque,
+                }
+            )
+    return config
 
 
 def _opaque(entry: DeviceConfigEntry) -> JsonObject | None:

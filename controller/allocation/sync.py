@@ -167,35 +167,7 @@ class PodSync:
             dra = dra_claims(pod, claims=self._claim)
             requests = self._classic_requests(pod)
             self._check_leader()
-            shadow_claims = (
-                [
-                    ClaimView.of(c)
-                    for c in shadow.ensure_shadow_claims(
-                        self._api, pod, requests, cached=self._claim
-                    )
-                ]
-                if requests
-                else []
-            )
-            claims = sort_claims(dra, shadow_claims, classes=self._class)
-            if not claims.ours:
-                logger.info("pod %s/%s needs no MIG slice; ungating", pod.namespace, pod.name)
-                self._ungate(pod, node=None, classic=False)
-                return Result(Outcome.DONE)
-            written = Written()
-            node: str | None = None
-            if claims.pinned and not set.intersection(*(set(n) for n in claims.pinned)):
-                return self._writer.split(pod, claims)
-            if claims.to_allocate:
-                decision = self._decide(pod, claims)
-                node = decision.node
-                written = self._writer.write(pod, claims, decision.allocations, node=decision.node)
-            verdict = self._writer.verify(pod, claims, written)
-            if verdict is not None:
-                return verdict
-            node = node or self._node_of(claims)
-            self._ungate(pod, node=node, classic=bool(claims.shadow))
-            return Result(Outcome.DONE)
+            return self._allocate(pod, dra, requests)
         except NotReady as exc:
             logger.debug("pod %s/%s waits: %s", pod.namespace, pod.name, exc)
             return Result(Outcome.WAIT)
@@ -217,6 +189,40 @@ class PodSync:
         except ClusterError as exc:
             logger.warning("pod %s/%s: API error: %s", pod.namespace, pod.name, exc)
             return Result(Outcome.RETRY)
+
+    def _allocate(
+        self, pod: PodView, dra: list[ClaimView], requests: list[shadow.ClassicRequest]
+    ) -> Result:
+        """The pod's claims (its DRA claims and the shadow claims of its classic ``requests``)
+        decided, written and checked, then the pod ungated. What stops it raises, and
+        :meth:`sync` turns that into the outcome."""
+        shadow_claims = (
+            [
+                ClaimView.of(c)
+                for c in shadow.ensure_shadow_claims(self._api, pod, requests, cached=self._claim)
+            ]
+            if requests
+            else []
+        )
+        claims = sort_claims(dra, shadow_claims, classes=self._class)
+        if not claims.ours:
+            logger.info("pod %s/%s needs no MIG slice; ungating", pod.namespace, pod.name)
+            self._ungate(pod, node=None, classic=False)
+            return Result(Outcome.DONE)
+        written = Written()
+        node: str | None = None
+        if claims.pinned and not set.intersection(*(set(n) for n in claims.pinned)):
+            return self._writer.split(pod, claims)
+        if claims.to_allocate:
+            decision = self._decide(pod, claims)
+            node = decision.node
+            written = self._writer.write(pod, claims, decision.allocations, node=decision.node)
+        verdict = self._writer.verify(pod, claims, written)
+        if verdict is not None:
+            return verdict
+        node = node or self._node_of(claims)
+        self._ungate(pod, node=node, classic=bool(claims.shadow))
+        return Result(Outcome.DONE)
 
     # -- hand-offs to kube-scheduler (``handoff``) ----------------------------------------------
 

@@ -197,21 +197,28 @@ class AllocationWriter:
                 else:
                     self._overlap_since.pop(uid, None)
         if withdraw:
-            late = written.rvs and now - written.started > self.config.verify_timeout
-            if not late and self.still_gated(pod):
-                logger.info(
-                    "pod %s/%s: %d allocation(s) overlap others committed first; withdrawing",
-                    pod.namespace,
-                    pod.name,
-                    len(withdraw),
-                )
-                for _ in withdraw:
-                    self._metrics.conflict("overlap")
-                self.withdraw([state_claim for c in withdraw if (state_claim := self._fresh(c))])
-            return Result(Outcome.RETRY_AFTER, self._rng.uniform(*self.config.yield_delay))
+            return self._withdraw_overlapping(pod, withdraw, written=written, now=now)
         if wait > 0:
             return Result(Outcome.RETRY_AFTER, wait)
         return None
+
+    def _withdraw_overlapping(
+        self, pod: PodView, withdraw: list[ClaimView], *, written: Written, now: float
+    ) -> Result:
+        """Withdraw the allocations that overlap others committed first (unless our writes are
+        already too old, or the pod was ungated meanwhile), and retry after a random delay."""
+        late = written.rvs and now - written.started > self.config.verify_timeout
+        if not late and self.still_gated(pod):
+            logger.info(
+                "pod %s/%s: %d allocation(s) overlap others committed first; withdrawing",
+                pod.namespace,
+                pod.name,
+                len(withdraw),
+            )
+            for _ in withdraw:
+                self._metrics.conflict("overlap")
+            self.withdraw([state_claim for c in withdraw if (state_claim := self._fresh(c))])
+        return Result(Outcome.RETRY_AFTER, self._rng.uniform(*self.config.yield_delay))
 
     def still_gated(self, pod: PodView) -> bool:
         """Read from the API, not the cache: withdrawing from an ungated pod would strand it."""

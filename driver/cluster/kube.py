@@ -23,6 +23,7 @@ from urllib.parse import urlencode, urlsplit
 
 import orjson
 import urllib3
+import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
@@ -67,9 +68,29 @@ def load_configuration(*, kubeconfig: str | None = None, context: str | None = N
             k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=kubeconfig, context=context, client_configuration=configuration
             )
-    except (ConfigException, OSError) as exc:
+    except (ConfigException, OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot load Kubernetes client configuration: {exc}") from exc
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError) as exc:
+        # The client's loader walks the file's YAML as it finds it: a malformed kubeconfig (a
+        # list where a mapping belongs, a number for a name) fails with whatever the walk hits.
+        raise ConfigError(
+            f"cannot load Kubernetes client configuration: malformed kubeconfig "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
     return configuration
+
+
+def check_server_url(url: str) -> None:
+    """``ConfigError`` unless ``url`` is an ``http``/``https`` URL with a host (and a valid port)."""
+    try:
+        parts = urlsplit(url)
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError as exc:
+        raise ConfigError(f"API server URL {url!r} is not valid: {exc}") from exc
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise ConfigError(
+            f"API server URL {url!r} is not http(s)://HOST[:PORT] (e.g. https://10.0.0.1:6443)"
+        )
 
 
 def configuration_for_url(url: str, *, token: str | None = None, verify_tls: bool = True) -> Any:
@@ -92,9 +113,11 @@ def connect(
 ) -> KubeClusterApi:
     """The adapter for a daemon's ``main``: ``url`` if given, else as ``load_configuration``."""
     if url is not None:
+        check_server_url(url)
         configuration = configuration_for_url(url)
     else:
         configuration = load_configuration(kubeconfig=kubeconfig, context=context)
+        check_server_url(str(configuration.host))
     return KubeClusterApi(configuration=configuration, settings=settings)
 
 

@@ -90,19 +90,23 @@ def parse_gpu_spec(spec: str) -> tuple[GpuModel, ...]:
                 f"malformed emulated GPU spec part {part!r} in {spec!r}; "
                 "expected '<count>x<model>', e.g. '2xA100-40GB'"
             )
-        count = int(match["count"] or "1")
-        if count < 1:
+        digits = match["count"] or "1"
+        # Checked before the list grows (and a thousand digits before converting them): a spec of
+        # a billion GPUs is refused, not allocated.
+        count = int(digits) if len(digits) <= 9 else None
+        if count is not None and count < 1:
             raise ConfigError(f"emulated GPU spec part {part!r} asks for {count} GPUs")
+        if count is None or len(models) + count > MAX_GPUS_PER_NODE:
+            asked = "more than a billion" if count is None else str(len(models) + count)
+            raise ConfigError(
+                f"emulated GPU spec {spec!r} asks for {asked} GPUs; at most "
+                f"{MAX_GPUS_PER_NODE} per node"
+            )
         try:
             model = gpu_model(match["model"])
         except ConfigError as exc:
             raise ConfigError(f"emulated GPU spec part {part!r}: {exc}") from exc
         models.extend([model] * count)
-    if len(models) > MAX_GPUS_PER_NODE:
-        raise ConfigError(
-            f"emulated GPU spec {spec!r} asks for {len(models)} GPUs; at most "
-            f"{MAX_GPUS_PER_NODE} per node"
-        )
     return tuple(models)
 
 

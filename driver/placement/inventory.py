@@ -21,9 +21,18 @@ import logging
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 
 from driver.errors import NotFoundError
-from driver.placement.rankset import RankSet
 from driver.placement.request import DeviceAssignment
-from driver.placement.state import GpuState, NodeSpec, NodeState, Occupant, StateKey
+from driver.placement.state import (
+    Buckets,
+    GpuState,
+    NodeSpec,
+    NodeState,
+    Occupant,
+    SignatureIndex,
+    StateGroup,
+    StateKey,
+    Step,
+)
 from driver.placement.tables import GpuTable, Signature
 
 logger = logging.getLogger(__name__)
@@ -34,147 +43,11 @@ MAX_MULTI_SIGNATURES = 64
 """Multi-profile signatures indexed at most; later ones fall back to per-profile conditions."""
 
 
-class SignatureIndex:
-    """Nodes that have a GPU able to take ``signature`` now, overall and by their best level."""
-
-    __slots__ = ("any", "id", "level_set", "signature", "tiers")
-
-    def __init__(self, signature: Signature, sig_id: int) -> None:
-        self.signature = signature
-        self.id = sig_id
-        self.any = RankSet()
-        self.tiers: dict[int, RankSet] = {}
-        self.level_set = RankSet()
-        """Levels whose tier is non-empty."""
-
-    def add(self, rank: int, level: int, *, graded: bool) -> None:
-        self.any.add(rank)
-        if graded:
-            tier = self.tiers.get(level)
-            if tier is None:
-                tier = self.tiers[level] = RankSet()
-            if not tier:
-                self.level_set.add(level)
-            tier.add(rank)
-
-    def discard(self, rank: int, level: int, *, graded: bool) -> None:
-        self.any.discard(rank)
-        if graded:
-            tier = self.tiers[level]
-            tier.discard(rank)
-            if not tier:
-                self.level_set.discard(level)
-
-    def move(self, rank: int, old: int, new: int) -> None:
-        """A member's level changed (``any`` is untouched)."""
-        leaving = self.tiers[old]
-        leaving.discard(rank)
-        if not leaving:
-            self.level_set.discard(old)
-        entering = self.tiers.get(new)
-        if entering is None:
-            entering = self.tiers[new] = RankSet()
-        if not entering:
-            self.level_set.add(new)
-        entering.add(rank)
-
-    def clear(self) -> None:
-        self.any = RankSet()
-        self.tiers = {}
-        self.level_set = RankSet()
-
-
-Buckets = dict[int, dict["StateGroup", None]]
-"""State groups by a policy's bucket of them (see :meth:`Inventory.state_buckets`)."""
-
-
-class StateGroup:
-    """The GPUs that are in one state (``track_states``), and what policies derived from it.
-
-    ``memo`` is scratch space for policies: values that depend on the state alone (e.g. the
-    placements a profile has there and what each would cost), computed once per state. A group
-    outlives its last GPU (GPUs come back to the same states all the time, and would otherwise
-    recompute its memo), up to ``MAX_KNOWN_STATES`` groups.
-    """
-
-    __slots__ = ("adds", "free", "gpus", "joined", "joins", "key", "memo", "releases")
-
-    def __init__(self, key: StateKey) -> None:
-        self.key = key
-        table, mask, _, _ = key
-        self.free = table.slices - mask.bit_count()
-        """Free memory slices of each GPU in the state."""
-        self.gpus: dict[GpuState, None] = {}
-        self.memo: dict[Hashable, int] = {}
-        self.joins: list[tuple[Buckets, int]] = []
-        """The inventory's buckets this group belongs in while it has GPUs, and its bucket in each
-        (worked out once per bucketing, not on every first GPU)."""
-        self.joined = 0
-        """How many of the inventory's bucketings ``joins`` covers (all of them while live)."""
-        self.adds: dict[int, _Step] = {}
-        """Id of an occupant added -> the step it takes a GPU in this state (the inventory's
-        step table for ``track_states``: a GPU change looks its step up without hashing the
-        state key)."""
-        self.releases: dict[int, _Step] = {}
-        """Id of an occupant released -> its step, for :attr:`GpuState.disjoint` GPUs."""
-
-
 MAX_KNOWN_STATES = 1 << 16
 """State groups kept (with their memos) while no GPU is in their state; past it the empty ones go."""
 
 MAX_STEPS = 1 << 17
-"""GPU state transitions kept (see :class:`_Step`); past it they are all dropped and rebuilt."""
-
-
-class _Step:
-    """What one change (an occupant added, or a release leading to a given state) does to a GPU in
-    one state: its new state, what that state derives, and what moves in the indexes. Worked out
-    once per (state, change), so a GPU change is one dict lookup."""
-
-    __slots__ = (
-        "caps",
-        "changed",
-        "counts",
-        "group",
-        "key",
-        "levels",
-        "mask",
-        "media",
-        "moved",
-        "moves_group",
-        "occupant",
-        "overlaps",
-        "used",
-    )
-
-    def __init__(
-        self,
-        gpu: GpuState,
-        old_key: StateKey,
-        moved: tuple[tuple[str, int], ...],
-        levels: tuple[int, ...],
-        changed: tuple[tuple[SignatureIndex, int, int], ...],
-        group: "StateGroup | None",
-        occupant: Occupant | None,
-        *,
-        overlaps: bool,
-    ) -> None:
-        self.mask = gpu.mask
-        self.media = gpu.media_taken
-        self.counts = gpu.counts
-        self.used = gpu.used
-        self.caps = gpu.caps
-        self.key = gpu.key
-        self.moves_group = group is not None and gpu.key != old_key
-        self.group = group
-        self.moved = moved
-        self.levels = levels
-        self.changed = changed
-        self.occupant = occupant
-        """The occupant added or released (held so that its id, the step's key, stays its own)."""
-        self.overlaps = overlaps
-        """Whether the occupant added overlaps the state's slices or ``+me`` engine (the GPU's
-        occupants are no longer :attr:`GpuState.disjoint`)."""
+"""GPU state transitions kept (see :class:`Step`); past it they are all dropped and rebuilt."""
 
 
 class Inventory:
@@ -227,9 +100,9 @@ class Inventory:
         self._level_diffs: dict[
             tuple[GpuTable, int, int], tuple[tuple[SignatureIndex, int, int], ...]
         ] = {}
-        self._steps: dict[tuple[StateKey, object], _Step] = {}
+        self._steps: dict[tuple[StateKey, object], Step] = {}
         """(state, id of the occupant added or the state a release leads to) -> its step."""
-        self._release_steps: dict[tuple[StateKey, int], _Step] = {}
+        self._release_steps: dict[tuple[StateKey, int], Step] = {}
         """(state, id of the occupant released) -> its step, for :attr:`GpuState.disjoint` GPUs."""
         self._group_steps = 0
         """Steps kept on state groups instead (``StateGroup.adds`` and ``releases``), with
@@ -629,7 +502,7 @@ class Inventory:
             else:
                 sig.move(rank, old_best, best)
 
-    def _step_for(self, gpu: GpuState, added: Occupant | None, removed: Occupant | None) -> _Step:
+    def _step_for(self, gpu: GpuState, added: Occupant | None, removed: Occupant | None) -> Step:
         """The step the GPU's change (see :meth:`_refresh`) takes from its current state."""
         old_key = gpu.key
         group = gpu.group
@@ -676,9 +549,7 @@ class Inventory:
             gpu.disjoint = gpu.occupants_disjoint()
         return step
 
-    def _step(
-        self, gpu: GpuState, added: Occupant | None, removed: Occupant | None = None
-    ) -> _Step:
+    def _step(self, gpu: GpuState, added: Occupant | None, removed: Occupant | None = None) -> Step:
         """Work out a step the long way, from the GPU as it is now (still in its old state, its
         occupants already changed); the GPU's derived fields are left in the new state."""
         if len(self._steps) + len(self._release_steps) + self._group_steps >= MAX_STEPS:
@@ -725,7 +596,7 @@ class Inventory:
             changed = diff
         group = self._group_for(gpu.key) if self.track_states else None
         occupant = added if added is not None else removed
-        return _Step(gpu, old_key, moved, levels, changed, group, occupant, overlaps=overlaps)
+        return Step(gpu, old_key, moved, levels, changed, group, occupant, overlaps=overlaps)
 
     def _drop_steps(self) -> None:
         self._steps = {}

@@ -35,10 +35,17 @@ from operator import getitem
 from typing import Protocol
 
 from driver.errors import ConfigError
-from driver.placement.inventory import Buckets, Inventory, SignatureIndex, StateGroup
+from driver.placement.inventory import Inventory
 from driver.placement.rankset import RankSet
 from driver.placement.search import Candidate, CandidateOrder, NodeSearch, Plan
-from driver.placement.state import GpuState, NodeState, StateKey
+from driver.placement.state import (
+    Buckets,
+    GpuState,
+    NodeState,
+    SignatureIndex,
+    StateGroup,
+    StateKey,
+)
 from driver.placement.tables import GpuTable, TableProfile
 
 
@@ -598,33 +605,7 @@ class Scarcity:
                     self._first = None
         # The full order, only if that node did not take the pod (a one-device pod never gets
         # here: the first tier's GPU fits it).
-        seen = {rank}
-        scored = sorted(
-            (round(raw[bucket >> _FREE_SHIFT], 9), bucket & _FREE_MASK, bucket)
-            for bucket in buckets
-        )  # (cost, free, bucket) is unique
-        start = 0
-        while start < len(scored):
-            # States of equal cost and fullness form one tier, taken in rank (first-fit) order.
-            end = start + 1
-            while end < len(scored) and scored[end][:2] == scored[start][:2]:
-                end += 1
-            ranks = sorted(
-                {
-                    g.node.rank
-                    for entry in scored[start:end]
-                    for group in buckets.get(entry[2], ())
-                    for g in group.gpus
-                }
-                - seen
-            )
-            for rank in ranks:
-                seen.add(rank)
-                if (rank in only) if only is not None else _in_all(unions, rank):
-                    node = inventory.node_at(rank)
-                    if node is not None:
-                        yield node
-            start = end
+        yield from _in_tier_order(inventory, buckets, raw, only, unions, seen={rank})
 
     def _least_sums(self, buckets: Buckets) -> float:
         """Each options set of the buckets -> its least sum, not rounded yet (into ``_raw``),
@@ -789,6 +770,45 @@ _NEAR = 2e-9
 """Sums further apart than this round (to 9 decimals) to different costs, below ``_NEAR_LIMIT``
 (where doubles are still much finer than 1e-9)."""
 _NEAR_LIMIT = 1e6
+
+
+def _in_tier_order(
+    inventory: Inventory,
+    buckets: Buckets,
+    raw: Mapping[int, float],
+    only: RankSet | None,
+    unions: Sequence[Sequence[RankSet]],
+    *,
+    seen: set[int],
+) -> Iterator[NodeState]:
+    """The nodes not ``seen`` whose GPUs fit (``only``, else every union of ``unions``), tier by
+    tier of (cost, free) of their states (``raw``: each options set's least sum), in rank order
+    within a tier."""
+    scored = sorted(
+        (round(raw[bucket >> _FREE_SHIFT], 9), bucket & _FREE_MASK, bucket) for bucket in buckets
+    )  # (cost, free, bucket) is unique
+    start = 0
+    while start < len(scored):
+        # States of equal cost and fullness form one tier, taken in rank (first-fit) order.
+        end = start + 1
+        while end < len(scored) and scored[end][:2] == scored[start][:2]:
+            end += 1
+        ranks = sorted(
+            {
+                g.node.rank
+                for entry in scored[start:end]
+                for group in buckets.get(entry[2], ())
+                for g in group.gpus
+            }
+            - seen
+        )
+        for rank in ranks:
+            seen.add(rank)
+            if (rank in only) if only is not None else _in_all(unions, rank):
+                node = inventory.node_at(rank)
+                if node is not None:
+                    yield node
+        start = end
 
 
 def _first_tier(

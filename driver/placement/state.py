@@ -2,18 +2,18 @@
 
 ``GpuSpec``/``NodeSpec`` are what the controller builds from ResourceSlices; ``Occupant`` is one
 taken slice, whoever made it. ``GpuState``/``NodeState`` are the engine's mutable view, derived from
-the occupants and shared with the indexes in ``driver.placement.inventory``.
+the occupants. The records that ``driver.placement.inventory`` indexes them by live here too, since
+a GPU and its records refer to each other: ``SignatureIndex`` (the nodes able to take a signature),
+``StateGroup`` (the GPUs in one state) and ``Step`` (what one change does to a GPU in one state).
 """
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from driver.mig.model import GpuModel
+from driver.placement.rankset import RankSet
 from driver.placement.request import DeviceAssignment
 from driver.placement.tables import GpuTable, Signature, table_for
-
-if TYPE_CHECKING:
-    from driver.placement.inventory import StateGroup
 
 StateKey = tuple[GpuTable, int, bool, tuple[int, ...]]
 """Everything placement rules can see of one GPU: table, occupied mask, ``+me`` taken, counts."""
@@ -203,3 +203,139 @@ class NodeState:
         self.assigned: dict[tuple[str, int, int, int], tuple[DeviceAssignment]] = {}
         """(request name, GPU position, table profile, placement index) -> that one device as a
         search's answer: assignments are immutable, so equal answers are one object."""
+
+
+class SignatureIndex:
+    """Nodes that have a GPU able to take ``signature`` now, overall and by their best level."""
+
+    __slots__ = ("any", "id", "level_set", "signature", "tiers")
+
+    def __init__(self, signature: Signature, sig_id: int) -> None:
+        self.signature = signature
+        self.id = sig_id
+        self.any = RankSet()
+        self.tiers: dict[int, RankSet] = {}
+        self.level_set = RankSet()
+        """Levels whose tier is non-empty."""
+
+    def add(self, rank: int, level: int, *, graded: bool) -> None:
+        self.any.add(rank)
+        if graded:
+            tier = self.tiers.get(level)
+            if tier is None:
+                tier = self.tiers[level] = RankSet()
+            if not tier:
+                self.level_set.add(level)
+            tier.add(rank)
+
+    def discard(self, rank: int, level: int, *, graded: bool) -> None:
+        self.any.discard(rank)
+        if graded:
+            tier = self.tiers[level]
+            tier.discard(rank)
+            if not tier:
+                self.level_set.discard(level)
+
+    def move(self, rank: int, old: int, new: int) -> None:
+        """A member's level changed (``any`` is untouched)."""
+        leaving = self.tiers[old]
+        leaving.discard(rank)
+        if not leaving:
+            self.level_set.discard(old)
+        entering = self.tiers.get(new)
+        if entering is None:
+            entering = self.tiers[new] = RankSet()
+        if not entering:
+            self.level_set.add(new)
+        entering.add(rank)
+
+    def clear(self) -> None:
+        self.any = RankSet()
+        self.tiers = {}
+        self.level_set = RankSet()
+
+
+Buckets = dict[int, dict["StateGroup", None]]
+"""State groups by a policy's bucket of them (see :meth:`Inventory.state_buckets`)."""
+
+
+class StateGroup:
+    """The GPUs that are in one state (``track_states``), and what policies derived from it.
+
+    ``memo`` is scratch space for policies: values that depend on the state alone (e.g. the
+    placements a profile has there and what each would cost), computed once per state. A group
+    outlives its last GPU (GPUs come back to the same states all the time, and would otherwise
+    recompute its memo), up to ``inventory.MAX_KNOWN_STATES`` groups.
+    """
+
+    __slots__ = ("adds", "free", "gpus", "joined", "joins", "key", "memo", "releases")
+
+    def __init__(self, key: StateKey) -> None:
+        self.key = key
+        table, mask, _, _ = key
+        self.free = table.slices - mask.bit_count()
+        """Free memory slices of each GPU in the state."""
+        self.gpus: dict[GpuState, None] = {}
+        self.memo: dict[Hashable, int] = {}
+        self.joins: list[tuple[Buckets, int]] = []
+        """The inventory's buckets this group belongs in while it has GPUs, and its bucket in each
+        (worked out once per bucketing, not on every first GPU)."""
+        self.joined = 0
+        """How many of the inventory's bucketings ``joins`` covers (all of them while live)."""
+        self.adds: dict[int, Step] = {}
+        """Id of an occupant added -> the step it takes a GPU in this state (the inventory's
+        step table for ``track_states``: a GPU change looks its step up without hashing the
+        state key)."""
+        self.releases: dict[int, Step] = {}
+        """Id of an occupant released -> its step, for :attr:`GpuState.disjoint` GPUs."""
+
+
+class Step:
+    """What one change (an occupant added, or a release leading to a given state) does to a GPU in
+    one state: its new state, what that state derives, and what moves in the indexes. Worked out
+    once per (state, change), so a GPU change is one dict lookup."""
+
+    __slots__ = (
+        "caps",
+        "changed",
+        "counts",
+        "group",
+        "key",
+        "levels",
+        "mask",
+        "media",
+        "moved",
+        "moves_group",
+        "occupant",
+        "overlaps",
+        "used",
+    )
+
+    def __init__(
+        self,
+        gpu: GpuState,
+        old_key: StateKey,
+        moved: tuple[tuple[str, int], ...],
+        levels: tuple[int, ...],
+        changed: tuple[tuple[SignatureIndex, int, int], ...],
+        group: StateGroup | None,
+        occupant: Occupant | None,
+        *,
+        overlaps: bool,
+    ) -> None:
+        self.mask = gpu.mask
+        self.media = gpu.media_taken
+        self.counts = gpu.counts
+        self.used = gpu.used
+        self.caps = gpu.caps
+        self.key = gpu.key
+        self.moves_group = group is not None and gpu.key != old_key
+        self.group = group
+        self.moved = moved
+        self.levels = levels
+        self.changed = changed
+        self.occupant = occupant
+        """The occupant added or released (held so that its id, the step's key, stays its own)."""
+        self.overlaps = overlaps
+        """Whether the occupant added overlaps the state's slices or ``+me`` engine (the GPU's
+        occupants are no longer :attr:`GpuState.disjoint`)."""

@@ -266,87 +266,208 @@ def replay(
     _check_defrag_moves(defrag_moves, queue=queue)
     _check_whole_gpu_below(defrag_whole_gpu_below, defrag_moves=defrag_moves)
     _check_whole_gpu_reserve(defrag_whole_gpu_reserve, defrag_moves=defrag_moves)
-    needs = check_trace(trace, fleet)
-    gpu_slices = {group.model.name: group.model.memory_slices for group in fleet.groups}
-    # (profile, count) of the requests that take a whole GPU on every model that offers them.
-    whole_gpu = frozenset(
-        key for key, need in needs.items() if all(n >= gpu_slices[m] for m, n in need)
+    run = _Replay(
+        trace,
+        fleet,
+        policy=policy,
+        queue=queue,
+        timeline=timeline,
+        defrag_moves=defrag_moves,
+        defrag_whole_gpu_below=defrag_whole_gpu_below,
+        defrag_whole_gpu_reserve=defrag_whole_gpu_reserve,
+        check_invariants=check_invariants,
     )
-    admission = _WholeGpuAdmission(
-        fleet.memory_slices,
-        needs,
-        whole_gpu,
-        below=defrag_whole_gpu_below,
-        reserve=defrag_whole_gpu_reserve,
-    )
-    # Requests of a profile several GPU models offer may change model when they move.
-    mobile = frozenset(profile for (profile, _), need in needs.items() if len(need) > 1)
-    started = time.perf_counter()
-    engine = Engine(policy=policy)
-    for node in fleet.nodes:
-        engine.set_node(node)
-    pods: dict[tuple[str, int], PodRequest] = {
-        key: PodRequest.single(key[0], count=key[1], one_gpu=key[1] > 1) for key in needs
-    }
-    # What could not be placed even on an empty fleet is rejected at once, never queued.
-    empty = Engine(policy="firstfit")  # feasibility does not depend on the policy
-    for node in fleet.nodes:
-        empty.set_node(node)
-    impossible = {key for key, pod in pods.items() if isinstance(empty.place(pod), NoFit)}
-    first = trace[0].t if trace else 0.0
-    last_arrival = trace[-1].t if trace else 0.0
-    use = _Utilization(fleet.memory_slices, first)
-    # Departure time, sequence number and duration; ``running`` says where the request is when it
-    # departs.
-    departures: list[tuple[float, int, float]] = []
-    running = RunningRequests()
-    waiting: deque[TraceRequest] = deque()
-    waits: list[float] = []
-    sequence = 0
-    accepted = rejected = stranded = queued = 0
-    defragged = moves = searched = budget_hit = 0
-    samples_t: list[float] = []
-    samples_used: list[int] = []
-    samples_rejected: list[int] = []
+    for request in trace:
+        run.arrive(request)
+    return run.finish()
 
-    def admit(request: TraceRequest, placed: Placed, now: float) -> None:
+
+class _Timeline:
+    """The samples of :class:`Timeline`, one per arrival."""
+
+    def __init__(self) -> None:
+        self.t: list[float] = []
+        self.used: list[int] = []
+        self.rejected: list[int] = []
+
+    def sample(self, now: float, *, used: int, rejected: int) -> None:
+        self.t.append(now)
+        self.used.append(used)
+        self.rejected.append(rejected)
+
+    def freeze(self, capacity: int) -> Timeline:
+        return Timeline(
+            t=tuple(self.t),
+            used_slices=tuple(self.used),
+            rejected=tuple(self.rejected),
+            capacity=capacity,
+        )
+
+
+class _Replay:
+    """One replay in progress: the engine, the running and waiting requests, and the counters.
+
+    :meth:`arrive` takes the trace's requests in order; :meth:`finish` lets what still waits run
+    and returns the figures."""
+
+    def __init__(
+        self,
+        trace: Sequence[TraceRequest],
+        fleet: Fleet,
+        *,
+        policy: str | Policy,
+        queue: bool,
+        timeline: bool,
+        defrag_moves: int,
+        defrag_whole_gpu_below: float | None,
+        defrag_whole_gpu_reserve: float | None,
+        check_invariants: bool,
+    ) -> None:
+        self.trace, self.fleet = trace, fleet
+        self.queue, self.defrag_moves, self.check_invariants = queue, defrag_moves, check_invariants
+        self.defrag_whole_gpu_below = defrag_whole_gpu_below
+        self.defrag_whole_gpu_reserve = defrag_whole_gpu_reserve
+        self.needs = needs = check_trace(trace, fleet)
+        gpu_slices = {group.model.name: group.model.memory_slices for group in fleet.groups}
+        # (profile, count) of the requests that take a whole GPU on every model that offers them.
+        whole_gpu = frozenset(
+            key for key, need in needs.items() if all(n >= gpu_slices[m] for m, n in need)
+        )
+        self.admission = _WholeGpuAdmission(
+            fleet.memory_slices,
+            needs,
+            whole_gpu,
+            below=defrag_whole_gpu_below,
+            reserve=defrag_whole_gpu_reserve,
+        )
+        # Requests of a profile several GPU models offer may change model when they move.
+        self.mobile = frozenset(profile for (profile, _), need in needs.items() if len(need) > 1)
+        self.started = time.perf_counter()
+        self.engine = _engine(fleet, policy)
+        self.pods: dict[tuple[str, int], PodRequest] = {
+            key: PodRequest.single(key[0], count=key[1], one_gpu=key[1] > 1) for key in needs
+        }
+        # What could not be placed even on an empty fleet is rejected at once, never queued.
+        empty = _engine(fleet, "firstfit")  # feasibility does not depend on the policy
+        self.impossible = {k for k, pod in self.pods.items() if isinstance(empty.place(pod), NoFit)}
+        self.last_arrival = trace[-1].t if trace else 0.0
+        self.use = _Utilization(fleet.memory_slices, trace[0].t if trace else 0.0)
+        # Departure time, sequence number and duration; ``running`` says where the request is
+        # when it departs.
+        self.departures: list[tuple[float, int, float]] = []
+        self.running = RunningRequests()
+        self.waiting: deque[TraceRequest] = deque()
+        self.waits: list[float] = []
+        self.sequence = 0
+        self.accepted = self.rejected = self.stranded = self.queued = 0
+        self.defragged = self.moves = self.searched = self.budget_hit = 0
+        self.timeline = _Timeline() if timeline else None
+
+    def arrive(self, request: TraceRequest) -> None:
+        """Releases due by the arrival, then ``request`` placed, queued, defragmented for or
+        rejected."""
+        now = request.t
+        self._release_until(now)
+        self.use.advance(now)
+        key = (request.profile, request.count)
+        self.admission.arrive(now, key)
+        if key in self.impossible:
+            self.rejected += 1
+        elif self.queue and self.waiting:
+            self.waiting.append(request)
+            self.queued += 1
+        else:
+            result = self._try_place(request, now)
+            if isinstance(result, NoFit):
+                if self.queue:
+                    self.waiting.append(request)
+                    self.queued += 1
+                elif not (self.defrag_moves and self._defragment(request, self.needs[key])):
+                    self.rejected += 1
+                    self.stranded += _stranded(self.engine, self.needs[key])
+            elif self.queue:
+                self.waits.append(0.0)
+        if self.check_invariants:
+            _check(self.engine, self.running, when=f"after the arrival at t={now}")
+        if self.timeline is not None:
+            self.timeline.sample(now, used=self.use.used, rejected=self.rejected)
+
+    def finish(self) -> ReplayResult:
+        """Utilization up to the last arrival; then, with the queue, the cluster runs on until
+        everyone waiting is placed (releases free everything)."""
+        mean = self.use.mean(self.last_arrival)
+        capacity = self.fleet.memory_slices
+        peak = self.use.peak / capacity if capacity else 0.0
+        if self.queue:
+            while self.waiting and self.departures:
+                self._release_until(self.departures[0][0])
+            self.rejected += len(self.waiting)
+        if self.check_invariants:
+            while self.departures:
+                self._release_until(self.departures[0][0])
+            _check(self.engine, self.running, when="once every request has departed")
+        waits = sorted(self.waits)
+        return ReplayResult(
+            policy=self.engine.policy.name,
+            requests=len(self.trace),
+            accepted=self.accepted,
+            rejected=self.rejected,
+            stranded=self.stranded,
+            mean_utilization=round(mean, 4),
+            peak_utilization=round(peak, 4),
+            wall_s=round(time.perf_counter() - self.started, 3),
+            queued=self.queued,
+            wait_p50_s=round(percentile(waits, 0.50), 3) if self.queue else None,
+            wait_p99_s=round(percentile(waits, 0.99), 3) if self.queue else None,
+            defrag_moves=self.defrag_moves,
+            defrag_whole_gpu_below=self.defrag_whole_gpu_below,
+            defrag_whole_gpu_reserve=self.defrag_whole_gpu_reserve,
+            defragged=self.defragged,
+            moves=self.moves,
+            defrag_searched=self.searched,
+            defrag_budget_hit=self.budget_hit,
+            timeline=self.timeline.freeze(capacity) if self.timeline is not None else None,
+        )
+
+    def _admit(self, request: TraceRequest, placed: Placed, now: float) -> None:
         """Count ``placed`` (already committed) as running until ``now + duration``."""
-        nonlocal sequence, accepted
         assignments = placed.assignments
         slices = assignments[0].size if len(assignments) == 1 else sum(a.size for a in assignments)
-        use.take(slices)
-        sequence += 1
-        running.add(sequence, placed, slices)
-        heapq.heappush(departures, (now + request.duration, sequence, request.duration))
-        accepted += 1
+        self.use.take(slices)
+        self.sequence += 1
+        self.running.add(self.sequence, placed, slices)
+        heapq.heappush(self.departures, (now + request.duration, self.sequence, request.duration))
+        self.accepted += 1
 
-    def try_place(request: TraceRequest, now: float) -> Placed | NoFit:
-        result = engine.place(pods[(request.profile, request.count)])
+    def _try_place(self, request: TraceRequest, now: float) -> Placed | NoFit:
+        result = self.engine.place(self.pods[(request.profile, request.count)])
         if isinstance(result, Placed):
-            engine.commit(result)
-            admit(request, result, now)
+            self.engine.commit(result)
+            self._admit(request, result, now)
         return result
 
-    def defragment(request: TraceRequest, need: Need) -> bool:
+    def _defragment(self, request: TraceRequest, need: Need) -> bool:
         """Admit ``request`` by moving at most ``defrag_moves`` running requests, if a plan does."""
-        nonlocal defragged, moves, searched, budget_hit
-        if not admission.allows((request.profile, request.count), use.used, request.t):
+        engine, running, use = self.engine, self.running, self.use
+        if not self.admission.allows((request.profile, request.count), use.used, request.t):
             return False
-        if not running.could_make_room(engine, need, mobile):  # reads every GPU: after the rule
+        if not running.could_make_room(
+            engine, need, self.mobile
+        ):  # reads every GPU: after the rule
             return False
-        searched += 1
+        self.searched += 1
         plan = plan_defrag(
             engine,
             running.units(),
             profile=request.profile,
             count=request.count,
-            max_units=defrag_moves,
+            max_units=self.defrag_moves,
             one_gpu=request.count > 1,
         )
         if isinstance(plan, NoPlan):
-            budget_hit += plan.budget_exhausted
+            self.budget_hit += plan.budget_exhausted
             return False
-        budget_hit += not plan.proven_minimal
+        self.budget_hit += not plan.proven_minimal
         if not plan.moves:
             # The engine refused a placement the plan search finds free: a rule the search does
             # not model (such as a profile's max_count) stands, and the request is rejected.
@@ -356,100 +477,38 @@ def replay(
             use.take(delta)
         else:
             use.give(-delta)
-        admit(request, target, request.t)
-        defragged += 1
-        moves += len(plan.moves)
+        self._admit(request, target, request.t)
+        self.defragged += 1
+        self.moves += len(plan.moves)
         return True
 
-    def after_arrival(now: float) -> None:
-        if check_invariants:
-            _check(engine, running, when=f"after the arrival at t={now}")
-        if timeline:
-            samples_t.append(now)
-            samples_used.append(use.used)
-            samples_rejected.append(rejected)
-
-    def drain(now: float) -> None:
+    def _drain(self, now: float) -> None:
+        waiting = self.waiting
         while waiting:
             head = waiting[0]
-            if isinstance(try_place(head, now), NoFit):
+            if isinstance(self._try_place(head, now), NoFit):
                 return
             waiting.popleft()
-            waits.append(now - head.t)
+            self.waits.append(now - head.t)
 
-    def release_until(now: float) -> None:
+    def _release_until(self, now: float) -> None:
+        departures = self.departures
         while departures and departures[0][0] <= now:
             end, departing, duration = heapq.heappop(departures)
-            admission.depart(duration)
-            use.advance(min(end, last_arrival))
-            placed, slices = running.pop(departing)
-            engine.release_placed(placed)
-            use.give(slices)
-            if queue:
-                drain(end)
+            self.admission.depart(duration)
+            self.use.advance(min(end, self.last_arrival))
+            placed, slices = self.running.pop(departing)
+            self.engine.release_placed(placed)
+            self.use.give(slices)
+            if self.queue:
+                self._drain(end)
 
-    for request in trace:
-        release_until(request.t)
-        use.advance(request.t)
-        key = (request.profile, request.count)
-        admission.arrive(request.t, key)
-        if key in impossible:
-            rejected += 1
-        elif queue and waiting:
-            waiting.append(request)
-            queued += 1
-        else:
-            result = try_place(request, request.t)
-            if isinstance(result, NoFit):
-                if queue:
-                    waiting.append(request)
-                    queued += 1
-                elif not (defrag_moves and defragment(request, needs[key])):
-                    rejected += 1
-                    stranded += _stranded(engine, needs[key])
-            elif queue:
-                waits.append(0.0)
-        after_arrival(request.t)
-    mean = use.mean(last_arrival)
-    peak = use.peak / fleet.memory_slices if fleet.memory_slices else 0.0
-    if queue:
-        # Let the cluster run on until everyone waiting is placed (releases free everything).
-        while waiting and departures:
-            release_until(departures[0][0])
-        rejected += len(waiting)
-    if check_invariants:
-        while departures:
-            release_until(departures[0][0])
-        _check(engine, running, when="once every request has departed")
-    waits.sort()
-    return ReplayResult(
-        policy=engine.policy.name,
-        requests=len(trace),
-        accepted=accepted,
-        rejected=rejected,
-        stranded=stranded,
-        mean_utilization=round(mean, 4),
-        peak_utilization=round(peak, 4),
-        wall_s=round(time.perf_counter() - started, 3),
-        queued=queued,
-        wait_p50_s=round(percentile(waits, 0.50), 3) if queue else None,
-        wait_p99_s=round(percentile(waits, 0.99), 3) if queue else None,
-        defrag_moves=defrag_moves,
-        defrag_whole_gpu_below=defrag_whole_gpu_below,
-        defrag_whole_gpu_reserve=defrag_whole_gpu_reserve,
-        defragged=defragged,
-        moves=moves,
-        defrag_searched=searched,
-        defrag_budget_hit=budget_hit,
-        timeline=Timeline(
-            t=tuple(samples_t),
-            used_slices=tuple(samples_used),
-            rejected=tuple(samples_rejected),
-            capacity=fleet.memory_slices,
-        )
-        if timeline
-        else None,
-    )
+
+def _engine(fleet: Fleet, policy: str | Policy) -> Engine:
+    engine = Engine(policy=policy)
+    for node in fleet.nodes:
+        engine.set_node(node)
+    return engine
 
 
 def _check_defrag_moves(defrag_moves: int, *, queue: bool) -> None:
@@ -516,9 +575,11 @@ def fluid_floor(trace: Sequence[TraceRequest], fleet: Fleet) -> FloorResult:
 
     No placement starts, no GPU boundaries, no ``max_count``: a request fits when some model that
     offers its profile has that many memory slices free anywhere (and one GPU of it is large enough
-    at all). Where several models could take it, the one with the most free slices does. Perfect
-    packing can only accept more than any real policy, so its rejections are the floor the
-    policies are measured against.
+    at all). Where several models could take it, the one with the most free slices does. Every
+    request that fits when it arrives is admitted, so while the fleet keeps up no real policy
+    rejects fewer: its rejections are the floor the policies are measured against. Under overload
+    it is not a bound — admitting a request greedily can crowd out several later ones, and a
+    policy that happened to reject the first can accept them (as can ``--queue``).
     """
     needs = check_trace(trace, fleet)
     free: dict[str, int] = {}

@@ -7,7 +7,9 @@ A trace is JSON Lines, one request per line, arrivals in order::
 ``t`` is the arrival in seconds (never decreasing), ``count`` (default 1) slices of ``profile``
 that must share one GPU, ``duration`` how long they are held once placed, ``name`` optional. Files
 ending in ``.gz`` are read and written compressed. A bad line is a ``ConfigError`` naming its line
-number and what is wrong, so a user can fix their export.
+number and what is wrong, so a user can fix their export. Only regular files are read, within the
+limits of ``instaslice.planning.limits`` (lines, bytes decompressed, line length, seconds, slices
+per request), so that no file can take unbounded time or memory.
 
 ``synthesize`` writes a trace users can start from without data: Poisson arrivals, exponential
 durations, profiles drawn from a weighted mix, the arrival rate chosen so that the *offered* load —
@@ -17,18 +19,29 @@ memory slices.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import io
 import json
-import math
 import random
-from collections.abc import Iterable, Sequence
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from driver.errors import ConfigError
+from instaslice.files import open_for_writing, open_regular_file
 from instaslice.planning.fleet import Fleet
+from instaslice.planning.limits import (
+    MAX_COUNT_PER_GPU,
+    MAX_MEAN_DURATION,
+    MAX_MIX_WEIGHT,
+    MAX_TRACE_BYTES,
+    MAX_TRACE_LINE_BYTES,
+    MAX_TRACE_REQUESTS,
+    MAX_TRACE_SECONDS,
+)
 
 _FIELDS = frozenset({"t", "profile", "count", "duration", "name"})
 
@@ -59,10 +72,30 @@ def _number(obj: dict[str, Any], key: str, *, where: str) -> float:
     value = obj[key]
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{where}: {key!r} must be a number, got {value!r}")
-    number = float(value)
-    if not math.isfinite(number) or number < 0:
-        raise ConfigError(f"{where}: {key!r} must be a finite number >= 0, got {value!r}")
-    return number
+    # An integer is compared before conversion: float() of a 400-digit one overflows.
+    if not 0 <= value <= MAX_TRACE_SECONDS:  # also refuses nan
+        raise ConfigError(
+            f"{where}: {key!r} must be a finite number of seconds from 0 to "
+            f"{MAX_TRACE_SECONDS:g}, got {_shown(value)}"
+        )
+    return float(value)
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}… ({len(text)} characters)"
+
+
+def _count(obj: dict[str, Any], *, where: str) -> int:
+    count = obj.get("count", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ConfigError(f"{where}: 'count' must be an integer >= 1, got {_shown(count)}")
+    if count > MAX_COUNT_PER_GPU:
+        raise ConfigError(
+            f"{where}: 'count' is {_shown(count)}, but the slices of one request share a GPU and "
+            f"no GPU holds more than {MAX_COUNT_PER_GPU} MIG instances"
+        )
+    return count
 
 
 def parse_line(text: str, *, line: int, source: str = "trace") -> TraceRequest:
@@ -70,8 +103,8 @@ def parse_line(text: str, *, line: int, source: str = "trace") -> TraceRequest:
     where = f"{source} line {line}"
     try:
         obj = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"{where}: not valid JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: arrays nested too deep
+        raise ConfigError(f"{where}: not valid JSON ({_shown(str(exc))})") from None
     if not isinstance(obj, dict):
         raise ConfigError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     unknown = sorted(set(obj) - _FIELDS)
@@ -84,17 +117,14 @@ def parse_line(text: str, *, line: int, source: str = "trace") -> TraceRequest:
             raise ConfigError(f"{where}: missing {key!r}")
     profile = obj["profile"]
     if not isinstance(profile, str) or not profile:
-        raise ConfigError(f"{where}: 'profile' must be a non-empty string, got {profile!r}")
-    count = obj.get("count", 1)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ConfigError(f"{where}: 'count' must be an integer >= 1, got {count!r}")
+        raise ConfigError(f"{where}: 'profile' must be a non-empty string, got {_shown(profile)}")
     name = obj.get("name")
     if name is not None and not isinstance(name, str):
-        raise ConfigError(f"{where}: 'name' must be a string, got {name!r}")
+        raise ConfigError(f"{where}: 'name' must be a string, got {_shown(name)}")
     return TraceRequest(
         t=_number(obj, "t", where=where),
         profile=profile,
-        count=count,
+        count=_count(obj, where=where),
         duration=_number(obj, "duration", where=where),
         name=name,
         line=line,
@@ -102,12 +132,18 @@ def parse_line(text: str, *, line: int, source: str = "trace") -> TraceRequest:
 
 
 def parse_lines(lines: Iterable[str], *, source: str = "trace") -> tuple[TraceRequest, ...]:
-    """Every request of a trace, in order; blank lines are skipped, ``t`` must not decrease."""
+    """Every request of a trace, in order; blank lines are skipped, ``t`` must not decrease, at
+    most ``MAX_TRACE_REQUESTS`` requests."""
     requests: list[TraceRequest] = []
     last = 0.0
     for number, text in enumerate(lines, start=1):
         if not text.strip():
             continue
+        if len(requests) == MAX_TRACE_REQUESTS:
+            raise ConfigError(
+                f"{source} line {number}: more than {MAX_TRACE_REQUESTS:,} requests; "
+                "split the trace"
+            )
         request = parse_line(text, line=number, source=source)
         if request.t < last:
             raise ConfigError(
@@ -119,19 +155,46 @@ def parse_lines(lines: Iterable[str], *, source: str = "trace") -> tuple[TraceRe
     return tuple(requests)
 
 
-def _open_text(path: Path, mode: str) -> IO[str]:
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.GzipFile(path, mode + "b"), encoding="utf-8")
-    return path.open(mode, encoding="utf-8")
-
-
 def read_trace(path: Path) -> tuple[TraceRequest, ...]:
-    """A trace file (``.gz`` read compressed); ``ConfigError`` if unreadable or bad."""
+    """A trace file (``.gz`` read compressed); ``ConfigError`` if it is not a regular file, is
+    unreadable, bad, or over a limit."""
     try:
-        with _open_text(path, "r") as stream:
-            return parse_lines(stream, source=str(path))
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read trace {path}: {exc}") from exc
+        with open_regular_file(path) as raw:
+            if path.suffix == ".gz":
+                with gzip.GzipFile(fileobj=raw, mode="rb") as unpacked:
+                    return parse_lines(_lines(unpacked, source=str(path)), source=str(path))
+            return parse_lines(_lines(raw, source=str(path)), source=str(path))
+    except (OSError, EOFError, zlib.error) as exc:  # gzip: BadGzipFile is an OSError
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"cannot read trace {path}: {reason or type(exc).__name__}") from exc
+
+
+def _lines(stream: IO[bytes] | gzip.GzipFile, *, source: str) -> Iterator[str]:
+    """The lines of ``stream`` as text, each at most ``MAX_TRACE_LINE_BYTES`` long, at most
+    ``MAX_TRACE_BYTES`` in all and ``MAX_TRACE_REQUESTS`` lines: a line is never read whole before
+    its length is known, and a small ``.gz`` cannot unpack into an endless stream."""
+    total = 0
+    for number in range(1, MAX_TRACE_REQUESTS + 2):
+        line = stream.readline(MAX_TRACE_LINE_BYTES + 1)
+        if not line:
+            return
+        total += len(line)
+        if len(line) > MAX_TRACE_LINE_BYTES and not line.endswith(b"\n"):
+            raise ConfigError(f"{source} line {number}: longer than {MAX_TRACE_LINE_BYTES:,} bytes")
+        if total > MAX_TRACE_BYTES:
+            raise ConfigError(
+                f"{source} line {number}: the trace is longer than "
+                f"{MAX_TRACE_BYTES // 2**20} MiB (decompressed); split it"
+            )
+        if number > MAX_TRACE_REQUESTS:
+            raise ConfigError(
+                f"{source} line {number}: more than {MAX_TRACE_REQUESTS:,} lines; split the trace"
+            )
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{source} line {number}: not UTF-8 text ({exc.reason})") from None
+        yield text
 
 
 def write_trace(requests: Iterable[TraceRequest], stream: IO[str]) -> int:
@@ -146,17 +209,36 @@ def write_trace(requests: Iterable[TraceRequest], stream: IO[str]) -> int:
 def save_trace(requests: Iterable[TraceRequest], path: Path) -> int:
     """Write a trace file (compressed when ``path`` ends in ``.gz``, reproducibly: no timestamp)."""
     try:
-        if path.suffix == ".gz":
-            with (
-                path.open("wb") as raw,
-                gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as packed,
-                io.TextIOWrapper(packed, encoding="utf-8") as stream,
-            ):
+        with open_for_writing(path) as raw:
+            if path.suffix == ".gz":
+                with (
+                    gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as packed,
+                    io.TextIOWrapper(packed, encoding="utf-8") as stream,
+                ):
+                    return write_trace(requests, stream)
+            with io.TextIOWrapper(raw, encoding="utf-8") as stream:
                 return write_trace(requests, stream)
-        with path.open("w", encoding="utf-8") as stream:
-            return write_trace(requests, stream)
     except OSError as exc:
-        raise ConfigError(f"cannot write trace {path}: {exc}") from exc
+        reason = "nothing reads that FIFO" if exc.errno == errno.ENXIO else str(exc)
+        raise ConfigError(f"cannot write trace {path}: {reason}") from exc
+
+
+def check_counts(trace: Sequence[TraceRequest], fleet: Fleet, *, source: str = "trace") -> None:
+    """``ConfigError`` naming the first request that asks for more slices of its profile than one
+    GPU of the fleet holds: the slices of a request share a GPU, so it could never be placed."""
+    checked: set[tuple[str, int]] = set()
+    for request in trace:
+        key = (request.profile, request.count)
+        if key in checked:
+            continue
+        checked.add(key)
+        most = fleet.most_on_one_gpu(request.profile)
+        if most and request.count > most:  # 0: not offered, which ``check_trace`` names
+            where = f"{source} line {request.line}: " if request.line else ""
+            raise ConfigError(
+                f"{where}{request.count} x {request.profile} cannot share one GPU: a GPU of the "
+                f"fleet {fleet.text} holds at most {most}"
+            )
 
 
 # --------------------------------------------------------------------------------- synthesis
@@ -188,14 +270,20 @@ def parse_mix(text: str) -> tuple[MixEntry, ...]:
                 count = int(count_text)
             except ValueError:
                 count = 0
-            if count < 1 or not name:
-                raise ConfigError(f"mix entry {part!r}: write N*PROFILE with N >= 1 (2*1g.5gb=5)")
+            if not 1 <= count <= MAX_COUNT_PER_GPU or not name:
+                raise ConfigError(
+                    f"mix entry {part!r}: write N*PROFILE with N from 1 to {MAX_COUNT_PER_GPU} "
+                    "(2*1g.5gb=5; the N slices share a GPU)"
+                )
         try:
             weight = float(weight_text)
         except ValueError:
             weight = -1.0
-        if not math.isfinite(weight) or weight <= 0:
-            raise ConfigError(f"mix entry {part!r}: the weight must be a number > 0")
+        if not 0 < weight <= MAX_MIX_WEIGHT:  # also refuses nan and inf
+            raise ConfigError(
+                f"mix entry {part!r}: the weight must be a number > 0 and at most "
+                f"{MAX_MIX_WEIGHT:g}"
+            )
         entries.append(MixEntry(profile=name, weight=weight, count=count))
     if not entries:
         raise ConfigError("the mix is empty; give PROFILE=WEIGHT pairs (e.g. 1g.5gb=45,7g.40gb=5)")
@@ -214,22 +302,23 @@ def synthesize(
     """``events`` requests with Poisson arrivals and exponential durations at offered ``load``."""
     if not 0 < load <= 10:
         raise ConfigError(f"load must be in (0, 10], got {load}")
-    if events < 1:
-        raise ConfigError(f"events must be at least 1, got {events}")
-    if not math.isfinite(mean_duration) or mean_duration <= 0:
-        raise ConfigError(f"the mean duration must be > 0 seconds, got {mean_duration}")
-    slices = []
-    for entry in mix:
-        size = fleet.slices_of(entry.profile)
-        if size is None:
-            raise ConfigError(
-                f"mix profile {entry.profile!r} is not offered by any GPU of the fleet "
-                f"(offered: {', '.join(fleet.profile_names())})"
-            )
-        slices.append(size * entry.count)
+    if not 1 <= events <= MAX_TRACE_REQUESTS:
+        raise ConfigError(f"events must be from 1 to {MAX_TRACE_REQUESTS:,}, got {events}")
+    if not 0 < mean_duration <= MAX_MEAN_DURATION:  # also refuses nan
+        raise ConfigError(
+            f"the mean duration must be more than 0 and at most {MAX_MEAN_DURATION:g} seconds, "
+            f"got {mean_duration}"
+        )
+    slices = _mix_slices(fleet, mix)
     total_weight = sum(e.weight for e in mix)
     mean_slices = sum(s * e.weight for s, e in zip(slices, mix, strict=True)) / total_weight
     rate = load * fleet.memory_slices / (mean_slices * mean_duration)
+    if not events <= rate * MAX_TRACE_SECONDS:  # the expected span of the arrivals
+        raise ConfigError(
+            f"{events} requests at load {load:g} with a mean duration of {mean_duration:g} s "
+            f"would arrive over more than {MAX_TRACE_SECONDS:g} s; raise the load or shorten the "
+            "mean duration"
+        )
     rng = random.Random(seed)  # noqa: S311 - a reproducible simulation, not a secret
     weights = [e.weight for e in mix]
     now = 0.0
@@ -248,3 +337,22 @@ def synthesize(
             )
         )
     return tuple(requests)
+
+
+def _mix_slices(fleet: Fleet, mix: Sequence[MixEntry]) -> list[int]:
+    """Memory slices of each mix entry on the fleet; ``ConfigError`` for an entry it cannot hold."""
+    slices = []
+    for entry in mix:
+        size = fleet.slices_of(entry.profile)
+        if size is None:
+            raise ConfigError(
+                f"mix profile {entry.profile!r} is not offered by any GPU of the fleet "
+                f"(offered: {', '.join(fleet.profile_names())})"
+            )
+        most = fleet.most_on_one_gpu(entry.profile)
+        if entry.count > most:
+            raise ConfigError(
+                f"mix entry {entry.count}*{entry.profile}: a GPU of the fleet holds at most {most}"
+            )
+        slices.append(size * entry.count)
+    return slices

@@ -65,6 +65,32 @@ def plan_moves(
     spare: Callable[[ShadowClaim], bool],
     need: Need,
 ) -> Plan:
+    holder_moves, cross = _holder_moves(claims, held)
+    if not holder_moves:
+        return Plan(cross_namespace=tuple(cross))
+    ledger = _Ledger(claims, holder_moves, need=need)
+    swaps: list[Swap] = []
+    unrepaid: list[Move] = []
+    for move in holder_moves:
+        loser = move.claim.slot
+        profile = move.claim.profile
+        wanted = None if loser is None else need(loser, profile)
+        if loser is None or wanted is None or ledger.have(loser, profile) >= wanted:
+            swaps.append(Swap(holder=move))
+            continue
+        deficit = wanted - ledger.have(loser, profile)
+        given = ledger.spare_for(move, loser, deficit=deficit, held=held, spare=spare)
+        if given is None:
+            unrepaid.append(move)
+        swaps.append(Swap(holder=move, spare=given))
+    return Plan(swaps=tuple(swaps), cross_namespace=tuple(cross), unrepaid=tuple(unrepaid))
+
+
+def _holder_moves(
+    claims: Sequence[ShadowClaim], held: Mapping[ClaimUid, Slot]
+) -> tuple[list[Move], list[tuple[ShadowClaim, Slot]]]:
+    """Step 1: each held claim that stands for another container than its holder, moved to the
+    holder; those held across namespaces apart (they cannot move)."""
     holder_moves: list[Move] = []
     cross: list[tuple[ShadowClaim, Slot]] = []
     for claim in claims:
@@ -75,47 +101,61 @@ def plan_moves(
             cross.append((claim, holder))
             continue
         holder_moves.append(Move(claim=claim, to=holder))
-    if not holder_moves:
-        return Plan(cross_namespace=tuple(cross))
+    return holder_moves, cross
 
-    owner: dict[ClaimUid, Slot | None] = {c.uid: c.slot for c in claims}
-    for move in holder_moves:
-        owner[move.claim.uid] = move.to
-    live = [c for c in claims if not c.deleting]
-    used: set[ClaimUid] = {m.claim.uid for m in holder_moves}
 
-    def have(slot: Slot, profile: str) -> int:
-        return sum(len(c.devices) for c in live if owner[c.uid] == slot and c.profile == profile)
+class _Ledger:
+    """Which container each claim stands for as the plan's moves are made, and the claims already
+    moved (none moves twice)."""
 
-    def surplus(slot: Slot, profile: str) -> int:
-        wanted = need(slot, profile)
-        return 0 if wanted is None else have(slot, profile) - wanted
+    def __init__(
+        self, claims: Sequence[ShadowClaim], holder_moves: Sequence[Move], *, need: Need
+    ) -> None:
+        self.owner: dict[ClaimUid, Slot | None] = {c.uid: c.slot for c in claims}
+        for move in holder_moves:
+            self.owner[move.claim.uid] = move.to
+        self.live = [c for c in claims if not c.deleting]
+        self.used: set[ClaimUid] = {m.claim.uid for m in holder_moves}
+        self.need = need
 
-    swaps: list[Swap] = []
-    unrepaid: list[Move] = []
-    for move in holder_moves:
-        loser = move.claim.slot
-        profile = move.claim.profile
-        wanted = None if loser is None else need(loser, profile)
-        if loser is None or wanted is None or have(loser, profile) >= wanted:
-            swaps.append(Swap(holder=move))
-            continue
-        deficit = wanted - have(loser, profile)
+    def have(self, slot: Slot, profile: str) -> int:
+        owner = self.owner
+        return sum(
+            len(c.devices) for c in self.live if owner[c.uid] == slot and c.profile == profile
+        )
+
+    def surplus(self, slot: Slot, profile: str) -> int:
+        wanted = self.need(slot, profile)
+        return 0 if wanted is None else self.have(slot, profile) - wanted
+
+    def spare_for(
+        self,
+        move: Move,
+        loser: Slot,
+        *,
+        deficit: int,
+        held: Mapping[ClaimUid, Slot],
+        spare: Callable[[ShadowClaim], bool],
+    ) -> Move | None:
+        """Step 2: a spare claim of ``move``'s profile given back to ``loser`` (short of
+        ``deficit`` slices) by a container of its namespace that stands for more than it asks,
+        the holder first; None when there is none."""
+        owner, profile = self.owner, move.claim.profile
         others = {
-            s for c in live if (s := owner[c.uid]) is not None and s.namespace == loser.namespace
+            s
+            for c in self.live
+            if (s := owner[c.uid]) is not None and s.namespace == loser.namespace
         }
-        givers = [move.to, *sorted(others - {move.to, loser})]
-        given: Move | None = None
-        for giver in givers:
-            extra = surplus(giver, profile)
+        for giver in [move.to, *sorted(others - {move.to, loser})]:
+            extra = self.surplus(giver, profile)
             if extra <= 0:
                 continue
             candidates = [
                 c
-                for c in live
+                for c in self.live
                 if owner[c.uid] == giver
                 and c.profile == profile
-                and c.uid not in used
+                and c.uid not in self.used
                 and c.uid not in held
                 and len(c.devices) <= min(deficit, extra)
                 and spare(c)
@@ -123,9 +163,6 @@ def plan_moves(
             if candidates:
                 given = Move(claim=candidates[0], to=loser)
                 owner[given.claim.uid] = loser
-                used.add(given.claim.uid)
-                break
-        if given is None:
-            unrepaid.append(move)
-        swaps.append(Swap(holder=move, spare=given))
-    return Plan(swaps=tuple(swaps), cross_namespace=tuple(cross), unrepaid=tuple(unrepaid))
+                self.used.add(given.claim.uid)
+                return given
+        return None

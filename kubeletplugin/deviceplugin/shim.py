@@ -74,6 +74,24 @@ class ShimConfig:
     """Where the shim's Lease tells the controller it serves (``lease.py``); None: no Lease."""
 
 
+def _pod_resources_client(config: ShimConfig) -> PodResourcesClient:
+    return PodResourcesClient(
+        config.pod_resources_socket, timeout_seconds=config.kubelet_timeout_seconds
+    )
+
+
+def _lease(config: ShimConfig, api: ClusterApi) -> ShimLease | None:
+    """The Lease that tells the controller this node's shim serves (none without a namespace)."""
+    if config.lease_namespace is None:
+        return None
+    return ShimLease(
+        api=api,
+        node_name=config.node_name,
+        identity=f"{socket.gethostname()}_{os.getpid()}",
+        namespace=config.lease_namespace,
+    )
+
+
 class Shim:
     def __init__(
         self,
@@ -91,9 +109,7 @@ class Shim:
         self.config = config
         self._inventory = inventory
         self._owns_pod_resources = pod_resources is None
-        self._pod_resources = pod_resources or PodResourcesClient(
-            config.pod_resources_socket, timeout_seconds=config.kubelet_timeout_seconds
-        )
+        self._pod_resources = pod_resources or _pod_resources_client(config)
         lock = threading.RLock()
         self.reconciler = Reconciler(
             node_name=config.node_name,
@@ -103,7 +119,7 @@ class Shim:
             inventory=inventory,
             pod_resources=self._pod_resources,
             lock=lock,
-            resource_for=lambda profile: resource_name(profile, prefix=config.resource_prefix),
+            resource_for=self._resource_for,
             unheld_grace_seconds=config.unheld_grace_seconds,
             clock=clock,
             events=events,
@@ -124,21 +140,8 @@ class Shim:
             on_bound=self._loop.trigger,
         )
         self.kubelet_socket = config.device_plugin_dir / KUBELET_SOCKET_NAME
-        self._watcher = KubeletWatcher(
-            kubelet_socket=self.kubelet_socket,
-            interval_seconds=config.watch_seconds,
-            on_tick=self.maintain,
-        )
-        self.lease = (
-            ShimLease(
-                api=api,
-                node_name=config.node_name,
-                identity=f"{socket.gethostname()}_{os.getpid()}",
-                namespace=config.lease_namespace,
-            )
-            if config.lease_namespace is not None
-            else None
-        )
+        self._watcher = self._kubelet_watcher()
+        self.lease = _lease(config, api)
         self._servers: dict[str, ResourceServer] = {}
         self._feeds: dict[str, DeviceFeed] = {}
         self._registered: dict[str, SocketIdentity | None] = {}
@@ -147,6 +150,17 @@ class Shim:
         self._started = False
         self._serving = False
         self._missing_dir = False
+
+    def _kubelet_watcher(self) -> KubeletWatcher:
+        """Calls :meth:`maintain` with ``kubelet.sock``'s identity every ``watch_seconds``."""
+        return KubeletWatcher(
+            kubelet_socket=self.kubelet_socket,
+            interval_seconds=self.config.watch_seconds,
+            on_tick=self.maintain,
+        )
+
+    def _resource_for(self, profile: str) -> str:
+        return resource_name(profile, prefix=self.config.resource_prefix)
 
     # -- life cycle -------------------------------------------------------------------------
 

@@ -1,16 +1,18 @@
-"""The DRA node service (``DRAPlugin``) in both API versions the kubelet may speak, v1 and v1beta1.
+"""The DRA node service (``DRAPlugin``), one servicer for both API versions the kubelet may speak.
 
-The two protos differ only in their package and in v1's ``Device.share_id`` (which we never set), so
-both servicers convert to ``kubeletplugin.model`` and delegate to one ``ClaimPreparer``. Failures are
-reported per claim inside the response map; the RPC itself fails only if the request is malformed.
-Even a bug in the core is turned into a per-claim error for every claim of the call, so one bad claim
-cannot fail the others, and every claim asked about gets an entry (the kubelet retries the missing).
+The v1 and v1beta1 protos differ only in their package and in v1's ``Device.share_id`` (which we
+never set): one ``DraService`` is registered for both, answers each request with the messages of
+the version it came in, converts to ``kubeletplugin.model`` and delegates to one ``ClaimPreparer``. Failures are reported per claim
+inside the response map; the RPC itself fails only if the request is malformed. Even a bug in the
+core is turned into a per-claim error for every claim of the call, so one bad claim cannot fail the
+others, and every claim asked about gets an entry (the kubelet retries the missing).
 """
 
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from typing import TypeVar
+from types import ModuleType
+from typing import TypeVar, overload
 
 import grpc
 
@@ -25,33 +27,15 @@ from protos.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 logger = logging.getLogger(__name__)
 
 _ClaimMessage = v1.Claim | v1beta1.Claim
+_PrepareRequest = v1.NodePrepareResourcesRequest | v1beta1.NodePrepareResourcesRequest
+_PrepareResponse = v1.NodePrepareResourcesResponse | v1beta1.NodePrepareResourcesResponse
+_UnprepareRequest = v1.NodeUnprepareResourcesRequest | v1beta1.NodeUnprepareResourcesRequest
+_UnprepareResponse = v1.NodeUnprepareResourcesResponse | v1beta1.NodeUnprepareResourcesResponse
 _T = TypeVar("_T")
 
 
 def claim_refs(claims: Iterable[_ClaimMessage]) -> list[ClaimRef]:
     return [ClaimRef(uid=ClaimUid(c.uid), namespace=c.namespace, name=c.name) for c in claims]
-
-
-def _safe_prepare(
-    preparer: ClaimPreparer, refs: list[ClaimRef], metrics: PluginMetrics | None
-) -> dict[str, PrepareResult]:
-    started = time.monotonic()
-    try:
-        return _prepare(preparer, refs)
-    finally:
-        if metrics is not None:
-            metrics.rpc_done(method="NodePrepareResources", seconds=time.monotonic() - started)
-
-
-def _safe_unprepare(
-    preparer: ClaimPreparer, refs: list[ClaimRef], metrics: PluginMetrics | None
-) -> dict[str, str]:
-    started = time.monotonic()
-    try:
-        return _unprepare(preparer, refs)
-    finally:
-        if metrics is not None:
-            metrics.rpc_done(method="NodeUnprepareResources", seconds=time.monotonic() - started)
 
 
 def _prepare(preparer: ClaimPreparer, refs: list[ClaimRef]) -> dict[str, PrepareResult]:
@@ -80,57 +64,37 @@ def _complete(uids: set[str], results: Mapping[ClaimUid, _T], *, missing: _T) ->
     return {uid: results.get(ClaimUid(uid), missing) for uid in uids}
 
 
-class DraServiceV1(v1_grpc.DRAPluginServicer):
+class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
+    """``DRAPlugin`` in both versions: each answer is built from the request's own version's
+    messages (``protos.dra.v1.api_pb2`` or ``protos.dra.v1beta1.api_pb2``)."""
+
     def __init__(self, preparer: ClaimPreparer, metrics: PluginMetrics | None = None) -> None:
         self._preparer = preparer
         self._metrics = metrics
 
-    def NodePrepareResources(  # noqa: N802 - gRPC method name
+    @overload
+    def NodePrepareResources(
         self, request: v1.NodePrepareResourcesRequest, context: grpc.ServicerContext
-    ) -> v1.NodePrepareResourcesResponse:
-        results = _safe_prepare(self._preparer, claim_refs(request.claims), self._metrics)
-        return v1.NodePrepareResourcesResponse(
-            claims={
-                uid: v1.NodePrepareResourceResponse(
-                    error=result.error,
-                    devices=[
-                        v1.Device(
-                            request_names=list(d.request_names),
-                            pool_name=d.pool_name,
-                            device_name=d.device_name,
-                            cdi_device_ids=list(d.cdi_device_ids),
-                        )
-                        for d in result.devices
-                    ],
-                )
-                for uid, result in results.items()
-            }
-        )
-
-    def NodeUnprepareResources(  # noqa: N802 - gRPC method name
-        self, request: v1.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
-    ) -> v1.NodeUnprepareResourcesResponse:
-        errors = _safe_unprepare(self._preparer, claim_refs(request.claims), self._metrics)
-        return v1.NodeUnprepareResourcesResponse(
-            claims={uid: v1.NodeUnprepareResourceResponse(error=e) for uid, e in errors.items()}
-        )
-
-
-class DraServiceV1beta1(v1beta1_grpc.DRAPluginServicer):
-    def __init__(self, preparer: ClaimPreparer, metrics: PluginMetrics | None = None) -> None:
-        self._preparer = preparer
-        self._metrics = metrics
-
-    def NodePrepareResources(  # noqa: N802 - gRPC method name
+    ) -> v1.NodePrepareResourcesResponse: ...
+    @overload
+    def NodePrepareResources(
         self, request: v1beta1.NodePrepareResourcesRequest, context: grpc.ServicerContext
-    ) -> v1beta1.NodePrepareResourcesResponse:
-        results = _safe_prepare(self._preparer, claim_refs(request.claims), self._metrics)
-        return v1beta1.NodePrepareResourcesResponse(
+    ) -> v1beta1.NodePrepareResourcesResponse: ...
+    def NodePrepareResources(  # noqa: N802 - gRPC method name
+        self, request: _PrepareRequest, context: grpc.ServicerContext
+    ) -> _PrepareResponse:
+        started = time.monotonic()
+        try:
+            results = _prepare(self._preparer, claim_refs(request.claims))
+        finally:
+            self._rpc_done("NodePrepareResources", started)
+        api = _api_of(request)
+        response: _PrepareResponse = api.NodePrepareResourcesResponse(
             claims={
-                uid: v1beta1.NodePrepareResourceResponse(
+                uid: api.NodePrepareResourceResponse(
                     error=result.error,
                     devices=[
-                        v1beta1.Device(
+                        api.Device(
                             request_names=list(d.request_names),
                             pool_name=d.pool_name,
                             device_name=d.device_name,
@@ -142,21 +106,44 @@ class DraServiceV1beta1(v1beta1_grpc.DRAPluginServicer):
                 for uid, result in results.items()
             }
         )
+        return response
 
-    def NodeUnprepareResources(  # noqa: N802 - gRPC method name
+    @overload
+    def NodeUnprepareResources(
+        self, request: v1.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
+    ) -> v1.NodeUnprepareResourcesResponse: ...
+    @overload
+    def NodeUnprepareResources(
         self, request: v1beta1.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
-    ) -> v1beta1.NodeUnprepareResourcesResponse:
-        errors = _safe_unprepare(self._preparer, claim_refs(request.claims), self._metrics)
-        return v1beta1.NodeUnprepareResourcesResponse(
-            claims={
-                uid: v1beta1.NodeUnprepareResourceResponse(error=e) for uid, e in errors.items()
-            }
+    ) -> v1beta1.NodeUnprepareResourcesResponse: ...
+    def NodeUnprepareResources(  # noqa: N802 - gRPC method name
+        self, request: _UnprepareRequest, context: grpc.ServicerContext
+    ) -> _UnprepareResponse:
+        started = time.monotonic()
+        try:
+            errors = _unprepare(self._preparer, claim_refs(request.claims))
+        finally:
+            self._rpc_done("NodeUnprepareResources", started)
+        api = _api_of(request)
+        response: _UnprepareResponse = api.NodeUnprepareResourcesResponse(
+            claims={uid: api.NodeUnprepareResourceResponse(error=e) for uid, e in errors.items()}
         )
+        return response
+
+    def _rpc_done(self, method: str, started: float) -> None:
+        if self._metrics is not None:
+            self._metrics.rpc_done(method=method, seconds=time.monotonic() - started)
+
+
+def _api_of(request: _PrepareRequest | _UnprepareRequest) -> ModuleType:
+    """The messages module of the API version ``request`` came in."""
+    return v1 if request.DESCRIPTOR.file is v1.DESCRIPTOR else v1beta1
 
 
 def add_dra_services(
     server: grpc.Server, preparer: ClaimPreparer, *, metrics: PluginMetrics | None = None
 ) -> None:
-    """Register both API versions on ``server``, backed by the same ``preparer``."""
-    v1_grpc.add_DRAPluginServicer_to_server(DraServiceV1(preparer, metrics), server)
-    v1beta1_grpc.add_DRAPluginServicer_to_server(DraServiceV1beta1(preparer, metrics), server)
+    """Register one service for both API versions on ``server``, backed by ``preparer``."""
+    service = DraService(preparer, metrics)
+    v1_grpc.add_DRAPluginServicer_to_server(service, server)
+    v1beta1_grpc.add_DRAPluginServicer_to_server(service, server)

@@ -225,13 +225,7 @@ class SlicePublisher:
 
     def publish(self, inventory: NodeInventory) -> bool:
         """Make the API's slices of this node's pool equal to ``inventory``; True if written."""
-        existing = [
-            obj
-            for obj in self._api.list_objects(
-                RESOURCE_SLICES, field_selector=f"spec.nodeName={self._node}"
-            ).items
-            if SliceView.of(obj).driver == self._driver
-        ]
+        existing = self._existing_slices()
         owner = self._node_owner()
         current_generation = max((SliceView.of(o).pool_generation for o in existing), default=0)
         if self._taints_kept:
@@ -255,22 +249,7 @@ class SlicePublisher:
             owner=owner,
             taints=taints,
         )
-        wanted = {name_of(obj) for obj in desired}
-        by_name = {name_of(obj): obj for obj in existing}
-        for name, obj in by_name.items():
-            if name not in wanted:
-                with contextlib.suppress(ApiNotFoundError):
-                    self._api.delete(RESOURCE_SLICES, name=name, uid=uid_of(obj))
-        dropped = False
-        for obj in desired:
-            old = by_name.get(name_of(obj))
-            if old is None:
-                written = self._api.create(RESOURCE_SLICES, obj)
-            else:
-                obj["metadata"]["resourceVersion"] = resource_version_of(old)
-                written = self._api.update(RESOURCE_SLICES, obj)
-            dropped = dropped or _taints_dropped(obj, written)
-        if dropped:
+        if self._write(existing, desired):
             self._taints_kept = False
             logger.warning(
                 "the API server dropped the device taints (its DRADeviceTaints feature is off: "
@@ -291,6 +270,36 @@ class SlicePublisher:
             extra={"node": self._node},
         )
         return True
+
+    def _existing_slices(self) -> list[JsonObject]:
+        """This node's ResourceSlices of our driver, as the API server has them."""
+        return [
+            obj
+            for obj in self._api.list_objects(
+                RESOURCE_SLICES, field_selector=f"spec.nodeName={self._node}"
+            ).items
+            if SliceView.of(obj).driver == self._driver
+        ]
+
+    def _write(self, existing: Sequence[JsonObject], desired: Sequence[JsonObject]) -> bool:
+        """Delete the slices no longer desired, create or update the others; True when the API
+        server dropped the device taints of some slice written."""
+        wanted = {name_of(obj) for obj in desired}
+        by_name = {name_of(obj): obj for obj in existing}
+        for name, obj in by_name.items():
+            if name not in wanted:
+                with contextlib.suppress(ApiNotFoundError):
+                    self._api.delete(RESOURCE_SLICES, name=name, uid=uid_of(obj))
+        dropped = False
+        for obj in desired:
+            old = by_name.get(name_of(obj))
+            if old is None:
+                written = self._api.create(RESOURCE_SLICES, obj)
+            else:
+                obj["metadata"]["resourceVersion"] = resource_version_of(old)
+                written = self._api.update(RESOURCE_SLICES, obj)
+            dropped = dropped or _taints_dropped(obj, written)
+        return dropped
 
     def _taints(
         self, inventory: NodeInventory, existing: Sequence[JsonObject]

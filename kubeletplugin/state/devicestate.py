@@ -242,22 +242,9 @@ class DeviceState:
         log_ids: dict[str, str],
     ) -> PreparedClaim:
         intended = tuple(intended_device(p, pool=self._node) for p in planned)
-        started = PreparedClaim(
-            uid=ref.uid,
-            namespace=ref.namespace,
-            name=ref.name,
-            state=PrepareState.PREPARE_STARTED,
-            devices=intended,
-            shim=shim,
-        )
-        leftovers = [] if previous is None else list(previous.devices)
+        leftovers = () if previous is None else previous.devices
         adoptable = {(d.gpu_index, d.profile, d.placement_start) for d in leftovers}
-        stale = [d for d in leftovers if d.device not in {i.device for i in intended}]
-        if stale:
-            self.slices.destroy_recorded(stale, claim_uid=ref.uid, checkpoint=self._store.load())
-        kept = self._release_stale(ref, intended)
-        self._update(lambda checkpoint: start_entry(checkpoint, started, ref=ref, kept=kept))
-        self._step("after-started")
+        started = self._record_started(ref, intended, leftovers=leftovers, shim=shim)
         made: list[MigInstance] = []
         try:
             for record in intended:
@@ -301,6 +288,33 @@ class DeviceState:
             extra=log_ids,
         )
         return completed
+
+    def _record_started(
+        self,
+        ref: ClaimRef,
+        intended: tuple[CheckpointDevice, ...],
+        *,
+        leftovers: Sequence[CheckpointDevice],
+        shim: ShimBinding | None,
+    ) -> PreparedClaim:
+        """Step 3: destroy what an earlier attempt left that is no longer intended, release the
+        slices of stale claims in the way, and checkpoint ``PrepareStarted`` with the intended
+        devices before any slice is made."""
+        started = PreparedClaim(
+            uid=ref.uid,
+            namespace=ref.namespace,
+            name=ref.name,
+            state=PrepareState.PREPARE_STARTED,
+            devices=intended,
+            shim=shim,
+        )
+        stale = [d for d in leftovers if d.device not in {i.device for i in intended}]
+        if stale:
+            self.slices.destroy_recorded(stale, claim_uid=ref.uid, checkpoint=self._store.load())
+        kept = self._release_stale(ref, intended)
+        self._update(lambda checkpoint: start_entry(checkpoint, started, ref=ref, kept=kept))
+        self._step("after-started")
+        return started
 
     def _roll_back(
         self, ref: ClaimRef, made: Iterable[MigInstance], started: PreparedClaim

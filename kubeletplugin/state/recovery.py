@@ -22,7 +22,7 @@ and claims may have been deleted while the plugin was down. In order:
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -38,7 +38,7 @@ from driver.ids import ClaimUid
 from kubeletplugin.metrics import PluginMetrics
 from kubeletplugin.model import ClaimRef
 from kubeletplugin.node.inventory import NodeInventory
-from kubeletplugin.state.claims import ClaimRejectedError, check_claim, plan_claim
+from kubeletplugin.state.claims import ClaimRejectedError, PlannedDevice, check_claim, plan_claim
 from kubeletplugin.state.journal import CheckpointJournal
 from kubeletplugin.state.slices import SliceOperations, describe, owner_of, records
 
@@ -177,37 +177,7 @@ class Recovery:
                 planned = plan_claim(claim, ref=ref, node_name=self._node, inventory=inventory)
             except DriverError:
                 continue
-            devices: list[CheckpointDevice] = []
-            for plan in planned:
-                found = [
-                    i
-                    for i in instances
-                    if i.complete
-                    and i.gpu_index == plan.device.gpu_index
-                    and i.profile == plan.device.profile.name
-                    and i.placement == plan.device.placement
-                ]
-                if not found:
-                    break
-                devices.append(
-                    CheckpointDevice(
-                        request_names=plan.request_names,
-                        pool=self._node,
-                        device=plan.device.name,
-                        gpu_index=plan.device.gpu_index,
-                        gpu_uuid=plan.device.gpu_uuid,
-                        profile=plan.device.profile.name,
-                        placement_start=plan.device.placement.start,
-                        placement_size=plan.device.placement.size,
-                        gi_id=found[0].gi_id,
-                        ci_id=found[0].ci_id,
-                        mig_uuid=found[0].mig_uuid,
-                        cdi_device_ids=(
-                            cdi.claim_cdi_device_id(ref.uid, plan.device.name),
-                            *self._common_cdi_device_ids,
-                        ),
-                    )
-                )
+            devices = self._devices_found(ref, planned, instances)
             if planned and len(devices) == len(planned):
                 checkpoint = checkpoint.with_claim(
                     PreparedClaim(
@@ -220,6 +190,44 @@ class Recovery:
                 )
                 report.rebuilt.append(ref.uid)
         return checkpoint
+
+    def _devices_found(
+        self, ref: ClaimRef, planned: Sequence[PlannedDevice], instances: Sequence[MigInstance]
+    ) -> list[CheckpointDevice]:
+        """The checkpoint records of the planned devices, in order, as long as a complete
+        instance exists at each one's placement (stops at the first missing)."""
+        devices: list[CheckpointDevice] = []
+        for plan in planned:
+            found = [
+                i
+                for i in instances
+                if i.complete
+                and i.gpu_index == plan.device.gpu_index
+                and i.profile == plan.device.profile.name
+                and i.placement == plan.device.placement
+            ]
+            if not found:
+                break
+            devices.append(
+                CheckpointDevice(
+                    request_names=plan.request_names,
+                    pool=self._node,
+                    device=plan.device.name,
+                    gpu_index=plan.device.gpu_index,
+                    gpu_uuid=plan.device.gpu_uuid,
+                    profile=plan.device.profile.name,
+                    placement_start=plan.device.placement.start,
+                    placement_size=plan.device.placement.size,
+                    gi_id=found[0].gi_id,
+                    ci_id=found[0].ci_id,
+                    mig_uuid=found[0].mig_uuid,
+                    cdi_device_ids=(
+                        cdi.claim_cdi_device_id(ref.uid, plan.device.name),
+                        *self._common_cdi_device_ids,
+                    ),
+                )
+            )
+        return devices
 
     def _why_release(self, entry: PreparedClaim, instances: tuple[MigInstance, ...]) -> str | None:
         for device in entry.devices:

@@ -13,46 +13,18 @@ from typing import Any
 import pytest
 
 from driver.cluster.kube import KubeClusterApi, connect
-from driver.cluster.port import PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
+from driver.cluster.port import PODS
 from driver.errors import ApiNotFoundError, TooManyRequestsError
 from instaslice import cli, plancli
 from instaslice.planning.trace import read_trace
 from localcluster.apiserver import LocalApiServer
-from tests.cli.objects import claim, pod, pool
+from tests.cli.planningcluster import populate as _populate
 
 
 @pytest.fixture
 def api(apiserver: LocalApiServer) -> Iterator[KubeClusterApi]:
     with connect(url=apiserver.url) as client:
         yield client
-
-
-def _allocated(api: KubeClusterApi, name: str, device: str, *, node: str, holder: str) -> None:
-    created_pod = pod(holder, namespace="default", phase="Running", node=node)
-    created_pod["metadata"].pop("uid")
-    made = api.create(PODS, created_pod)
-    body = claim(name, device, node=node, namespace="default",
-                 reserved_for=[(holder, made["metadata"]["uid"])])  # fmt: skip
-    status = body.pop("status")
-    body["metadata"].pop("uid")
-    body["spec"] = {
-        "devices": {
-            "requests": [{"name": "mig", "exactly": {"deviceClassName": "mig.instaslice.dev"}}]
-        }
-    }
-    created = api.create(RESOURCE_CLAIMS, body)
-    status["allocation"]["allocationTimestamp"] = "2026-01-01T00:00:00Z"
-    api.update_status(RESOURCE_CLAIMS, {**created, "status": status})
-
-
-def _populate(api: KubeClusterApi) -> None:
-    """Two nodes with one A100-40GB each: node-0 holds 1g slices at 0 and 6 (pods a, b),
-    node-1 a 3g at 0 (pod c). No 7g fits; moving a and b to node-1 frees node-0."""
-    for obj in pool("node-0", gpus=1) + pool("node-1", gpus=1):
-        api.create(RESOURCE_SLICES, obj)
-    _allocated(api, "a-mig", "gpu-0-1g-5gb-0", node="node-0", holder="a")
-    _allocated(api, "b-mig", "gpu-0-1g-5gb-6", node="node-0", holder="b")
-    _allocated(api, "c-mig", "gpu-0-3g-20gb-0", node="node-1", holder="c")
 
 
 # ------------------------------------------------------------------------- simulate on files
@@ -187,14 +159,19 @@ def test_from_cluster_counts_what_fits_now_and_checks_a_batch(
     assert free["3g.20gb"] == 1
     assert free["1g.5gb"] == 5 + 3
     assert result["add"]["fits"] is True
-    assert cli.main([*argv, "--add", "3g.20gb=2"]) == 0
-    result = json.loads(capsys.readouterr().out)
+    # A batch that does not fit: the answer all the same, and exit status 1 saying what is left.
+    assert cli.main([*argv, "--add", "3g.20gb=2"]) == 1
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
     assert result["add"]["fits"] is False
     assert result["add"]["placed"] == {"3g.20gb": 1}
+    assert captured.err == (
+        "instaslice simulate: --add does not fit now: no room for 1 of 2 x 3g.20gb\n"
+    )
     assert cli.main([*argv[:-1], "--add", "1g.10gb=2"]) == 0
     assert "2 x 1g.10gb: fits now" in capsys.readouterr().out
     # 4g.20gb starts only at 0, taken on both GPUs.
-    assert cli.main([*argv[:-1], "--add", "4g.20gb=1"]) == 0
+    assert cli.main([*argv[:-1], "--add", "4g.20gb=1"]) == 1
     assert "1 x 4g.20gb: does not fit now; firstfit, largest first, placed 0 of 1" in (
         capsys.readouterr().out
     )

@@ -120,7 +120,7 @@ def test_mix_entries_may_ask_several_slices_on_one_gpu() -> None:
         ("1g.5gb", "is not PROFILE=WEIGHT"),
         ("1g.5gb=0", "the weight must be a number > 0"),
         ("1g.5gb=many", "the weight must be a number > 0"),
-        ("0*1g.5gb=1", "write N*PROFILE with N >= 1"),
+        ("0*1g.5gb=1", "write N*PROFILE with N from 1 to 7"),
     ],
     ids=["empty", "no-weight", "zero-weight", "word-weight", "zero-count"],
 )
@@ -156,7 +156,7 @@ def test_fleet_groups_name_nodes_in_order() -> None:
     [
         ("", "no GPUs given"),
         ("8xA100-40GB", "is not NODESxGPUSxMODEL"),
-        ("0x8xA100-40GB", "nodes and GPUs must be at least 1"),
+        ("0x8xA100-40GB", "nodes must be from 1 to 10,000, got 0"),
         ("1x8xA200", "unknown GPU model 'A200'"),
     ],
     ids=["empty", "two-parts", "zero-nodes", "unknown-model"],
