@@ -4,6 +4,7 @@ Each is then repaired with an ordinary ``make deploy``."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,6 +23,8 @@ from tests.deployed.test_3_lifecycle import ORDINARY_POD
 FAST_S = 150.0
 """A bad deploy must be reported well before `make deploy`'s 300 s rollout timeout."""
 BACKED_OFF_S = 40.0
+ELSEWHERE = "/var/lib/kubelet-elsewhere"
+"""Where the bad deploy points the kubelet's host paths (a kubelet with another root directory)."""
 """Long enough for a crash loop to show (the kubelet restarts a failed container at once)."""
 
 
@@ -98,9 +101,7 @@ def _apply_with_host_paths_elsewhere(deployed: Deploy) -> None:
     for volume in plugin["spec"]["template"]["spec"]["volumes"]:
         path = volume.get("hostPath", {}).get("path", "")
         if path.startswith("/var/lib/kubelet/"):
-            volume["hostPath"]["path"] = path.replace(
-                "/var/lib/kubelet/", "/var/lib/kubelet-elsewhere/"
-            )
+            volume["hostPath"]["path"] = path.replace("/var/lib/kubelet/", f"{ELSEWHERE}/")
     deployed.apply_ok("-f", "-", stdin=yaml.safe_dump_all([o for o in objects if o]))
 
 
@@ -133,19 +134,23 @@ def test_a_plugin_the_kubelet_never_registers_says_so_on_the_node_and_is_not_rea
     deployed: Deploy,
 ) -> None:
     _apply_with_host_paths_elsewhere(deployed)
-    started = time.monotonic()
-    done = _rollout(deployed)
-    assert done.returncode != 0
-    assert time.monotonic() - started < FAST_S
-    assert "KubeletPluginNotRegistered" in done.stderr, done.stderr
-    assert "/var/lib/kubelet/plugins_registry" in done.stderr
-    time.sleep(BACKED_OFF_S)
-    pods = _waiting_plugins(deployed)
-    events = _node_events(deployed, "KubeletPluginNotRegistered")
-    assert {e["involvedObject"]["name"] for e in events} >= {PodView.of(p).node_name for p in pods}
-    assert all(e["type"] == "Warning" for e in events)
-    # repaired by deploying what the overlay says
-    deployed.install("emulated")
+    try:
+        started = time.monotonic()
+        done = _rollout(deployed)
+        assert done.returncode != 0
+        assert time.monotonic() - started < FAST_S
+        assert "KubeletPluginNotRegistered" in done.stderr, done.stderr
+        assert "/var/lib/kubelet/plugins_registry" in done.stderr
+        time.sleep(BACKED_OFF_S)
+        pods = _waiting_plugins(deployed)
+        events = _node_events(deployed, "KubeletPluginNotRegistered")
+        nodes = {PodView.of(p).node_name for p in pods}
+        assert {e["involvedObject"]["name"] for e in events} >= nodes
+        assert all(e["type"] == "Warning" for e in events)
+    finally:
+        # repaired by deploying what the overlay says
+        deployed.install("emulated")
+        shutil.rmtree(ELSEWHERE, ignore_errors=True)  # made on the host by DirectoryOrCreate
 
 
 def test_the_gpu_overlay_on_a_node_without_nvml_says_so_and_backs_off(deployed: Deploy) -> None:
