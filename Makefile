@@ -120,8 +120,8 @@ BUILDAH_FLAGS ?= --network host
 # build_images CONTROLLER,PLUGIN: both targets of the Dockerfile, then their sizes
 build_images = $(BUILDAH) bud $(BUILDAH_FLAGS) --layers --target controller -t $(1) . \
 	&& $(BUILDAH) bud $(BUILDAH_FLAGS) --layers --target kubelet-plugin -t $(2) . \
-	&& $(BUILDAH) images --format '{{.Name}}:{{.Tag}}  {{.Size}}' $(1) \
-	&& $(BUILDAH) images --format '{{.Name}}:{{.Tag}}  {{.Size}}' $(2)
+	&& for image in $(1) $(2); do \
+	  echo "$$image  $$($(BUILDAH) images --format '{{.Size}}' $$image | head -1)"; done
 images: ## build both images with buildah (no daemon): IMG (controller) and IMG_PLUGIN (kubelet plugin), then print their sizes
 	$(call build_images,$(IMG),$(IMG_PLUGIN))
 
