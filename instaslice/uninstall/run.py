@@ -140,7 +140,7 @@ class Uninstaller:
         while True:
             found = self.survey()
             if found.clear:
-                self._say(f"drained: {len(evicted)} pods ended, their slices released")
+                self._say(f"drained: {len(evicted)} pods ended")
                 return
             for holder in found.holders:
                 if holder.uid not in evicted and self._evict(
@@ -162,12 +162,16 @@ class Uninstaller:
         until they have destroyed those slices. A plugin that is not ready cannot be asked (and
         serves no kubelet): said, not waited for."""
         deadline = self._clock() + self._timeout_s
+        waited = False
         while True:
             holding, unknown = self._plugin_slices(plugins)
             if not holding:
                 for line in unknown:
                     self._say(f"WARNING: {line}")
+                if waited:
+                    self._say("every node released its slices")
                 return
+            waited = True
             if self._clock() >= deadline:
                 raise UninstallError(
                     f"after {self._timeout_s:.0f}s the kubelet plugins still hold slices: "

@@ -366,6 +366,7 @@ def test_the_plugins_stay_until_their_nodes_have_released_every_slice(api: KubeC
     out = io.StringIO()
     assert _uninstaller(api, out, clock, read_metrics).run(objects, drain=True) == 0
     assert clock.now >= 5  # waited for node-0's two slices
+    assert "every node released its slices" in out.getvalue()
     assert set(asked) == {(SYSTEM, "plugin-a", 9400)}  # a plugin that is not ready is not asked
     assert (
         f"WARNING: cannot confirm that node node-1 released its slices: plugin pod {SYSTEM}/plugin-b "

@@ -166,7 +166,9 @@ def test_the_plugin_killed_and_restarted_by_the_kubelet_recovers_from_its_checkp
     deployed.apply_ok("-f", "-", stdin=_pinned_pod(node))
     (pinned,) = deployed.wait_running(SAMPLES_NS, ["pinned"])
     checks.check_container(deployed.cluster, pinned)
-    deployed.cluster.kubectl("-n", SAMPLES_NS, "delete", "pod", "pinned", "dra-1g-5gb")
+    deployed.cluster.kubectl(
+        "-n", SAMPLES_NS, "delete", "pod", "pinned", "dra-1g-5gb", "--grace-period=1"
+    )
     deployed.cluster.wait_for(
         lambda: not checks.leaks(deployed.cluster),
         timeout=60,
@@ -219,7 +221,7 @@ def test_a_drained_uninstall_strands_no_pod_no_claim_no_slice_and_blocks_no_crea
         view = PodView.of(pod)
         classic = view.requests_resource(lambda n: n.startswith(names.CLASSIC_RESOURCE_PREFIX))
         assert view.gated_by(names.SCHEDULING_GATE) == classic, view.key
-    deployed.cluster.kubectl("-n", TIER_NS, "delete", "pod", "ordinary")
+    deployed.cluster.kubectl("-n", TIER_NS, "delete", "pod", "ordinary", "--grace-period=1")
 
 
 def test_installed_again_every_waiting_workload_gets_its_slices(deployed: Deploy) -> None:

@@ -89,7 +89,7 @@ def test_images_that_cannot_be_pulled_fail_the_deploy_fast_and_only_our_pods_wai
     deployed.install("emulated")
     (pod,) = deployed.wait_running(SAMPLES_NS, ["dra-1g-5gb"])
     checks.check_container(deployed.cluster, pod)
-    deployed.cluster.kubectl("-n", TIER_NS, "delete", "pod", "ordinary")
+    deployed.cluster.kubectl("-n", TIER_NS, "delete", "pod", "ordinary", "--grace-period=1")
     deployed.delete_namespaced(SAMPLES_NS)
 
 
