@@ -155,6 +155,27 @@ def test_every_daemon_logs_json_to_kubectl_logs_and_passes_its_probes(deployed: 
     assert "Liveness probe failed" not in events, events
 
 
+PRIVILEGES_SCRIPT = (
+    "id -u; grep '^CapEff:' /proc/self/status; "
+    "touch /written 2>/dev/null && echo writable || echo read-only"
+)
+
+
+def test_each_daemon_runs_with_the_privileges_docs_deploy_md_states(deployed: Deploy) -> None:
+    """From inside: the controller is UID 65532, the emulated plugin root; neither has a
+    capability, and neither can write its root filesystem."""
+    expected = {"controller": "65532", "kubelet-plugin": "0"}
+    for pod in deployed.api.list_objects(PODS, namespace=names.SYSTEM_NAMESPACE).items:
+        view = PodView.of(pod)
+        component = view.meta.labels["app.kubernetes.io/component"]
+        uid, caps, root = deployed.cluster.exec(view.namespace, view.name, PRIVILEGES_SCRIPT).split(
+            "\n"
+        )[:3]
+        assert uid == expected[component], f"{view.key} runs as {uid}"
+        assert caps.split() == ["CapEff:", "0000000000000000"], f"{view.key}: {caps}"
+        assert root == "read-only", f"{view.key} can write its root filesystem"
+
+
 def test_the_large_profile_samples_run_alone(deployed: Deploy) -> None:
     for namespace in (SAMPLES_NS, QUOTA_NS, TIER_NS):
         deployed.delete_namespaced(namespace)
