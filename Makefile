@@ -9,7 +9,7 @@ DEMO_ARGS ?=
 SOAK_MINUTES ?= 20
 SOAK_ARGS ?=
 
-.PHONY: help install lock protos protos-check lint fmt typecheck test test-real test-autoscale test-unit soak bench demo check-nvml clean
+.PHONY: help install lock protos protos-check lint fmt typecheck test test-real test-deploy test-autoscale test-unit soak bench demo check-nvml clean
 
 help: ## list targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-28s %s\n", $$1, $$2}'
@@ -80,6 +80,19 @@ soak: $(INSTALLED) ## SOAK_MINUTES (20) of churn and faults on the real stack, i
 	if [ -n "$$reason" ]; then echo "soak: skipped: $$reason"; \
 	else $(PY) -m localcluster.soak --minutes $(SOAK_MINUTES) $(SOAK_ARGS); fi
 
+# The deploy tier's images (built by `make images` outside the lock) and the real stack's lock,
+# held while its pytest runs (REALSTACK_LOCK= when the caller already holds it).
+DEPLOY_TEST_IMG ?= localhost/instaslice-controller:deploy-test
+DEPLOY_TEST_IMG_PLUGIN ?= localhost/instaslice-kubelet-plugin:deploy-test
+REALSTACK_LOCK ?= /tmp/realstack.lock
+test-deploy: $(INSTALLED) ## the deploy tier (tests/deployed): images built here, `make deploy` on containerd nodes, lifecycle; skips in one line when those nodes are not built
+	@reason=$$($(PY) -c 'from localcluster.containerstack import describe_missing; print(describe_missing() or "")'); \
+	if [ -n "$$reason" ]; then echo "test-deploy: skipped: $$reason"; \
+	else $(call build_images,$(DEPLOY_TEST_IMG),$(DEPLOY_TEST_IMG_PLUGIN)) \
+	  && INSTASLICE_DEPLOY_IMG=$(DEPLOY_TEST_IMG) INSTASLICE_DEPLOY_IMG_PLUGIN=$(DEPLOY_TEST_IMG_PLUGIN) \
+	  $(if $(REALSTACK_LOCK),flock -w 3600 -o $(REALSTACK_LOCK)) \
+	  $(PY) -m pytest tests/deployed --deploy-tier -p no:cacheprovider $(PYTEST_ARGS); fi
+
 bench: $(INSTALLED) ## run the benchmarks; figures go to stdout and bench/results/*.json
 	$(PY) -m bench
 
@@ -108,10 +121,21 @@ EMULATED_GPUS ?=
 COMPONENTS ?=
 RENDER = IMG='$(IMG)' IMG_PLUGIN='$(IMG_PLUGIN)' EMULATED_GPUS='$(EMULATED_GPUS)' COMPONENTS='$(COMPONENTS)' KUBECTL='$(KUBECTL)' deploy/render.sh
 
-.PHONY: deviceclasses docker-build docker-push docker-buildx manifests deploy deploy-emulated undeploy deploy-classes undeploy-classes test-e2e-kind-emulated cleanup-test-e2e-kind-emulated
+.PHONY: deviceclasses images docker-build docker-push docker-buildx manifests deploy deploy-emulated undeploy deploy-classes undeploy-classes test-e2e-kind-emulated cleanup-test-e2e-kind-emulated test-deploy
 
 deviceclasses: $(INSTALLED) ## regenerate deploy/base/deviceclasses.yaml (and the extendedResourceName patches) from the MIG catalog
 	$(PY) deploy/generate_deviceclasses.py
+
+BUILDAH ?= buildah
+# The build stage's pip reaches PyPI through the host's network.
+BUILDAH_FLAGS ?= --network host
+# build_images CONTROLLER,PLUGIN: both targets of the Dockerfile, then their sizes
+build_images = $(BUILDAH) bud $(BUILDAH_FLAGS) --layers --target controller -t $(1) . \
+	&& $(BUILDAH) bud $(BUILDAH_FLAGS) --layers --target kubelet-plugin -t $(2) . \
+	&& for image in $(1) $(2); do \
+	  echo "$$image  $$($(BUILDAH) images --format '{{.Size}}' $$image | head -1)"; done
+images: ## build both images with buildah (no daemon): IMG (controller) and IMG_PLUGIN (kubelet plugin), then print their sizes
+	$(call build_images,$(IMG),$(IMG_PLUGIN))
 
 docker-build: ## build both images: IMG (controller) and IMG_PLUGIN (kubelet plugin); CONTAINER_TOOL=podman works
 	$(CONTAINER_TOOL) build --target controller -t $(IMG) .
@@ -140,17 +164,16 @@ endif
 manifests: ## print what `make deploy` applies (OVERLAY=gpu|emulated|scheduler-native|scheduler-native-emulated, IMG, IMG_PLUGIN, EMULATED_GPUS, COMPONENTS)
 	@$(RENDER) $(OVERLAY)
 
-deploy: ## deploy InstaSlice with kustomize overlay OVERLAY (default gpu) and the images IMG / IMG_PLUGIN
+deploy: ## deploy InstaSlice with kustomize overlay OVERLAY (default gpu) and the images IMG / IMG_PLUGIN; waits for the rollout and says why it cannot finish
 	$(RENDER) $(OVERLAY) | $(KUBECTL) apply -f -
-	$(KUBECTL) -n instaslice-system rollout status deploy/instaslice-controller --timeout=300s
-	$(KUBECTL) -n instaslice-system rollout status ds/instaslice-kubelet-plugin --timeout=300s
+	KUBECTL='$(KUBECTL)' deploy/rollout.sh
 
 deploy-emulated: ## deploy on a cluster without GPUs (KinD): emulated GPUs, EMULATED_GPUS per node (default 2xA100-40GB)
 	$(MAKE) deploy OVERLAY=emulated
 
-undeploy: ## remove InstaSlice (delete MIG workloads first: slices left on GPUs are not destroyed)
-	$(RENDER) $(OVERLAY) | $(KUBECTL) delete --ignore-not-found -f -
-	$(KUBECTL) delete resourceslices --field-selector spec.driver=mig.instaslice.dev --ignore-not-found
+DRAIN ?= false
+undeploy: $(INSTALLED) ## remove InstaSlice; refuses (listing them) while pods hold MIG slices, DRAIN=true evicts them first (docs/deploy.md "Uninstall")
+	$(RENDER) $(OVERLAY) | $(PY) -m instaslice uninstall -f - $(if $(filter true,$(DRAIN)),--drain)
 
 deploy-classes: ## install only the cluster-scoped API objects: the DeviceClasses (what `install` is in kubebuilder projects)
 	$(KUBECTL) apply -f deploy/base/deviceclasses.yaml

@@ -9,8 +9,11 @@ What a CDI device grants (real mode): the parent ``/dev/nvidia<minor>`` and the 
 compute-instance capability nodes ``/dev/nvidia-caps/nvidia-cap<N>``. ``type``/``major``/``minor``
 are given when ``/proc/devices`` names the majors, so the runtime creates the nodes without looking
 at the host; otherwise the runtime ``stat``s the host nodes, which exist on GPU nodes. In emulated
-mode no device node is written at all: the host has none and injection would fail (docs/design.md F10);
-instead every device sets ``INSTASLICE_EMULATED=true``. What every slice's container needs besides
+mode the same paths are named, each with ``hostPath: /dev/null``: a node without GPUs has no
+``/dev/nvidia*``, and injection ``stat``s the host path (docs/design.md F10), so the runtime creates
+each node in the container with ``/dev/null``'s type and numbers — the container sees exactly the
+device nodes a real slice would give it, and opening one reads nothing. Every emulated device also
+sets ``INSTASLICE_EMULATED=true``. What every slice's container needs besides
 (``/dev/nvidiactl``, ``/dev/nvidia-uvm*``, driver libraries, hooks) is the common spec of
 ``driver.cdi_common``, whose device id follows each slice's own id.
 
@@ -76,6 +79,8 @@ CDI_VERSION: Final = "0.5.0"
 DEFAULT_CDI_ROOT: Final = Path("/var/run/cdi")
 VISIBLE_DEVICES_ENV: Final = "NVIDIA_VISIBLE_DEVICES"
 SLICE_ENV_PREFIX: Final = "INSTASLICE_MIG_UUID_"
+EMULATED_HOST_DEVICE: Final = "/dev/null"
+"""The host device node every emulated slice's device nodes stand on (present on every Linux node)."""
 EMULATED_ENV: Final = "INSTASLICE_EMULATED"
 """Set to ``true`` on emulated slices only: a workload may skip its GPU work there, and only there
 (``samples/test-pod.yaml`` fails on a real node unless ``nvidia-smi`` shows exactly its slice)."""
@@ -191,7 +196,9 @@ def build_claim_spec(
             env.append(f"{slice_env_name(name)}={cdi_slice.mig_uuid}")
             if emulated:
                 env.append(f"{EMULATED_ENV}=true")
-            nodes = None if emulated else _device_nodes(cdi_slice, majors)
+            nodes = (
+                _emulated_device_nodes(cdi_slice) if emulated else _device_nodes(cdi_slice, majors)
+            )
             edits = ContainerEdits(env=tuple(env), device_nodes=nodes)
             devices.append(CdiDevice(name=name, container_edits=edits))
         return CdiSpec(cdi_version=CDI_VERSION, kind=CDI_KIND, devices=tuple(devices))
@@ -220,6 +227,14 @@ def _device_nodes(cdi_slice: CdiSlice, majors: DeviceMajors) -> tuple[DeviceNode
             majors.caps,
             cdi_slice.ci_cap_minor,
         ),
+    )
+
+
+def _emulated_device_nodes(cdi_slice: CdiSlice) -> tuple[DeviceNode, ...]:
+    """A real slice's device node paths, each created from the host's ``/dev/null``."""
+    return tuple(
+        DeviceNode(path=node.path, host_path=EMULATED_HOST_DEVICE)
+        for node in _device_nodes(cdi_slice, DeviceMajors())
     )
 
 

@@ -5,6 +5,8 @@
 ``instaslice simulate`` capacity planning: replay a request trace per placement policy beside
                        the fluid floor, or how much more fits the cluster now.
 ``instaslice defrag``  the fewest pods to move so that a profile fits; ``--apply`` evicts them.
+``instaslice uninstall`` remove InstaSlice without stranding a pod: refuses while pods hold
+                       slices, or (``--drain``) evicts them and waits for their slices first.
 ``instaslice demo``    the whole system on this machine: a local API server, emulated kubelets,
                        the real controller and kubelet plugins, the samples applied and removed.
 """
@@ -38,6 +40,7 @@ from instaslice.inputs import (
     refuse,
 )
 from instaslice.status import ClusterView, Style, mig_uuids_from_checkpoints, read_view, render_view
+from instaslice.uninstall.command import add_uninstall_parser, run_uninstall
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 MAX_CHECKPOINT_BYTES = 64 * 1024 * 1024
@@ -56,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_demo_parser(sub)
     add_simulate_parser(sub)
     add_defrag_parser(sub)
+    add_uninstall_parser(sub)
     return parser
 
 
@@ -183,6 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace, rest: Sequence[str]) -> int:
     if args.command == "status":
         return run_status(args, out=sys.stdout)
+    if args.command == "uninstall":
+        return run_uninstall(args, out=sys.stdout, stdin=sys.stdin)
     if args.command in ("simulate", "defrag"):
         from instaslice import plancli  # noqa: PLC0415
 

@@ -25,8 +25,9 @@ from kubeletplugin.deviceplugin import Shim, ShimConfig
 from kubeletplugin.deviceplugin.podresources import PodResourcesClient
 from kubeletplugin.logs import FIELDS as LOG_FIELDS
 from kubeletplugin.node.capacity import KUBELET_CHECKPOINT, StaleCapacityCleaner
-from kubeletplugin.node.events import NodeEvents
-from kubeletplugin.node.setup import build_backend, prepare_node
+from kubeletplugin.node.events import NodeEvents, NodeWarning
+from kubeletplugin.node.setup import prepare_node
+from kubeletplugin.node.waiting import REASON_GPU_BACKEND_UNAVAILABLE, BackendWait
 from kubeletplugin.plugin import KubeletPlugin, PluginConfig
 from kubeletplugin.settings import REGISTRATION_WAIT_S, Settings, parse_settings
 from kubeletplugin.state.recovery import read_boot_id
@@ -34,6 +35,9 @@ from kubeletplugin.state.recovery import read_boot_id
 logger = logging.getLogger("kubeletplugin")
 
 COMPONENT = "instaslice-kubelet-plugin"
+REGISTRATION_GRACE_SECONDS = 30.0
+"""The kubelet registers a plugin within seconds of its socket appearing; after this long without
+it, a Warning on the Node says the host paths are not this kubelet's."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -46,18 +50,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(level=settings.log_level, log_format=settings.log_format, fields=LOG_FIELDS)
     stop = stop_on_signals(logger=logger)
     try:
-        backend = build_backend(settings)
-    except DriverError as exc:
-        logger.error("cannot start the GPU backend: %s", exc)
-        return 1
-    try:
         api = _connect(settings)
     except DriverError as exc:
         logger.error("cannot configure the Kubernetes client: %s", exc)
-        backend.close()
         return 1
     events = EventRecorder(api=api, component=COMPONENT, host=settings.node_name)
     node_events = NodeEvents(api=api, events=events, node_name=settings.node_name)
+    # A node without a usable backend (no NVIDIA driver) is waited for, said on the Node.
+    report = NodeWarning(node_events, reason=REASON_GPU_BACKEND_UNAVAILABLE)
+    backend = BackendWait(settings=settings, report=report, stop=stop).run()
+    if backend is None:
+        api.close()
+        return 0
     try:
         cdi_common = prepare_node(settings, backend=backend, node_events=node_events)
     except DriverError as exc:
@@ -117,6 +121,7 @@ def _plugin_config(settings: Settings, cdi_common: CommonEdits) -> PluginConfig:
         xid_policy=settings.health.xids,
         cdi_common=cdi_common,
         registration_wait_seconds=REGISTRATION_WAIT_S,
+        registration_grace_seconds=REGISTRATION_GRACE_SECONDS,
     )
 
 

@@ -36,8 +36,10 @@ from driver.errors import DriverError
 from driver.gpu.backend import GpuBackend
 from driver.taints import EFFECT_NO_SCHEDULE
 from kubeletplugin.dra.registration import (
+    REASON_NOT_REGISTERED,
     RegistrationServicer,
     RegistrationTracker,
+    RegistrationWatchdog,
     add_registration_service,
     registration_socket_path,
 )
@@ -47,7 +49,9 @@ from kubeletplugin.health.settings import XidPolicy
 from kubeletplugin.health.stream import DeviceHealthBoard, DraHealthServicer, add_health_service
 from kubeletplugin.health.xid import XidHealth
 from kubeletplugin.metrics import NAMESPACE, PluginMetrics
+from kubeletplugin.node.events import NodeEvents, NodeWarning
 from kubeletplugin.node.publisher import SlicePublisher
+from kubeletplugin.node.waiting import backoff
 from kubeletplugin.settings import split_address
 from kubeletplugin.sockets import UnixGrpcServer, ensure_directory
 from kubeletplugin.state.devicestate import DeviceState, StepHook, slices_in_use
@@ -84,6 +88,9 @@ class PluginConfig:
     registration_wait_seconds: float = 0.0
     """How long ``start`` waits for the kubelet to register the plugin before its first
     publication (then publishes all the same, with a warning); 0 publishes at once."""
+    registration_grace_seconds: float | None = None
+    """How long the kubelet may take to register the plugin before a Warning on the Node says
+    it does not (``RegistrationWatchdog``); None: not watched."""
 
 
 class KubeletPlugin:
@@ -144,6 +151,7 @@ class KubeletPlugin:
             max_workers=2,
             name="registration",
         )
+        self.registration_watchdog = self._registration_watchdog(api=api, events=events)
         self._http = self._http_endpoints()
         self._started = False
 
@@ -187,10 +195,28 @@ class KubeletPlugin:
             common_cdi_device_ids=config.cdi_common.cdi_device_ids,
         )
 
+    def _registration_watchdog(
+        self, *, api: ClusterApi, events: EventRecorder | None
+    ) -> RegistrationWatchdog | None:
+        config = self.config
+        if config.registration_grace_seconds is None:
+            return None
+        return RegistrationWatchdog(
+            tracker=self.tracker,
+            registration_socket=self.registration_socket,
+            report=NodeWarning(
+                NodeEvents(api=api, events=events, node_name=config.node_name),
+                reason=REASON_NOT_REGISTERED,
+            ),
+            grace_s=config.registration_grace_seconds,
+            delays=backoff(),
+        )
+
     def _http_endpoints(self) -> list[HttpEndpoint]:
-        """``/healthz`` and ``/metrics``: one server when both flags name the same port."""
+        """``/healthz``, ``/readyz`` and ``/metrics``: one server when the flags name one port."""
+        health = {"/healthz": self.health.route, "/readyz": self.health.ready_route}
         served = [
-            (self.config.healthz_address, {"/healthz": self.health.route}),
+            (self.config.healthz_address, health),
             (self.config.metrics_address, {"/metrics": self._metrics_route}),
         ]
         return list(endpoints_by_address(served, split=split_address).values())
@@ -236,6 +262,8 @@ class KubeletPlugin:
         self.health_board.reopen()
         self._dra_server.start()
         self._registration_server.start()
+        if self.registration_watchdog is not None:
+            self.registration_watchdog.start()
         wait = self.config.registration_wait_seconds
         if wait > 0 and not self.tracker.wait_registered(timeout=wait):
             logger.warning(
@@ -260,6 +288,8 @@ class KubeletPlugin:
             return
         self._started = False
         self.health_board.close()
+        if self.registration_watchdog is not None:
+            self.registration_watchdog.stop()
         self._registration_server.stop()
         self._dra_server.stop()
         self.device_status.close()

@@ -9,7 +9,7 @@ so ``/healthz`` can show it.
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -105,3 +105,68 @@ class RegistrationServicer(api_pb2_grpc.RegistrationServicer):
 
 def add_registration_service(server: grpc.Server, servicer: RegistrationServicer) -> None:
     api_pb2_grpc.add_RegistrationServicer_to_server(servicer, server)
+
+
+REASON_NOT_REGISTERED: Final = "KubeletPluginNotRegistered"
+
+
+class RegistrationWatchdog:
+    """Says on the Node when the kubelet does not register the plugin.
+
+    The kubelet's plugin watcher registers a plugin within a second or two of its socket appearing
+    in the directory it watches. When that does not happen, the plugin serves where no kubelet
+    looks — the DaemonSet's host paths are not this node's kubelet's (a kubelet with another
+    ``--root-dir``: k0s, MicroK8s...) — and would otherwise look like a success while no pod can
+    get a slice. ``grace_s`` after the plugin started serving, and then after each delay of
+    ``delays``, ``report`` is called with what to do about it, until the kubelet registers us.
+    """
+
+    def __init__(
+        self,
+        *,
+        tracker: RegistrationTracker,
+        registration_socket: Path,
+        report: Callable[[str], None],
+        grace_s: float,
+        delays: Iterator[float],
+    ) -> None:
+        self._tracker = tracker
+        self._socket = registration_socket
+        self._report = report
+        self._grace_s = grace_s
+        self._delays = delays
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="registration-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+
+    def message(self) -> str:
+        state = self._tracker.state
+        if state.registered is False:
+            return f"the kubelet refused to register the plugin: {state.error or '(no reason)'}"
+        return (
+            f"the kubelet has not registered the plugin {self._grace_s:.0f}s after it began "
+            f"serving {self._socket}: this node's kubelet does not watch "
+            f"{self._socket.parent} (a kubelet with another --root-dir, e.g. k0s or MicroK8s?); "
+            "set the DaemonSet's host paths and INSTASLICE_*_DIR variables to its directories "
+            "(docs/deploy.md, Troubleshooting)"
+        )
+
+    def _run(self) -> None:
+        delay = self._grace_s
+        while not self._stop.wait(delay):
+            if self._tracker.state.registered is True:
+                return
+            message = self.message()
+            logger.error("%s", message)
+            self._report(message)
+            delay = next(self._delays)

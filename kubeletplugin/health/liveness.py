@@ -84,6 +84,15 @@ class HealthChecker:
         report = self.check()
         return (200 if report.ok else 503), "text/plain; charset=utf-8", report.body()
 
+    def ready_route(self) -> tuple[int, str, bytes]:
+        """``/readyz``: healthy *and* registered by the kubelet. A plugin the kubelet never
+        registered serves no pod (its sockets are where no kubelet looks): not ready, though
+        alive (``kubeletplugin.dra.registration.RegistrationWatchdog`` says why on the Node)."""
+        report = self.check()
+        ok = report.ok and self._tracker.state.registered is True
+        body = report.body() + (b"" if ok or not report.ok else b"not ready: not registered\n")
+        return (200 if ok else 503), "text/plain; charset=utf-8", body
+
 
 def _gpu_health_line(inventory: NodeInventory) -> str:
     unhealthy = inventory.unhealthy_gpus

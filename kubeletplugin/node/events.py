@@ -6,7 +6,7 @@ logged and never stops the caller.
 
 import logging
 
-from driver.cluster.events import EventRecorder
+from driver.cluster.events import WARNING, EventRecorder
 from driver.cluster.port import NODES, ClusterApi
 from driver.errors import DriverError
 
@@ -30,3 +30,14 @@ class NodeEvents:
             logger.info("cannot post %s event on Node %s: %s", reason, self._node, exc)
             return
         self._events.record(node, event_type=event_type, reason=reason, message=message)
+
+
+class NodeWarning:
+    """A callable posting one reason's Warning on the Node, the message given at each call."""
+
+    def __init__(self, node_events: NodeEvents, *, reason: str) -> None:
+        self._node_events = node_events
+        self._reason = reason
+
+    def __call__(self, message: str) -> None:
+        self._node_events.post(event_type=WARNING, reason=self._reason, message=message)

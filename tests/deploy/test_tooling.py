@@ -15,7 +15,12 @@ import yaml
 from tests.deploy import manifests as m
 
 KIND_CONFIGS = ["cluster.yaml", "cluster-gpu.yaml"]
-SCRIPTS = {"render.sh": "sh", "setup.sh": "bash", "e2e-kind-emulated.sh": "bash"}
+SCRIPTS = {
+    "render.sh": "sh",
+    "rollout.sh": "sh",
+    "setup.sh": "bash",
+    "e2e-kind-emulated.sh": "bash",
+}
 PYPROJECT = tomllib.loads((m.REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 
 
@@ -155,6 +160,35 @@ def test_make_deploy_renders_the_overlay_with_the_given_images() -> None:
     assert "deploy/render.sh emulated" in emulated
 
 
+def test_make_deploy_waits_for_the_rollout_and_says_why_it_cannot_finish() -> None:
+    out = _make_dry_run("deploy", "KUBECTL=/opt/k/kubectl")
+    assert "KUBECTL='/opt/k/kubectl' deploy/rollout.sh" in out
+    text = (m.DEPLOY / "rollout.sh").read_text(encoding="utf-8")
+    for reason in ("ErrImagePull", "ImagePullBackOff", "CrashLoopBackOff"):
+        assert reason in text
+    assert "source=instaslice-kubelet-plugin" in text  # the plugin's Node warnings
+
+
+def test_make_undeploy_pipes_the_render_into_the_uninstall_that_drains_only_when_asked() -> None:
+    refusing = _make_dry_run("undeploy", "OVERLAY=emulated")
+    assert "deploy/render.sh emulated | .venv/bin/python -m instaslice uninstall -f -" in refusing
+    assert "--drain" not in refusing
+    assert "uninstall -f - --drain" in _make_dry_run("undeploy", "DRAIN=true")
+
+
+def test_make_images_builds_both_targets_with_buildah() -> None:
+    out = _make_dry_run("images", "IMG=a:1", "IMG_PLUGIN=b:1")
+    assert "buildah bud --network host --layers --target controller -t a:1 ." in out
+    assert "buildah bud --network host --layers --target kubelet-plugin -t b:1 ." in out
+
+
+def test_make_test_deploy_builds_the_images_then_runs_the_tier_under_the_lock() -> None:
+    out = _make_dry_run("test-deploy")
+    assert out.index("--target kubelet-plugin") < out.index("flock -w 3600 -o /tmp/realstack.lock")
+    assert "pytest tests/deployed --deploy-tier" in out
+    assert "flock" not in _make_dry_run("test-deploy", "REALSTACK_LOCK=")
+
+
 def test_make_docker_targets_build_both_images_with_the_container_tool() -> None:
     out = _make_dry_run(
         "docker-build", "docker-push", "CONTAINER_TOOL=podman", "IMG=a:1", "IMG_PLUGIN=b:1"
@@ -205,6 +239,8 @@ def test_deploy_guide_links_resolve_and_name_every_deploy_target() -> None:
         "undeploy-classes",
         "test-e2e-kind-emulated",
         "cleanup-test-e2e-kind-emulated",
+        "images",
+        "test-deploy",
     ):
         assert f"make {target}" in text, target
     assert "docs/deploy.md" in (m.REPO_ROOT / "README.md").read_text(encoding="utf-8")

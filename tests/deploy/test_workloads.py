@@ -196,6 +196,8 @@ def test_probes_and_ports_match_the_configured_addresses(overlay: str, component
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"]["port"] == "healthz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    # the plugin is ready once the kubelet registered it; the controller once it serves
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
 
 
 CLAIM_WEBHOOK_PATH = "/mutate-resource-v1-resourceclaim"

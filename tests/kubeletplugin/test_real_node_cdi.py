@@ -57,7 +57,11 @@ def test_every_slice_names_the_common_device_after_its_own(
     # The runtime's view (CDI library, where installed): one container holding the claim.
     injected = inject(written, [i for pair in ids for i in pair])
     assert "LD_LIBRARY_PATH=/opt/nvidia/lib" in injected["env"]
-    assert [d["path"] for d in injected["linuxDevices"]] == ["/dev/nvidiactl"]
+    paths = [d["path"] for d in injected["linuxDevices"]]
+    # the common control node once, and each slice's own nodes (two GPUs, three slices)
+    assert paths.count("/dev/nvidiactl") == 1
+    assert {"/dev/nvidia0", "/dev/nvidia1"} <= set(paths)
+    assert len([p for p in paths if p.startswith("/dev/nvidia-caps/")]) == 6
 
 
 def test_a_restarted_plugin_answers_with_the_common_device_too(

@@ -190,13 +190,17 @@ def test_real_mode_without_known_majors_names_paths_only() -> None:
     ]
 
 
-def test_emulated_mode_writes_no_device_nodes() -> None:
+def test_emulated_mode_names_the_real_paths_on_the_hosts_dev_null() -> None:
     spec = build_claim_spec(
-        claim_uid=CLAIM_A, slices=_slices(3), emulated=True, majors=DeviceMajors(gpu=195, caps=236)
+        claim_uid=CLAIM_A, slices=_slices(1), emulated=True, majors=DeviceMajors(gpu=195, caps=236)
     )
-    text = spec_to_json(spec).decode()
-    assert "deviceNodes" not in text
-    assert "/dev/" not in text
+    nodes = json.loads(spec_to_json(spec))["devices"][0]["containerEdits"]["deviceNodes"]
+    # no numbers: the runtime takes /dev/null's, which every node has (docs/design.md F10)
+    assert nodes == [
+        {"path": "/dev/nvidia0", "hostPath": "/dev/null"},
+        {"path": "/dev/nvidia-caps/nvidia-cap10", "hostPath": "/dev/null"},
+        {"path": "/dev/nvidia-caps/nvidia-cap11", "hostPath": "/dev/null"},
+    ]
     assert all(device.container_edits.env for device in spec.devices)
 
 

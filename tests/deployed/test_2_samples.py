@@ -1,0 +1,208 @@
+"""Every sample a user applies (``kubectl apply -k samples/``) Running as a real container with
+exactly its slices, and a claim with an opaque config; the daemons observed as an operator does:
+metrics through their Services, ``kubectl logs``, probes."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import yaml
+
+from api import names
+from driver.cluster.port import PODS
+from driver.cluster.views import PodView
+from tests.deployed import checks
+from tests.deployed.deploy import QUOTA_NS, SAMPLES, SAMPLES_NS, TIER_NS, Deploy, sample_path
+
+OPAQUE_ENV = {"HF_HOME": "/models/cache", "TIER_GREETING": "hello from the claim"}
+
+
+def _opaque_config_workload() -> str:
+    """A claim template whose opaque config asks for environment variables, and its pod."""
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "mig-with-env", "namespace": TIER_NS},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": "mig", "exactly": {"deviceClassName": "mig-1g.5gb.instaslice.dev"}}
+                    ],
+                    "config": [
+                        {
+                            "requests": ["mig"],
+                            "opaque": {
+                                "driver": names.DRIVER_NAME,
+                                "parameters": {
+                                    "apiVersion": "mig.instaslice.dev/v1alpha1",
+                                    "kind": "MigDeviceConfig",
+                                    "env": OPAQUE_ENV,
+                                },
+                            },
+                        }
+                    ],
+                }
+            }
+        },
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "opaque-config", "namespace": TIER_NS},
+        "spec": {
+            "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": "mig-with-env"}],
+            "containers": [
+                {
+                    "name": "app",
+                    "image": "busybox:1.36",
+                    "command": ["sh", "-c", "exec sleep 86400"],
+                    "resources": {"claims": [{"name": "mig"}]},
+                }
+            ],
+        },
+    }
+    return yaml.safe_dump_all([template, pod])
+
+
+def test_every_sample_runs_as_a_real_container_with_exactly_its_slices(deployed: Deploy) -> None:
+    deployed.install("emulated")
+    deployed.namespaces()
+    deployed.apply_ok("-k", str(SAMPLES))
+    deployed.apply_ok("-f", "-", stdin=_opaque_config_workload())
+    pods = [
+        *deployed.wait_running(SAMPLES_NS),
+        *deployed.wait_running(QUOTA_NS),
+        *deployed.wait_running(TIER_NS),
+    ]
+    deployed.cluster.wait_for(
+        lambda: (
+            deployed.cluster.kubectl(
+                "-n", SAMPLES_NS, "get", "job/mig-job", "-o", "jsonpath={.status.succeeded}"
+            ).stdout
+            == "4"
+        ),
+        timeout=180,
+        message="job mig-job did not complete",
+    )
+    running = checks.running_pods(deployed.cluster, [SAMPLES_NS, QUOTA_NS, TIER_NS])
+    assert len(running) >= 13, [p["metadata"]["name"] for p in pods]
+    views = [checks.check_container(deployed.cluster, pod) for pod in running]
+    checks.check_no_slice_twice(views)
+    opaque = next(v for v in views if v.pod == f"{TIER_NS}/opaque-config")
+    assert {k: opaque.env.get(k) for k in OPAQUE_ENV} == OPAQUE_ENV
+    three = next(v for v in views if v.pod == f"{SAMPLES_NS}/three-slices")
+    assert len(three.mig_uuids) == 3
+    assert checks.leaks(deployed.cluster) == []
+
+
+def test_metrics_are_scraped_through_the_services(deployed: Deploy) -> None:
+    cluster = deployed.cluster
+    controller_ip = cluster.kubectl(
+        "-n", names.SYSTEM_NAMESPACE, "get", "service", "instaslice-controller-metrics",
+        "-o", "jsonpath={.spec.clusterIP}",
+    ).stdout  # fmt: skip
+    text = _get(f"http://{controller_ip}:8080/metrics")
+    assert "instaslice_controller_" in text
+    # every plugin behind its Service: each node's figures, from each endpoint
+    endpoints = json.loads(
+        cluster.kubectl(
+            "-n", names.SYSTEM_NAMESPACE, "get", "endpointslices",
+            "-l", "kubernetes.io/service-name=instaslice-kubelet-plugin-metrics", "-o", "json",
+        ).stdout
+    )  # fmt: skip
+    by_node = {
+        e["nodeName"]: e["addresses"][0]
+        for s in endpoints["items"]
+        for e in s.get("endpoints") or []
+        if (e.get("conditions") or {}).get("ready")
+    }
+    assert set(by_node) == set(cluster.node_names)
+    in_use = 0.0
+    for address in by_node.values():
+        in_use += checks.metric_sum(
+            _get(f"http://{address}:9400/metrics"), "instaslice_kubelet_plugin_slices_in_use"
+        )
+    held = sum(len(v) for v in _held(deployed).values())
+    assert in_use == held
+    plugin_ip = cluster.kubectl(
+        "-n", names.SYSTEM_NAMESPACE, "get", "service", "instaslice-kubelet-plugin-metrics",
+        "-o", "jsonpath={.spec.clusterIP}",
+    ).stdout  # fmt: skip
+    assert "instaslice_kubelet_plugin_gpus" in _get(f"http://{plugin_ip}:9400/metrics")
+
+
+def test_every_daemon_logs_json_to_kubectl_logs_and_passes_its_probes(deployed: Deploy) -> None:
+    cluster = deployed.cluster
+    daemons = deployed.api.list_objects(PODS, namespace=names.SYSTEM_NAMESPACE).items
+    assert len(daemons) == 4  # two controller replicas, one plugin per node
+    for pod in daemons:
+        view = PodView.of(pod)
+        ready = view.condition("Ready")
+        assert ready is not None, f"{view.key} has no Ready condition"
+        assert ready.true, f"{view.key} is not ready"
+        status = pod["status"]["containerStatuses"][0]
+        assert status["restartCount"] == 0, f"{view.key} restarted"
+        lines = cluster.kubectl("-n", view.namespace, "logs", view.name).stdout.splitlines()
+        assert lines, f"{view.key} logged nothing"
+        records = [json.loads(line) for line in lines]
+        assert all({"ts", "level", "logger", "msg"} <= set(r) for r in records)
+    events = cluster.kubectl(
+        "-n", names.SYSTEM_NAMESPACE, "get", "events", "--field-selector", "reason=Unhealthy",
+        "-o", "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}",
+    ).stdout  # fmt: skip
+    assert "Liveness probe failed" not in events, events
+
+
+PRIVILEGES_SCRIPT = (
+    "id -u; grep '^CapEff:' /proc/self/status; "
+    "touch /written 2>/dev/null && echo writable || echo read-only"
+)
+
+
+def test_each_daemon_runs_with_the_privileges_docs_deploy_md_states(deployed: Deploy) -> None:
+    """From inside: the controller is UID 65532, the emulated plugin root; neither has a
+    capability, and neither can write its root filesystem."""
+    expected = {"controller": "65532", "kubelet-plugin": "0"}
+    for pod in deployed.api.list_objects(PODS, namespace=names.SYSTEM_NAMESPACE).items:
+        view = PodView.of(pod)
+        component = view.meta.labels["app.kubernetes.io/component"]
+        uid, caps, root = deployed.cluster.exec(view.namespace, view.name, PRIVILEGES_SCRIPT).split(
+            "\n"
+        )[:3]
+        assert uid == expected[component], f"{view.key} runs as {uid}"
+        assert caps.split() == ["CapEff:", "0000000000000000"], f"{view.key}: {caps}"
+        assert root == "read-only", f"{view.key} can write its root filesystem"
+
+
+def test_the_large_profile_samples_run_alone(deployed: Deploy) -> None:
+    for namespace in (SAMPLES_NS, QUOTA_NS, TIER_NS):
+        deployed.delete_namespaced(namespace)
+    deployed.cluster.wait_for(
+        lambda: not checks.node_artifacts(deployed.cluster),
+        timeout=60,
+        message="slices left after the samples ended",
+        explain=lambda: str(checks.node_artifacts(deployed.cluster)),
+    )
+    deployed.apply_ok("-k", sample_path("large-profiles"))
+    pods = deployed.wait_running(SAMPLES_NS)
+    views = [checks.check_container(deployed.cluster, pod) for pod in pods]
+    assert len(views) == 2
+    checks.check_no_slice_twice(views)
+    deployed.delete_namespaced(SAMPLES_NS)
+
+
+def _held(deployed: Deploy) -> dict[str, list[str]]:
+    """Node -> MIG UUIDs of the instances on it."""
+    return {
+        node: [str(i.mig_uuid) for i in deployed.cluster.mig_instances(node, gpus=checks.GPUS)]
+        for node in deployed.cluster.node_names
+    }
+
+
+def _get(url: str) -> str:
+    """GET from a cluster address, never through the machine's egress proxy."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(url, timeout=10) as reply:
+        return str(reply.read().decode())
