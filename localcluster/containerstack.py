@@ -37,19 +37,13 @@ from driver.cluster.port import JsonObject
 from driver.errors import ConfigError
 from driver.gpu.backend import MigInstance
 from driver.gpu.emulated import EmulatedGpuBackend
+from localcluster.realstack import stack_path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STATE_DIR = Path("/var/lib/instaslice")
 """The kubelet plugin's state directory on a node (deploy/base/kubelet-plugin.yaml)."""
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 T = TypeVar("T")
-
-
-def _default(env: str, *parts: str) -> Path:
-    value = os.environ.get(env)
-    if value:
-        return Path(value)
-    return Path(os.environ.get("TMPDIR") or "/tmp").joinpath(*parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +54,8 @@ class ContainerStackPaths:
     @classmethod
     def from_environment(cls) -> ContainerStackPaths:
         return cls(
-            control_plane=_default("INSTASLICE_REAL_K8S", "k8s"),
-            nodes=_default("INSTASLICE_REAL_NODES", "k8s-node"),
+            control_plane=stack_path("INSTASLICE_REAL_K8S", "k8s"),
+            nodes=stack_path("INSTASLICE_REAL_NODES", "k8s-node"),
         )
 
     @property

@@ -86,7 +86,9 @@ _TOKEN_SECONDS = 6 * 3600
 _KUBELET_ERROR = re.compile(r"^E\d{4} ")
 
 
-def _default(env: str, *parts: str) -> Path:
+def stack_path(env: str, *parts: str) -> Path:
+    """``$env`` when set, else ``parts`` under ``$TMPDIR`` (``/tmp``): where ``../shared/realstack``
+    put a piece of the stack."""
     value = os.environ.get(env)
     if value:
         return Path(value)
@@ -104,9 +106,9 @@ class RealStackPaths:
     @classmethod
     def from_environment(cls) -> RealStackPaths:
         return cls(
-            control_plane=_default("INSTASLICE_REAL_K8S", "k8s"),
-            nodes=_default("INSTASLICE_REAL_NODES", "k8s-node"),
-            cdi_validate=_default("INSTASLICE_REAL_CDI", "cdi-validate", "bin", "cdi-validate"),
+            control_plane=stack_path("INSTASLICE_REAL_K8S", "k8s"),
+            nodes=stack_path("INSTASLICE_REAL_NODES", "k8s-node"),
+            cdi_validate=stack_path("INSTASLICE_REAL_CDI", "cdi-validate", "bin", "cdi-validate"),
         )
 
     @property
