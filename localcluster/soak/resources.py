@@ -1,18 +1,26 @@
 """What every daemon holds over time: resident memory, open file descriptors, threads, every
 ``SAMPLE_INTERVAL_S`` seconds from ``/proc``, and their growth.
 
-A daemon a fault restarted starts a new series (an *incarnation*: same role, new pid), and so does a
-controller that takes or loses the lead: a leader holds the allocator's state and writes, a standby
-only watches, so their figures differ by design and the step between them is no growth. Growth is
-judged on each series that lived at least ``JUDGE_SHARE`` of the soak after its warm-up
-(``WARMUP_S`` after it started, and not before the soak's own warm-up ended). RSS: the median of
-its first ``WINDOW`` samples after the warm-up against the median of its last ``WINDOW``, at most
+Each process is judged over its life; a daemon a fault restarted is a new process (same role, new
+pid), judged on its own. A process is judged when it lived at least ``JUDGE_SHARE`` of the soak
+after its warm-up (``WARMUP_S`` after it started, and not before the soak's own warm-up ended).
+
+A controller also changes *phase*: a leader holds the allocator's state and writes, a standby only
+watches, so their figures differ by design. Its samples are cut into runs of one phase, each settled
+``PHASE_SETTLE_S`` after the change (``WARMUP_S`` for its first run). RSS is judged over the life
+with the step at each change taken out (each run continues from the level where the previous one
+ended): the memory a leader's state took is not handed back to the operating system when it stops
+leading, so a standby that led once sits higher for good, yet a creep inside any run still adds up.
+Descriptors and threads are judged per phase, over every run of that phase: a standby must end with
+no more than it had as a standby at first, so one leaked per lead change still shows.
+
+RSS: the median of the first ``WINDOW`` samples against the median of the last ``WINDOW``, at most
 ``MAX_GROWTH`` (5 %) more. Descriptors and threads are counts of a few dozen that thread pools and
 connection pools raise to their working size in steps, the first time a burst or a reconnect needs
 them: the median of the last ``WINDOW`` against the highest count of the first half, at most 5 %
 or ``MIN_COUNT_SLACK`` more, whichever is more — a leak of one per fault or reconnect still shows
-within a few faults. The slope per hour (least squares over the samples after the warm-up, as a
-share of the start) is reported with each.
+within a few faults. The slope per hour (least squares, as a share of the start) is reported with
+each.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ SAMPLE_INTERVAL_S: Final = 10.0
 WARMUP_S: Final = 120.0
 WINDOW: Final = 6
 JUDGE_SHARE: Final = 0.5
+PHASE_SETTLE_S: Final = 60.0
+"""After a lead change, the time a controller takes to build (or drop) the leader's state."""
 MAX_GROWTH: Final = 0.05
 MIN_COUNT_SLACK: Final = 2
 FIGURES: Final = ("rss_kib", "fds", "threads")
@@ -121,11 +131,12 @@ class Growth:
     role: str
     pid: int
     phase: str
+    """The phase the figure was judged in; for RSS, the phases of the life joined by ``>``."""
     figure: str
     judged: bool
     """False: the incarnation lived too short after its warm-up to judge (reported only)."""
     start: float
-    """RSS: the median of the first samples after the warm-up; counts: the first half's highest."""
+    """RSS: the median of the first settled samples; counts: the first half's highest."""
     end: float
     growth: float
     """(end - start) / start."""
@@ -152,54 +163,94 @@ def limit(figure: str, start: float) -> float:
     return max(start * (1 + MAX_GROWTH), start + MIN_COUNT_SLACK)
 
 
-def _series(samples: Sequence[Sample]) -> list[tuple[tuple[str, int, str], list[Sample]]]:
-    """The samples cut into series: per role and pid, a new one at each change of phase."""
+Points = list[tuple[float, float]]
+
+
+def _runs(samples: Sequence[Sample]) -> list[tuple[tuple[str, int], list[list[Sample]]]]:
+    """Per role and pid, the samples cut into runs of one phase, in time order."""
     by_process: dict[tuple[str, int], list[Sample]] = {}
     for sample in samples:
         by_process.setdefault((sample.role, sample.pid), []).append(sample)
     cut = []
-    for (role, pid), process_samples in sorted(by_process.items()):
+    for key, process_samples in sorted(by_process.items()):
         process_samples.sort(key=lambda s: s.at_s)
-        current: list[Sample] = []
+        runs: list[list[Sample]] = [[]]
         for sample in process_samples:
-            if current and sample.phase != current[-1].phase:
-                cut.append(((role, pid, current[-1].phase), current))
-                current = []
-            current.append(sample)
-        cut.append(((role, pid, current[-1].phase), current))
+            if runs[-1] and sample.phase != runs[-1][-1].phase:
+                runs.append([])
+            runs[-1].append(sample)
+        cut.append((key, runs))
     return cut
 
 
+def _settled(runs: Sequence[Sequence[Sample]], soak_warmup_s: float) -> list[list[Sample]]:
+    """Each run without its settling time; runs too short to tell a level are left out."""
+    kept = []
+    for index, run in enumerate(runs):
+        settled_from = max(
+            run[0].at_s + (WARMUP_S if index == 0 else PHASE_SETTLE_S), soak_warmup_s
+        )
+        settled = [s for s in run if s.at_s >= settled_from]
+        if len(settled) >= WINDOW:
+            kept.append(settled)
+    return kept
+
+
+def _stitched(runs: Sequence[Sequence[Sample]], figure: str) -> Points:
+    """The runs' values of ``figure`` joined, each run moved to start at the level where the
+    previous one ended (the medians of ``WINDOW`` samples on either side of the change)."""
+    points: Points = []
+    for run in runs:
+        values = [float(getattr(s, figure)) for s in run]
+        offset = 0.0
+        if points:
+            ended = statistics.median(v for _, v in points[-WINDOW:])
+            offset = ended - statistics.median(values[:WINDOW])
+        points += [(s.at_s, v + offset) for s, v in zip(run, values, strict=True)]
+    return points
+
+
+def _judge(
+    key: tuple[str, int], phase: str, figure: str, points: Points, *, judged: bool
+) -> Growth | None:
+    if len(points) < 2 * WINDOW:
+        return None
+    values = [v for _, v in points]
+    if figure == "rss_kib":
+        start = statistics.median(values[:WINDOW])
+    else:
+        start = max(values[: len(values) // 2])
+    end = statistics.median(values[-WINDOW:])
+    slope = _slope(points)
+    return Growth(
+        role=key[0],
+        pid=key[1],
+        phase=phase,
+        figure=figure,
+        judged=judged,
+        start=start,
+        end=end,
+        growth=(end - start) / start if start else 0.0,
+        slope_per_hour=slope * 3600 / start if start else 0.0,
+        within=end <= limit(figure, start),
+    )
+
+
 def growth(samples: Sequence[Sample], *, soak_s: float, soak_warmup_s: float) -> list[Growth]:
-    """Every incarnation's growth of each figure (module docstring)."""
+    """Every process's growth of each figure (module docstring)."""
     results = []
-    for (role, pid, phase), series in _series(samples):
-        settled_from = max(series[0].at_s + WARMUP_S, soak_warmup_s)
-        settled = [s for s in series if s.at_s >= settled_from]
-        span = settled[-1].at_s - settled[0].at_s if settled else 0.0
-        judged = len(settled) >= 2 * WINDOW and span >= JUDGE_SHARE * (soak_s - soak_warmup_s)
-        for figure in FIGURES:
-            if len(settled) < 2 * WINDOW:
-                continue
-            values = [float(getattr(s, figure)) for s in settled]
-            if figure == "rss_kib":
-                start = statistics.median(values[:WINDOW])
-            else:
-                start = max(values[: len(values) // 2])
-            end = statistics.median(values[-WINDOW:])
-            slope = _slope([(s.at_s, float(getattr(s, figure))) for s in settled])
-            results.append(
-                Growth(
-                    role=role,
-                    pid=pid,
-                    phase=phase,
-                    figure=figure,
-                    judged=judged,
-                    start=start,
-                    end=end,
-                    growth=(end - start) / start if start else 0.0,
-                    slope_per_hour=slope * 3600 / start if start else 0.0,
-                    within=end <= limit(figure, start),
-                )
-            )
+    for key, runs in _runs(samples):
+        kept = _settled(runs, soak_warmup_s)
+        if not kept:
+            continue
+        life = kept[-1][-1].at_s - kept[0][0].at_s
+        judged = life >= JUDGE_SHARE * (soak_s - soak_warmup_s)
+        path = ">".join(run[0].phase for run in kept)
+        judgements = [_judge(key, path, "rss_kib", _stitched(kept, "rss_kib"), judged=judged)]
+        for phase in dict.fromkeys(run[0].phase for run in kept):
+            of_phase = [s for run in kept if run[0].phase == phase for s in run]
+            for figure in FIGURES[1:]:
+                points = [(s.at_s, float(getattr(s, figure))) for s in of_phase]
+                judgements.append(_judge(key, phase, figure, points, judged=judged))
+        results += [g for g in judgements if g is not None]
     return results

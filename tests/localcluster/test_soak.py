@@ -247,22 +247,54 @@ def test_a_pool_that_fills_early_is_no_leak_but_a_count_still_rising_late_is() -
     assert not results["plugin/node-1"].within
 
 
-def test_taking_the_lead_starts_a_new_series_and_is_no_growth() -> None:
-    standby = [
-        Sample(at_s=10 * i, role="controller-1", pid=5, rss_kib=70_000, fds=15, threads=60,
-               phase="standby")
-        for i in range(40)
-    ]  # fmt: skip
-    leader = [
-        Sample(at_s=400 + 10 * i, role="controller-1", pid=5, rss_kib=78_000, fds=22, threads=61,
-               phase="leader")
-        for i in range(80)
-    ]  # fmt: skip
-    results = growth(standby + leader, soak_s=1200, soak_warmup_s=150)
-    led = [g for g in results if g.phase == "leader"]
-    assert {g.figure for g in led} == {"rss_kib", "fds", "threads"}
-    assert all(g.judged and g.within and g.growth == 0 for g in led)
-    assert not any(g.judged for g in results if g.phase == "standby")  # 250 s: too short
+def _controller(
+    phases: list[tuple[str, int, int, int]], *, creep_kib: int = 0, pid: int = 5
+) -> list[Sample]:
+    """One controller process through runs of (phase, samples, RSS KiB, descriptors), 10 s apart;
+    ``creep_kib`` more RSS at every sample."""
+    samples, at = [], 0
+    for phase, count, rss, fds in phases:
+        for _ in range(count):
+            samples.append(
+                Sample(at_s=10.0 * at, role="controller-1", pid=pid, rss_kib=rss + creep_kib * at,
+                       fds=fds, threads=60, phase=phase)
+            )  # fmt: skip
+            at += 1
+    return samples
+
+
+def test_a_lead_change_is_a_step_not_growth_and_the_life_is_judged() -> None:
+    life = _controller([("standby", 40, 70_000, 15), ("leader", 40, 78_000, 22),
+                        ("standby", 40, 79_000, 15)])  # fmt: skip
+    results = {(g.phase, g.figure): g for g in growth(life, soak_s=1200, soak_warmup_s=150)}
+    rss = results[("standby>leader>standby", "rss_kib")]
+    assert rss.judged
+    assert rss.within
+    assert rss.growth == 0
+    for phase in ("standby", "leader"):
+        for figure in ("fds", "threads"):
+            assert results[(phase, figure)].judged
+            assert results[(phase, figure)].within
+
+
+def test_memory_creeping_through_lead_changes_is_caught() -> None:
+    life = _controller([("standby", 40, 70_000, 15), ("leader", 40, 78_000, 22),
+                        ("standby", 40, 79_000, 15)], creep_kib=60)  # fmt: skip
+    rss = next(g for g in growth(life, soak_s=1200, soak_warmup_s=150) if g.figure == "rss_kib")
+    assert rss.judged
+    assert not rss.within
+    assert rss.growth > 0.05
+
+
+def test_a_descriptor_kept_at_each_lead_change_is_caught() -> None:
+    runs = [("standby", 30, 70_000, 15)]
+    for change in range(1, 6):
+        runs += [("leader", 20, 78_000, 22 + change), ("standby", 20, 78_000, 15 + change)]
+    results = growth(_controller(runs), soak_s=1200, soak_warmup_s=150)
+    standby_fds = next(g for g in results if g.phase == "standby" and g.figure == "fds")
+    assert standby_fds.judged
+    assert not standby_fds.within
+    assert standby_fds.end == 20
 
 
 def test_leading_is_read_from_the_controller_metrics() -> None:
