@@ -18,6 +18,7 @@ import signal
 import subprocess
 import time
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 ETCD_URL = "http://127.0.0.1:2379"
 WEBHOOK_MODULE = "controller.webhook.process"
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+KUBELET_STARTS = 3
+"""How often a kubelet that failed its start is started again, as systemd restarts it on a node."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +243,30 @@ class SoakStack(RealStack):
     def stop_kubelet(self, node: str) -> None:
         """The node's kubelet and container runtime stopped (``stop-node.sh``); the plugin runs on."""
         self.stop_node(node)
+
+    def start_node(
+        self,
+        node: str,
+        *,
+        labels: Mapping[str, str] | None = None,
+        provider_id: str = "",
+        index: int | None = None,
+    ) -> None:
+        """``RealStack.start_node``, started again after a failed start (a kubelet that never got
+        healthy), up to ``KUBELET_STARTS`` times: on a node systemd restarts it, so a start that
+        fails once is no fault of the soak's daemons."""
+        for attempt in range(1, KUBELET_STARTS + 1):
+            try:
+                super().start_node(node, labels=labels, provider_id=provider_id, index=index)
+                return
+            except ConfigError as exc:
+                if attempt == KUBELET_STARTS:
+                    raise
+                reason = str(exc).strip().splitlines()[-1]
+                log.warning(
+                    "kubelet %s start %d failed (%s); starting it again", node, attempt, reason
+                )
+                self.stop_node(node)
 
     def delete_node_object(self, node: str) -> None:
         with contextlib.suppress(ApiNotFoundError):

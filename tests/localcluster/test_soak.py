@@ -7,13 +7,16 @@ from collections import Counter
 
 import pytest
 
+from driver.errors import ConfigError
 from instaslice.status import ClusterView, FreeProfile, GpuView
+from localcluster.realstack import RealStack
 from localcluster.soak.checks import Violation, fits, free_capacity
 from localcluster.soak.faults import KINDS, NODE_KINDS, FaultRecord, plan
 from localcluster.soak.ledger import telling_reason, waiting
 from localcluster.soak.metrics import informer_lists, informer_objects, leading
 from localcluster.soak.report import SoakResult, render
 from localcluster.soak.resources import Growth, Sample, growth, limit
+from localcluster.soak.stack import KUBELET_STARTS, SoakStack
 from localcluster.soak.workloads import SHAPES, claim_templates, deployment, job, single_pod
 
 NODES = ["node-0", "node-1", "node-2"]
@@ -301,3 +304,32 @@ def test_leading_is_read_from_the_controller_metrics() -> None:
     assert leading(SCRAPE) is True
     assert leading(SCRAPE.replace("leader 1.0", "leader 0.0")) is False
     assert leading("") is None
+
+
+def test_a_kubelet_that_fails_its_start_is_started_again_as_systemd_would(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stack = object.__new__(SoakStack)  # no real stack: only the start-again logic runs
+    calls: list[str] = []
+
+    def start(self: RealStack, node: str, **_: object) -> None:
+        calls.append(f"start {node}")
+        if calls.count(f"start {node}") < 2:
+            raise ConfigError("kubelet node-0 start failed (1):\nERROR: kubelet healthz not ok")
+
+    monkeypatch.setattr(RealStack, "start_node", start)
+    monkeypatch.setattr(
+        SoakStack, "stop_node", lambda self, node, **_: calls.append(f"stop {node}")
+    )
+    stack.start_node("node-0")
+    assert calls == ["start node-0", "stop node-0", "start node-0"]
+
+    def never(self: RealStack, node: str, **_: object) -> None:
+        calls.append(f"start {node}")
+        raise ConfigError("kubelet node-1 start failed (1):\nERROR: kubelet exited")
+
+    calls.clear()
+    monkeypatch.setattr(RealStack, "start_node", never)
+    with pytest.raises(ConfigError, match="kubelet exited"):
+        stack.start_node("node-1")
+    assert calls.count("start node-1") == KUBELET_STARTS
