@@ -2,8 +2,9 @@
 ``SAMPLE_INTERVAL_S`` seconds from ``/proc``, and their growth.
 
 Each process is judged over its life; a daemon a fault restarted is a new process (same role, new
-pid), judged on its own. A process is judged when it lived at least ``JUDGE_SHARE`` of the soak
-after its warm-up (``WARMUP_S`` after it started, and not before the soak's own warm-up ended).
+pid), judged on its own. A process is judged when it lived at least ``JUDGE_SHARE`` of the soak, or
+``JUDGE_ENOUGH_S``, after its warm-up (``WARMUP_S`` after it started, and not before the soak's own
+warm-up ended).
 
 A controller also changes *phase*: a leader holds the allocator's state and writes, a standby only
 watches, so their figures differ by design. Its samples are cut into runs of one phase, each settled
@@ -39,6 +40,9 @@ SAMPLE_INTERVAL_S: Final = 10.0
 WARMUP_S: Final = 120.0
 WINDOW: Final = 6
 JUDGE_SHARE: Final = 0.5
+JUDGE_ENOUGH_S: Final = 900.0
+"""A settled life this long is judged however long the soak: in a long soak the faults restart
+most daemons several times, and 15 minutes show a creep as well as half of an hour does."""
 PHASE_SETTLE_S: Final = 60.0
 """After a lead change, the time a controller takes to build (or drop) the leader's state."""
 MAX_GROWTH: Final = 0.05
@@ -244,7 +248,7 @@ def growth(samples: Sequence[Sample], *, soak_s: float, soak_warmup_s: float) ->
         if not kept:
             continue
         life = kept[-1][-1].at_s - kept[0][0].at_s
-        judged = life >= JUDGE_SHARE * (soak_s - soak_warmup_s)
+        judged = life >= min(JUDGE_SHARE * (soak_s - soak_warmup_s), JUDGE_ENOUGH_S)
         path = ">".join(run[0].phase for run in kept)
         judgements = [_judge(key, path, "rss_kib", _stitched(kept, "rss_kib"), judged=judged)]
         for phase in dict.fromkeys(run[0].phase for run in kept):

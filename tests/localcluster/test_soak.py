@@ -333,3 +333,14 @@ def test_a_kubelet_that_fails_its_start_is_started_again_as_systemd_would(
     with pytest.raises(ConfigError, match="kubelet exited"):
         stack.start_node("node-1")
     assert calls.count("start node-1") == KUBELET_STARTS
+
+
+def test_in_a_long_soak_a_process_restarted_midway_is_judged_after_fifteen_minutes() -> None:
+    restarted = _series("webhook-1", 7, [70_000 + 20 * i for i in range(200)], start_s=1800)
+    rss = next(
+        g for g in growth(restarted, soak_s=3600, soak_warmup_s=150) if g.figure == "rss_kib"
+    )
+    assert rss.judged  # 31 minutes settled: less than half of the soak, more than fifteen minutes
+    assert not rss.within
+    short = _series("webhook-0", 8, [70_000] * 90, start_s=2700)
+    assert not any(g.judged for g in growth(short, soak_s=3600, soak_warmup_s=150))
