@@ -23,7 +23,9 @@ from typing import Any
 import pytest
 
 from localcluster.containerstack import ContainerCluster, describe_missing
+from localcluster.realstack import stack_path
 from tests.deployed.deploy import Deploy, Images
+from tests.tiers import skip_unless_built
 
 HERE = Path(__file__).resolve().parent
 
@@ -40,19 +42,12 @@ STAND_INS = {
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    reason = describe_missing()
-    if reason is None:
-        return
-    skip = pytest.mark.skip(reason=reason)
-    for item in items:
-        if HERE in item.path.parents:
-            item.add_marker(skip)
+    skip_unless_built(items, HERE, describe_missing())
 
 
 def logs_dir() -> Path:
     """Where a run's make output, kubelet, containerd and daemon logs are kept."""
-    default = Path(os.environ.get("TMPDIR") or "/tmp") / "instaslice-deploy-logs"
-    return Path(os.environ.get("INSTASLICE_DEPLOY_LOGS") or default)
+    return stack_path("INSTASLICE_DEPLOY_LOGS", "instaslice-deploy-logs")
 
 
 def _buildah(*args: str) -> str:

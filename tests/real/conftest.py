@@ -14,16 +14,16 @@ MIG instance, CDI spec or checkpoint entry.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from localcluster.realstack import RealStack, RealStackConfig, describe_missing
+from localcluster.realstack import RealStack, RealStackConfig, describe_missing, stack_path
 from tests.e2e.conftest import E2E_NS
 from tests.e2e.helpers import QUOTA_NS, SAMPLES_NS, apply, attach_daemon_logs, sample, scenario
+from tests.tiers import skip_unless_built
 
 NAMESPACES = (SAMPLES_NS, QUOTA_NS, E2E_NS)
 CLEANUP_S = 30.0
@@ -31,19 +31,12 @@ HERE = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    reason = describe_missing()
-    if reason is None:
-        return
-    skip = pytest.mark.skip(reason=reason)
-    for item in items:
-        if HERE in item.path.parents:
-            item.add_marker(skip)
+    skip_unless_built(items, HERE, describe_missing())
 
 
 def logs_dir() -> Path:
     """Where a run's daemon and kubelet logs are kept (``INSTASLICE_REAL_LOGS``)."""
-    default = Path(os.environ.get("TMPDIR") or "/tmp") / "instaslice-real-logs"
-    return Path(os.environ.get("INSTASLICE_REAL_LOGS") or default)
+    return stack_path("INSTASLICE_REAL_LOGS", "instaslice-real-logs")
 
 
 @pytest.fixture(scope="session")

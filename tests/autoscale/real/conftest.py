@@ -24,7 +24,6 @@ included) are kept there too.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Generator, Iterator
@@ -34,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from localcluster.realstack import RealStack, RealStackConfig
+from localcluster.realstack import RealStack, RealStackConfig, stack_path
 from tests.autoscale.autoscaler import ClusterAutoscaler, binary_path, describe_missing
 from tests.autoscale.groups import NodeGroups, NodeGroupSpec
 from tests.autoscale.launcher import RealStackLauncher, kubelet_capacity
@@ -44,6 +43,7 @@ from tests.autoscale.template import node_bytes, template_node
 from tests.e2e.conftest import E2E_NS
 from tests.e2e.helpers import apply, attach_daemon_logs
 from tests.real.test_modes import to_scheduler_mode
+from tests.tiers import skip_unless_built
 
 HERE = Path(__file__).resolve().parent
 GROUP_LABEL = "autoscale.instaslice.dev/node-group"
@@ -58,18 +58,11 @@ FIRST_NODE_S = 300.0
 
 def logs_dir() -> Path:
     """Where a run's logs and figures are kept (``INSTASLICE_REAL_LOGS``, as ``make test-real``)."""
-    default = Path(os.environ.get("TMPDIR") or "/tmp") / "instaslice-real-logs"
-    return Path(os.environ.get("INSTASLICE_REAL_LOGS") or default)
+    return stack_path("INSTASLICE_REAL_LOGS", "instaslice-real-logs")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    reason = describe_missing()
-    if reason is None:
-        return
-    skip = pytest.mark.skip(reason=reason)
-    for item in items:
-        if HERE in item.path.parents:
-            item.add_marker(skip)
+    skip_unless_built(items, HERE, describe_missing())
 
 
 @dataclass
