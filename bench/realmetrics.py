@@ -139,6 +139,22 @@ def counters_delta(before: dict[str, float], after: dict[str, float]) -> dict[st
     return {key: round(after[key] - before.get(key, 0.0), 3) for key in after}
 
 
+CONTROLLER_COUNTER_PREFIX = "instaslice_controller_"
+
+
+def controller_counters(metrics: str) -> dict[str, float]:
+    """Every counter sample of our controller's ``/metrics``, keyed ``name{label=value,…}``: what
+    a burst made it do besides placing pods (problems reported, write conflicts, hand-offs)."""
+    found: dict[str, float] = {}
+    for sample in samples(metrics):
+        if sample.name.startswith(CONTROLLER_COUNTER_PREFIX) and sample.name.endswith("_total"):
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            found[f"{sample.name.removeprefix(CONTROLLER_COUNTER_PREFIX)}{{{labels}}}"] = (
+                sample.value
+            )
+    return found
+
+
 def scheduler_metrics(pki: Path) -> str:
     """kube-scheduler's /metrics (its secure port, read as the admin whose certificate is in
     ``pki``)."""
@@ -172,7 +188,7 @@ class Profiler:
             output = folder / f"{tag}-{name}.folded"
             self.outputs[name] = output
             command = [str(spy) if spy.exists() else "py-spy", "record", "--pid", str(pid),
-                       "--rate", "50", "--format", "raw", "--output", str(output),
+                       "--rate", "200", "--format", "raw", "--output", str(output),
                        "--nonblocking", "--gil"]  # fmt: skip
             self._processes.append(
                 subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -14,6 +14,7 @@ import os
 import statistics
 import sys
 import threading
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -29,6 +30,7 @@ from driver.cluster.port import (
     ClusterApi,
     JsonObject,
     PatchType,
+    name_of,
 )
 from driver.errors import ClusterError
 from driver.mig.catalog import CATALOG
@@ -39,6 +41,7 @@ PROFILE: Final = "1g.5gb"
 GPUS_PER_NODE: Final = 8
 LEASE_RENEW_S: Final = 10.0
 RENEW_THREADS: Final = 16
+SCHEDULABLE_TIMEOUT_S: Final = 120.0
 NODE_RESOURCES: Final = {"cpu": "128", "memory": "1Ti", "pods": "110", "ephemeral-storage": "1Ti"}
 
 
@@ -304,6 +307,34 @@ class ReadyNodes:
         publish_nodes(self._api, self.names, ready=True)
         self._thread = threading.Thread(target=self._renew, name="bench-leases", daemon=True)
         self._thread.start()
+
+    def wait_schedulable(self, timeout: float = SCHEDULABLE_TIMEOUT_S) -> None:
+        """Return once no node of ours carries a NoSchedule or NoExecute taint. kube-apiserver
+        taints a new Node ``node.kubernetes.io/not-ready`` and kube-controller-manager lifts it
+        only after seeing the node Ready; a burst started before that meets nodes no pod may
+        use, and every path would pay for it differently (a round's first pods wait, ours with a
+        Placement condition and event each)."""
+        names = set(self.names)
+        deadline = time.monotonic() + timeout
+        while True:
+            nodes = self._api.list_objects(NODES, label_selector="node.kubernetes.io/fake=true")
+            tainted = sorted(
+                name_of(node)
+                for node in nodes.items
+                if name_of(node) in names
+                and any(
+                    taint.get("effect") in ("NoSchedule", "NoExecute")
+                    for taint in (node.get("spec") or {}).get("taints") or []
+                )
+            )
+            if not tainted:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{len(tainted)} node(s) still tainted after {timeout:.0f}s "
+                    f"(first: {tainted[0]}); is kube-controller-manager running?"
+                )
+            time.sleep(0.5)
 
     def _renew(self) -> None:
         # In parallel: one at a time, 200 renewals through a saturated kube-apiserver took longer

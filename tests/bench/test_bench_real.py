@@ -16,9 +16,13 @@ import pytest
 from bench import real, realmetrics
 from bench.__main__ import main
 from bench.controllerstub import free_devices
-from bench.realnodes import GPUS_PER_NODE, PROFILE, context_switches, gpus_of
-from controller.metrics import WebhookMetrics
+from bench.realnodes import GPUS_PER_NODE, PROFILE, ReadyNodes, context_switches, gpus_of
+from controller.metrics import ControllerMetrics, WebhookMetrics
+from driver.cluster.kube import KubeClusterApi
+from driver.cluster.port import NODES, PatchType
 from driver.resourceslices import build_pool, complete_pools, parse_devices
+from localcluster.apiserver import LocalApiServer
+from localcluster.cluster.client import connect
 
 SERIES = "apiserver_admission_webhook_admission_duration_seconds"
 LABELS = 'name="claim-gate.instaslice.dev",operation="CREATE",rejected="false",type="admit"'
@@ -201,3 +205,44 @@ def test_context_switches_are_summed_over_a_process_threads() -> None:
     assert during is not None
     assert during[0] > before[0]
     assert context_switches(None) is None
+
+
+def test_the_controllers_counters_are_read_per_label_set_and_differenced() -> None:
+    metrics = ControllerMetrics()
+    before = realmetrics.controller_counters(metrics.exposition().decode())
+    for _ in range(3):
+        metrics.problem("NoCapacity")
+    metrics.conflict("write")
+    metrics.ungated(latency_seconds=0.5)
+    after = realmetrics.controller_counters(metrics.exposition().decode())
+    done = {k: v for k, v in realmetrics.counters_delta(before, after).items() if v}
+    assert done == {
+        "placement_problems_total{reason=NoCapacity}": 3.0,
+        "conflicts_total{kind=write}": 1.0,
+        "pods_ungated_total{}": 1.0,
+    }
+    assert realmetrics.controller_counters("") == {}  # the stand-ins serve no metrics
+
+
+def _taint(api: KubeClusterApi, name: str, taints: list[dict[str, str]]) -> None:
+    api.patch(NODES, name=name, patch={"spec": {"taints": taints}}, patch_type=PatchType.MERGE)
+
+
+def test_rounds_wait_until_no_node_carries_a_taint_that_keeps_pods_off(
+    apiserver: LocalApiServer,
+) -> None:
+    with connect(apiserver.url, user_agent="bench-test") as api:
+        nodes = ReadyNodes(api, 2)
+        nodes.create()
+        try:
+            not_ready = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+            _taint(api, nodes.names[1], [not_ready])
+            with pytest.raises(TimeoutError, match=f"1 node.*{nodes.names[1]}"):
+                nodes.wait_schedulable(timeout=0.6)
+            preferred = {"key": "example.com/soon", "effect": "PreferNoSchedule"}
+            timer = threading.Timer(0.3, _taint, args=(api, nodes.names[1], [preferred]))
+            timer.start()
+            nodes.wait_schedulable(timeout=30)  # a PreferNoSchedule taint keeps no pod off
+            timer.join()
+        finally:
+            nodes.stop()
