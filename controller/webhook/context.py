@@ -52,6 +52,7 @@ class CacheAdmissionContext:
         self._state = state
         self._max: tuple[tuple[int, int], dict[str, int]] = ((0, -1), {})
         self._profiles: tuple[tuple[int, int], frozenset[str]] = ((0, -1), frozenset())
+        self._ours: tuple[tuple[object, ...], frozenset[str]] = ((), frozenset())
 
     def claim_device_classes(self, *, namespace: str, name: str) -> Sequence[str] | None:
         claim = self._informers.claims.get(name, namespace=namespace)
@@ -66,13 +67,23 @@ class CacheAdmissionContext:
         return list(ClaimTemplateView.of(template).spec.device_class_names())
 
     def our_device_classes(self) -> frozenset[str]:
+        # asked on every admission: remembered until the profiles or the DeviceClasses change (the
+        # classes informer's resource version moves with every event it applies, after the cache)
+        profiles = self.known_profiles()
+        classes = self._informers.classes
+        key = (profiles, classes.last_resource_version, classes.relists)
+        cached_key, cached = self._ours
+        if cached_key == key:
+            return cached
         names = {DEVICE_CLASS_ANY}
-        names.update(profile_device_class(p) for p in self.known_profiles())
-        for device_class in self._informers.classes.list():
+        names.update(profile_device_class(p) for p in profiles)
+        for device_class in classes.list():
             name = DeviceClassView.of(device_class).name
             if is_our_class(name, device_class):
                 names.add(name)
-        return frozenset(names)
+        ours = frozenset(names)
+        self._ours = (key, ours)
+        return ours
 
     def known_profiles(self) -> frozenset[str]:
         # asked on every admission; the inventory's profile names are a walk over every device

@@ -10,10 +10,10 @@ from functools import partial
 
 import pytest
 
-from api.names import DEVICE_CLASS_ANY, profile_device_class
+from api.names import DEVICE_CLASS_ANY, DRIVER_NAME, profile_device_class
 from controller.app import Controller
 from driver.cluster.kube import KubeClusterApi
-from driver.cluster.port import PODS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS
+from driver.cluster.port import DEVICE_CLASSES, PODS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS
 from localcluster.apiserver import LocalApiServer
 from localcluster.cluster.claimcontroller import ResourceClaimController
 from localcluster.cluster.client import connect
@@ -101,6 +101,19 @@ def test_the_webhook_context_answers_from_the_caches(
     assert context.claim_device_classes(namespace=NS, name="nope") is None
     ours = context.our_device_classes()
     assert {DEVICE_CLASS_ANY, profile_device_class("1g.5gb+me")} <= ours
+    assert "gpus.example.com" not in ours
+    api.create(  # a class of another name that selects our driver: ours from its first event on
+        DEVICE_CLASSES,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": "gpus.example.com"},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]},
+        },
+    )
+    wait_for(lambda: "gpus.example.com" in context.our_device_classes(), what="the new class")
+    api.delete(DEVICE_CLASSES, name="gpus.example.com")
+    wait_for(lambda: "gpus.example.com" not in context.our_device_classes(), what="class gone")
     assert "1g.5gb" in context.known_profiles()
     assert "7g.80gb" in context.known_profiles()  # from the catalog, published nowhere
     wait_for(lambda: context.max_slices_per_gpu("1g.5gb") == 7)
