@@ -6,7 +6,8 @@ default ``/tmp/k8s``: etcd, kube-apiserver, kube-scheduler, kube-controller-mana
 line when it is not built. The run starts it fresh (``start.sh --clean``) and stops it at the end.
 Nodes are Node objects kept Ready (their kube-node-lease Leases renewed from here; there is no
 kubelet, pods are bound but never run) with the ResourceSlices our kubelet plugin publishes for 8
-A100-40GB each. This process plays the users: one ResourceClaim per pod (asking one 1g.5gb) made
+A100-40GB each; the rounds wait until kube-controller-manager has lifted the not-ready taint
+kube-apiserver gives every new Node. This process plays the users: one ResourceClaim per pod (asking one 1g.5gb) made
 before the burst — after the controller and its webhook are up, so that on the webhook paths our
 claims get their delete-protection finalizer at creation, as in a running cluster (the seconds and
 kube-apiserver CPU this takes are reported as ``claims``) — then every pod created at once from
