@@ -939,8 +939,46 @@ def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, 
         "rounds": rounds,
         "pods_per_s": by_path,
         "ratio": ratio,
+        "yardsticks": yardstick_ratios(rounds),
         "targets": {"ratio": 3.0, "latency_p99_s": 3.0 if pods >= 1000 else 1.0, "overlaps": 0},
     }
+
+
+YARDSTICKS: dict[str, tuple[str, str, str, float]] = {
+    # name: (product path, yardstick path, figure, goal for the median of the per-round ratios)
+    "controller_cpu_pregated_vs_stand_in": ("pregated", "stubcontroller", "cpu", 1.3),
+    "controller_cpu_controller_vs_stand_in": ("controller", "stubcontroller", "cpu", 1.3),
+    "webhook_latency_vs_stub": ("controller", "stubhook", "webhook", 1.1),
+}
+"""The product against its yardsticks, round by round (the same repeat index: the rounds of one
+repeat run back to back, so they share the machine's state); the median of those ratios is the
+figure, because one round's ratio swings with whatever else the machine did meanwhile."""
+
+
+def _figure(r: dict[str, Any], figure: str) -> float | None:
+    if figure == "cpu":
+        value = r.get("controller_cpu_ms_per_pod")
+    else:  # kube-apiserver's mean latency of the webhook calls of the burst
+        value = (r.get("webhook") or {}).get("mean_ms")
+    return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
+def yardstick_ratios(rounds: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each ``YARDSTICKS`` pair the run measured: its per-round ratios, their median, the goal."""
+    found: dict[str, dict[str, Any]] = {}
+    for name, (product, yardstick, figure, goal) in YARDSTICKS.items():
+        ratios = []
+        for repeat in sorted({r.get("repeat", 0) for r in rounds}):
+            mine = [_figure(r, figure) for r in rounds
+                    if r["path"] == product and r.get("repeat", 0) == repeat]  # fmt: skip
+            theirs = [_figure(r, figure) for r in rounds
+                      if r["path"] == yardstick and r.get("repeat", 0) == repeat]  # fmt: skip
+            if mine and theirs and mine[0] is not None and theirs[0] is not None:
+                ratios.append(round(mine[0] / theirs[0], 2))
+        if ratios:
+            median = round(statistics.median(ratios), 2)
+            found[name] = {"per_round": ratios, "median": median, "goal": goal}
+    return found
 
 
 def _kubernetes_version() -> str:
@@ -1038,4 +1076,10 @@ def summary(result: dict[str, Any]) -> str:
     lines += [_line(r) for r in result["rounds"]]
     lines.append(f"pods/s (median per path): {json.dumps(result['pods_per_s'])}; "
                  f"ratio controller/scheduler {result['ratio']}")  # fmt: skip
+    for name, figures in (result.get("yardsticks") or {}).items():
+        verdict = "within" if figures["median"] <= figures["goal"] else "OVER"
+        lines.append(
+            f"{name}: per round {figures['per_round']}, median {figures['median']}x "
+            f"({verdict} the goal of {figures['goal']}x)"
+        )
     return "\n".join(lines)

@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -246,3 +247,43 @@ def test_rounds_wait_until_no_node_carries_a_taint_that_keeps_pods_off(
             timer.join()
         finally:
             nodes.stop()
+
+
+def test_the_product_is_set_against_its_yardsticks_round_by_round_and_by_the_median() -> None:
+    def round_(path: str, repeat: int, cpu: float | None, webhook: float | None) -> dict[str, Any]:
+        r: dict[str, Any] = {"path": path, "repeat": repeat}
+        if cpu is not None:
+            r["controller_cpu_ms_per_pod"] = cpu
+        if webhook is not None:
+            r["webhook"] = {"calls": 1000, "mean_ms": webhook}
+        return r
+
+    rounds = [
+        round_("controller", 0, 3.0, 60.0),
+        round_("stubhook", 0, 3.1, 50.0),
+        round_("pregated", 0, 4.0, None),
+        round_("stubcontroller", 0, 3.2, None),
+        round_("controller", 1, 3.3, 44.0),
+        round_("stubhook", 1, 3.0, 55.0),
+        round_("pregated", 1, 3.6, None),
+        round_("stubcontroller", 1, 3.0, None),
+        round_("controller", 2, 3.1, 52.0),
+        round_("stubhook", 2, 3.0, 50.0),
+        round_("pregated", 2, 3.9, None),  # its stand-in round failed: no pair
+    ]
+    found = real.yardstick_ratios(rounds)
+    assert found["controller_cpu_pregated_vs_stand_in"] == {
+        "per_round": [1.25, 1.2],
+        "median": 1.23,
+        "goal": 1.3,
+    }
+    assert found["webhook_latency_vs_stub"]["per_round"] == [1.2, 0.8, 1.04]
+    assert found["webhook_latency_vs_stub"]["median"] == 1.04
+    assert found["controller_cpu_controller_vs_stand_in"]["per_round"] == [0.94, 1.1]
+    assert real.yardstick_ratios([round_("controller", 0, 3.0, 60.0)]) == {}  # nothing to pair
+    text = real.summary(
+        {"pods": 10, "nodes": 2, "gpus_per_node": 8, "model": "A100-40GB", "date": "d",
+         "machine": "m", "rounds": [], "pods_per_s": {}, "ratio": None, "yardsticks": found}
+    )  # fmt: skip
+    assert "webhook_latency_vs_stub: per round [1.2, 0.8, 1.04], median 1.04x (within" in text
+    assert "controller_cpu_pregated_vs_stand_in: per round [1.25, 1.2], median 1.23x" in text
