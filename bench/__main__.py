@@ -21,6 +21,7 @@ BENCHMARKS: dict[str, str] = {
     "prepare": "bench.prepare",
     "simulate": "bench.simulate",
     "real": "bench.real",
+    "webhook": "bench.webhook",
 }
 """Benchmark name -> module path. Register a new benchmark here."""
 ON_REQUEST = frozenset({"real"})

@@ -4,6 +4,7 @@ Only the shape of the JSON is checked — never timings, which depend on the mac
 """
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,25 @@ def test_unknown_benchmark_is_refused(capsys: pytest.CaptureFixture[str]) -> Non
         main(["no-such-bench"])
     assert "unknown benchmark" in capsys.readouterr().err
     assert "placement" in BENCHMARKS
+
+
+def test_webhook_bench_quick_measures_our_server_and_a_stand_in(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the stand-in's command line (-cert C -key K -addr H:P), served by our own server here
+    stub = tmp_path / "stub"
+    stub.write_text(
+        "#!/bin/sh\n"
+        'certs=$(dirname "$2"); port=${6##*:}\n'
+        f'exec {sys.executable} -m bench.webhook serve "$certs" "$port"\n'
+    )
+    stub.chmod(0o755)
+    assert main(["--quick", "--out", str(tmp_path), "webhook", "--webhook-stub", str(stub)]) == 0
+    result = json.loads((tmp_path / "webhook.json").read_text())
+    assert [r["server"] for r in result["rounds"]] == ["ours", "stub"]
+    for r in result["rounds"]:
+        assert r["reviews"] == 64  # every one answered 200 with the gate's patch
+        assert r["cpu_ms_per_review"] > 0
+        assert 0 < r["p50_ms"] <= r["p99_ms"]
+    assert result["cpu_ratio_median"] > 0
+    assert "CPU per review, ours / the Go stand-in" in capsys.readouterr().out
