@@ -19,7 +19,7 @@ pod whose slices must share a GPU).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from driver.errors import ConfigError, PlacementError
@@ -440,8 +440,12 @@ def _smallest(
                 extra = size - len(blockers)
                 if (extra == 0) != only_blockers:
                     continue
-                rest = [i for i in range(len(search.units)) if i not in blockers]
-                for added in itertools.combinations(rest, extra):
+                if extra == 0:
+                    additions: Iterable[tuple[int, ...]] = ((),)
+                else:  # the other units, read only when some are added (O(units) each time)
+                    rest = [i for i in range(len(search.units)) if i not in blockers]
+                    additions = itertools.combinations(rest, extra)
+                for added in additions:
                     moves = search.reseat(blockers | frozenset(added), targets)
                     if moves is not None:
                         return DefragPlan(
