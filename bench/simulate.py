@@ -82,6 +82,12 @@ HELD_OUT: dict[str, TraceSpec] = {
 ``bench/traces/README.md``). ``--regenerate`` writes them too; ``python -m bench simulate`` does
 not replay them."""
 
+DEFRAG_SEARCH_STEPS = 1_000_000_000_000
+"""The replays' budget of plan-search steps: far above what any kept trace spends, so each
+rejection gets ``plan_defrag``'s own per-search budget and the figures stay comparable with those
+of ``bench/traces/README.md``; ``instaslice simulate`` caps a replay at
+``MAX_DEFRAG_SEARCH_STEPS_PER_REPLAY`` instead, to answer in bounded time. A row's ``unsearched``
+says if even this was spent."""
 SPEED_GPUS = "20x8xA100-40GB"
 SPEED_EVENTS = 100_000
 
@@ -188,6 +194,7 @@ def defrag_rows(
                 defrag_moves=k,
                 defrag_whole_gpu_below=whole_gpu_below,
                 defrag_whole_gpu_reserve=whole_gpu_reserve,
+                defrag_search_steps=DEFRAG_SEARCH_STEPS,
             )
             rows.append(
                 below
@@ -201,6 +208,8 @@ def defrag_rows(
                     "moves_per_1000": round(1000 * result.moves / len(trace), 2),
                     "searched": result.defrag_searched,
                     "budget_hit": result.defrag_budget_hit,
+                    "search_steps": result.defrag_search_steps,
+                    "unsearched": result.defrag_unsearched,
                     "cpu_s": round(time.process_time() - cpu, 2),
                 }
             )
@@ -337,6 +346,7 @@ def summary(result: dict[str, Any]) -> str:
                 f"(gap {d['gap_ratio']}), {d['defragged']} admitted by {d['moves']} moves "
                 f"({d['moves_per_1000']} per 1,000 requests), {d['budget_hit']} of "
                 f"{d['searched']} searches at budget, {d['cpu_s']} s CPU"
+                + (f", {d['unsearched']} rejections not searched" if d.get("unsearched") else "")
             )
     for s in result["speed"]:
         lines.append(

@@ -19,6 +19,7 @@ from instaslice.inputs import integer_between, number_between
 from instaslice.planning.limits import (
     MAX_COUNT_PER_GPU,
     MAX_DEFRAG_REPLAY_REQUESTS,
+    MAX_DEFRAG_SEARCH_STEPS_PER_REPLAY,
     MAX_FLEET_GPUS,
     MAX_FLEET_NODES,
     MAX_GPUS_PER_NODE,
@@ -60,7 +61,9 @@ SIMULATE_LIMITS = (
     f"only from a regular file; times and durations from 0 to {MAX_TRACE_SECONDS:g} s; at most "
     f"{MAX_COUNT_PER_GPU} slices per request, and no more than one GPU of the fleet holds (they "
     f"share a GPU); requests x GPUs of a replay at most {MAX_REPLAY_WORK:,}, and with "
-    f"--defrag-on-reject at most {MAX_DEFRAG_REPLAY_REQUESTS:,} requests."
+    f"--defrag-on-reject at most {MAX_DEFRAG_REPLAY_REQUESTS:,} requests, whose plan searches "
+    f"spend at most {MAX_DEFRAG_SEARCH_STEPS_PER_REPLAY:,} search steps per policy in all (later "
+    "rejections are not searched, and the output says so)."
 )
 
 

@@ -257,6 +257,10 @@ def _result_json(r: ReplayResult) -> dict[str, Any]:
             defragged=r.defragged,
             moves=r.moves,
             defrag_budget_hit=r.defrag_budget_hit,
+            defrag_searched=r.defrag_searched,
+            defrag_search_steps=r.defrag_search_steps,
+            defrag_budget_spent=r.defrag_budget_spent,
+            defrag_unsearched=r.defrag_unsearched,
         )
     if r.defrag_whole_gpu_below is not None:
         entry["defrag_whole_gpu_below"] = r.defrag_whole_gpu_below
@@ -355,6 +359,14 @@ def _defrag_notes(results: Sequence[ReplayResult]) -> str:
     hit = [f"{r.policy} {r.defrag_budget_hit}" for r in results if r.defrag_budget_hit]
     if hit:
         note += f"plan searches that stopped at their budget: {', '.join(hit)}.\n"
+    for r in results:
+        if r.defrag_budget_spent:
+            note += (
+                f"{r.policy}: the defrag search budget for this replay "
+                f"({r.defrag_search_budget:,} search steps) was spent after {r.defrag_searched:,} "
+                f"searches: {r.defrag_unsearched:,} later rejections were not searched (with more "
+                "searching, defrag could admit more than this row shows).\n"
+            )
     return note
 
 

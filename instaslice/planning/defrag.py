@@ -14,12 +14,21 @@ increasing size, so the first valid plan is a smallest one (``proven_minimal``) 
 ran out first. ``max_units`` bounds the plans tried (a caller that can afford only so many moves, such
 as the simulator's defragmentation on rejection), and ``one_gpu`` asks for every target on one GPU (a
 pod whose slices must share a GPU).
+
+A search reports the *search steps* it spent (``search_steps``): ``GPU_READ_STEPS`` per GPU read for
+target placements, one per step of the target-set enumeration and ``WALK_STEPS_PER_PLAN`` per plan
+checked (weights that make a step take about the same time whatever the search spends it on).
+``max_search_steps`` caps them: a caller that runs many searches (the simulator, once per rejected
+request) gives each search what is left of its own total, so the total is exact, and a search stopped
+by it says so (``NoPlan.allowance_spent``). Counting steps instead of seconds keeps every result
+reproducible from run to run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from driver.errors import ConfigError, PlacementError
@@ -39,11 +48,22 @@ DEFAULT_BUDGET = 2_000
 plan found without proof that it is the smallest."""
 
 WALK_STEPS_PER_PLAN = 50
-"""Candidate steps of the target-set enumeration allowed per plan of the budget."""
+"""Candidate steps of the target-set enumeration allowed per plan of the budget; also what one
+checked plan counts in search steps (it costs about as much time as that many steps)."""
+
+
+GPU_READ_STEPS = 50
+"""What reading one GPU for the target placements counts in search steps (about the time of one
+checked plan)."""
 
 
 class _OutOfBudgetError(Exception):
     pass
+
+
+class _OutOfAllowanceError(Exception):
+    """The caller's ``max_search_steps`` cannot pay for the next step: the search ends (no second
+    pass as after ``_OutOfBudgetError``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +139,8 @@ class DefragPlan:
     proven_minimal: bool
     checked: int
     """Candidate plans checked."""
+    search_steps: int = 0
+    """Search steps spent finding it (see the module doc)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +148,11 @@ class NoPlan:
     reason: str
     budget_exhausted: bool = False
     """The search stopped at its budget: a plan may exist all the same."""
+    search_steps: int = 0
+    """Search steps spent (see the module doc)."""
+    allowance_spent: bool = False
+    """The search stopped because ``max_search_steps`` could not pay for its next step (then
+    ``budget_exhausted`` too)."""
 
 
 def _overlaps(a_start: int, a_size: int, b: UnitSlice) -> bool:
@@ -142,10 +169,14 @@ class _Search:
         *,
         budget: int,
         one_gpu: bool,
+        max_search_steps: int | None,
     ) -> None:
         self.engine = engine
         self.budget = budget
         self.steps = 0
+        self.max_search_steps = max_search_steps
+        self.search_steps = 0
+        """Search steps spent, both passes together (``steps`` and ``checked`` restart)."""
         self.units = tuple(units)
         self.profile = profile
         self.count = count
@@ -158,6 +189,14 @@ class _Search:
                     gpu.append(i)
         self.checked = 0
         self._fitting: dict[tuple[str, ...], list[tuple[str, int]]] = {}
+
+    def charge(self, steps: int) -> None:
+        """Count ``steps`` search steps about to be spent; ``_OutOfAllowanceError`` (nothing
+        counted) if ``max_search_steps`` cannot pay for them."""
+        spent = self.search_steps + steps
+        if self.max_search_steps is not None and spent > self.max_search_steps:
+            raise _OutOfAllowanceError
+        self.search_steps = spent
 
     def candidates(self) -> list[tuple[Target, frozenset[int]]]:
         """Every placement of the profile that moving units could free, with its blockers."""
@@ -227,6 +266,7 @@ class _Search:
                 self.steps += 1
                 if self.steps > self.budget * WALK_STEPS_PER_PLAN:
                     raise _OutOfBudgetError
+                self.charge(1)
                 target, more = candidates[j]
                 union = blockers | more
                 if len(union) > limit:
@@ -245,6 +285,7 @@ class _Search:
         self.checked += 1
         if self.checked > self.budget:
             raise _OutOfBudgetError
+        self.charge(WALK_STEPS_PER_PLAN)
         if self._left_without_room(moving, targets):
             return None
         return reseat(self.engine, [self.units[i] for i in sorted(moving)], targets)
@@ -384,20 +425,49 @@ def plan_defrag(
     budget: int = DEFAULT_BUDGET,
     max_units: int | None = None,
     one_gpu: bool = False,
+    max_search_steps: int | None = None,
 ) -> DefragPlan | NoPlan:
     """The fewest units to move so that ``count`` more ``profile`` slices fit; see the module doc.
 
     With ``max_units``, plans that move more units are never tried (nor returned); with
-    ``one_gpu``, the ``count`` targets are all on one GPU."""
+    ``one_gpu``, the ``count`` targets are all on one GPU; with ``max_search_steps``, the search
+    spends at most that many search steps and ends where the next would pass it. The answer
+    carries the search steps spent."""
     if count < 1:
         raise ConfigError(f"count must be at least 1, got {count}")
     if max_units is not None and max_units < 0:
         raise ConfigError(f"max_units must be at least 0, got {max_units}")
+    if max_search_steps is not None and max_search_steps < 0:
+        raise ConfigError(f"max_search_steps must be at least 0, got {max_search_steps}")
     if not engine.inventory.published_gpus(profile):
         known = ", ".join(engine.inventory.profile_names()) or "none"
         return NoPlan(reason=f"no node publishes MIG profile {profile} (published: {known})")
-    search = _Search(engine, units, profile, count, budget=budget, one_gpu=one_gpu)
+    search = _Search(
+        engine,
+        units,
+        profile,
+        count,
+        budget=budget,
+        one_gpu=one_gpu,
+        max_search_steps=max_search_steps,
+    )
+    try:
+        found = _search(search, max_units=max_units)
+    except _OutOfAllowanceError:
+        return NoPlan(
+            reason=f"the search stopped at its allowance of {max_search_steps} search steps",
+            budget_exhausted=True,
+            search_steps=search.search_steps,
+            allowance_spent=True,
+        )
+    return dataclasses.replace(found, search_steps=search.search_steps)
+
+
+def _search(search: _Search, *, max_units: int | None) -> DefragPlan | NoPlan:
+    """``plan_defrag``'s search (``_OutOfAllowanceError`` past ``max_search_steps``)."""
+    profile, count, budget = search.profile, search.count, search.budget
     limit = len(search.units) if max_units is None else min(max_units, len(search.units))
+    search.charge(GPU_READ_STEPS * search.engine.inventory.published_gpus(profile))
     candidates = search.candidates()
     if len(candidates) < count:
         return NoPlan(
@@ -440,8 +510,12 @@ def _smallest(
                 extra = size - len(blockers)
                 if (extra == 0) != only_blockers:
                     continue
-                rest = [i for i in range(len(search.units)) if i not in blockers]
-                for added in itertools.combinations(rest, extra):
+                if extra == 0:
+                    additions: Iterable[tuple[int, ...]] = ((),)
+                else:  # the other units, read only when some are added (O(units) each time)
+                    rest = [i for i in range(len(search.units)) if i not in blockers]
+                    additions = itertools.combinations(rest, extra)
+                for added in additions:
                     moves = search.reseat(blockers | frozenset(added), targets)
                     if moves is not None:
                         return DefragPlan(

@@ -25,6 +25,11 @@ so a trace whose times and durations are all scaled by one factor gets the same 
 rule is relative to the fleet's own traffic, not a fixed use level, and to its request lifetimes,
 not a number of seconds that fits only one job length.
 
+The plan searches of one replay share a budget of search steps (``defrag_search_steps``, by default
+``MAX_DEFRAG_SEARCH_STEPS_PER_REPLAY``): each search gets what the earlier ones left, and once it is
+spent later rejections stand without a search. A replay thus takes bounded time however much it
+rejects, and the same trace gives the same figures every run (steps are counted, not seconds).
+
 Figures per run: accepted / rejected, *stranded* (rejected although one GPU of a model offering the
 profile had enough free memory slices — counted without placement rules: the fragmentation a policy
 leaves behind), with defragmentation the requests admitted thanks to a plan and the requests moved,
@@ -44,6 +49,7 @@ from dataclasses import dataclass, field
 
 from driver.errors import ConfigError
 from driver.placement import Engine, NoFit, Placed, PodRequest, Policy
+from instaslice.planning import limits
 from instaslice.planning.defrag import NoPlan, plan_defrag
 from instaslice.planning.fleet import Fleet
 from instaslice.planning.running import RunningRequests, occupancy_problems
@@ -101,6 +107,16 @@ class ReplayResult:
     defrag_budget_hit: int = 0
     """Searches that stopped at ``plan_defrag``'s budget (a plan found without proof it is the
     smallest, or none found)."""
+    defrag_search_budget: int = 0
+    """Search steps the replay's plan searches could spend together (0: defragmentation off)."""
+    defrag_search_steps: int = 0
+    """Search steps they spent (at most ``defrag_search_budget``)."""
+    defrag_budget_spent: bool = False
+    """The budget ran out: the last search was cut short or used the last step, and later
+    rejections were not searched."""
+    defrag_unsearched: int = 0
+    """Rejections that would have been searched, rejected without a search because the budget was
+    spent (the figures are then what a replay with a smaller budget gives)."""
     timeline: Timeline | None = field(default=None, compare=False, repr=False)
 
 
@@ -256,9 +272,13 @@ def replay(
     defrag_moves: int = 0,
     defrag_whole_gpu_below: float | None = None,
     defrag_whole_gpu_reserve: float | None = None,
+    defrag_search_steps: int | None = None,
     check_invariants: bool = False,
 ) -> ReplayResult:
     """Replay ``trace`` on an empty ``fleet`` with ``policy``; see the module docstring.
+
+    ``defrag_search_steps`` is the replay's budget of search steps for its plan searches (None:
+    ``limits.MAX_DEFRAG_SEARCH_STEPS_PER_REPLAY``, read at each call).
 
     ``check_invariants`` (for tests) compares the engine's occupancy with the running requests'
     placements after every arrival, and checks that the engine is empty once every request still
@@ -266,6 +286,10 @@ def replay(
     _check_defrag_moves(defrag_moves, queue=queue)
     _check_whole_gpu_below(defrag_whole_gpu_below, defrag_moves=defrag_moves)
     _check_whole_gpu_reserve(defrag_whole_gpu_reserve, defrag_moves=defrag_moves)
+    if defrag_search_steps is None:
+        defrag_search_steps = limits.MAX_DEFRAG_SEARCH_STEPS_PER_REPLAY
+    if defrag_search_steps < 0:
+        raise ConfigError(f"defrag_search_steps must be at least 0, got {defrag_search_steps}")
     run = _Replay(
         trace,
         fleet,
@@ -275,6 +299,7 @@ def replay(
         defrag_moves=defrag_moves,
         defrag_whole_gpu_below=defrag_whole_gpu_below,
         defrag_whole_gpu_reserve=defrag_whole_gpu_reserve,
+        defrag_search_steps=defrag_search_steps if defrag_moves else 0,
         check_invariants=check_invariants,
     )
     for request in trace:
@@ -321,6 +346,7 @@ class _Replay:
         defrag_moves: int,
         defrag_whole_gpu_below: float | None,
         defrag_whole_gpu_reserve: float | None,
+        defrag_search_steps: int,
         check_invariants: bool,
     ) -> None:
         self.trace, self.fleet = trace, fleet
@@ -361,6 +387,9 @@ class _Replay:
         self.sequence = 0
         self.accepted = self.rejected = self.stranded = self.queued = 0
         self.defragged = self.moves = self.searched = self.budget_hit = 0
+        self.search_budget = defrag_search_steps
+        self.search_steps = self.unsearched = 0
+        self.search_cut_short = False
         self.timeline = _Timeline() if timeline else None
 
     def arrive(self, request: TraceRequest) -> None:
@@ -426,6 +455,10 @@ class _Replay:
             moves=self.moves,
             defrag_searched=self.searched,
             defrag_budget_hit=self.budget_hit,
+            defrag_search_budget=self.search_budget,
+            defrag_search_steps=self.search_steps,
+            defrag_budget_spent=self._search_budget_spent(),
+            defrag_unsearched=self.unsearched,
             timeline=self.timeline.freeze(capacity) if self.timeline is not None else None,
         )
 
@@ -455,6 +488,9 @@ class _Replay:
             engine, need, self.mobile
         ):  # reads every GPU: after the rule
             return False
+        if self._search_budget_spent():
+            self.unsearched += 1
+            return False
         self.searched += 1
         plan = plan_defrag(
             engine,
@@ -463,9 +499,13 @@ class _Replay:
             count=request.count,
             max_units=self.defrag_moves,
             one_gpu=request.count > 1,
+            max_search_steps=self.search_budget - self.search_steps,
         )
+        self.search_steps += plan.search_steps
         if isinstance(plan, NoPlan):
-            self.budget_hit += plan.budget_exhausted
+            self.search_cut_short = plan.allowance_spent
+            # A search cut short by the replay's budget did not stop at its own.
+            self.budget_hit += plan.budget_exhausted and not plan.allowance_spent
             return False
         self.budget_hit += not plan.proven_minimal
         if not plan.moves:
@@ -481,6 +521,12 @@ class _Replay:
         self.defragged += 1
         self.moves += len(plan.moves)
         return True
+
+    def _search_budget_spent(self) -> bool:
+        """The replay's search steps are spent: a search was cut short, or none is left."""
+        return self.search_cut_short or (
+            self.defrag_moves > 0 and self.search_steps >= self.search_budget
+        )
 
     def _drain(self, now: float) -> None:
         waiting = self.waiting

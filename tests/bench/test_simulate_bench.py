@@ -54,6 +54,9 @@ def test_simulate_bench_quick_with_defrag_moves_adds_its_rows(tmp_path: Path) ->
     for d in rows:
         assert d["defragged"] <= d["moves"] <= d["moves_max"] * d["defragged"]
         assert comparison["floor"] <= d["rejected"]
+        # the bench's own budget, not the CLI's cap: every rejection that could be searched was
+        assert d["unsearched"] == 0
+        assert d["search_steps"] > 0 or d["searched"] == 0
 
 
 def test_simulate_bench_whole_gpu_limit_is_in_the_rows_only_when_given(tmp_path: Path) -> None:

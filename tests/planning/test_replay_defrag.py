@@ -13,6 +13,7 @@ from driver.errors import ConfigError
 from driver.mig.catalog import gpu_model
 from driver.placement import POLICIES, DeviceAssignment, Engine, Placed, PodRequest
 from instaslice import cli
+from instaslice.planning import limits
 from instaslice.planning.defrag import DefragPlan, NoPlan, plan_defrag
 from instaslice.planning.fleet import parse_fleet
 from instaslice.planning.replay import ReplayResult, replay
@@ -182,6 +183,100 @@ def test_defrag_and_queue_or_negative_moves_are_refused() -> None:
         replay(ONE_MOVE, TWO_A100, policy="firstfit", defrag_moves=-1)
 
 
+# ------------------------------------------------------------------- the replay's search budget
+
+
+BUSY_FLEET = parse_fleet(test_decisions.FLEET)
+BUSY = test_decisions._trace(BUSY_FLEET)[:1200]
+"""A trace whose replay by first-fit with at most 2 moves searches 53 times (1,303,521 search
+steps, 36 requests admitted by a plan)."""
+
+
+def _searched(budget: int | None) -> ReplayResult:
+    return dataclasses.replace(
+        replay(
+            BUSY,
+            BUSY_FLEET,
+            policy="firstfit",
+            defrag_moves=2,
+            defrag_search_steps=budget,
+            check_invariants=True,
+        ),
+        wall_s=0,
+    )
+
+
+def test_a_search_spends_exactly_the_steps_it_reports() -> None:
+    # Given exactly the steps it spent unbounded, a search finds the same plan; one step fewer and
+    # it stops where the next step would pass the allowance.
+    engine, running = _running((0, "1g.5gb", 0), (0, "1g.5gb", 1), (1, "4g.20gb", 0))
+    units = running.units()
+    unbounded = plan_defrag(engine, units, profile="7g.40gb")
+    assert isinstance(unbounded, DefragPlan)
+    assert unbounded.search_steps > 0
+    exact = plan_defrag(engine, units, profile="7g.40gb", max_search_steps=unbounded.search_steps)
+    assert exact == unbounded
+    short = plan_defrag(
+        engine, units, profile="7g.40gb", max_search_steps=unbounded.search_steps - 1
+    )
+    assert isinstance(short, NoPlan)
+    assert short.allowance_spent
+    assert short.budget_exhausted
+    assert short.search_steps <= unbounded.search_steps - 1
+    with pytest.raises(ConfigError, match="at least 0"):
+        plan_defrag(engine, units, profile="7g.40gb", max_search_steps=-1)
+
+
+def test_the_replay_budget_is_exact_and_deterministic() -> None:
+    full = _searched(None)
+    assert not full.defrag_budget_spent
+    assert full.defrag_search_budget == limits.MAX_DEFRAG_SEARCH_STEPS_PER_REPLAY
+    assert (full.defrag_searched, full.defrag_search_steps) == (53, 1_303_521)
+    budget = full.defrag_search_steps // 2
+    cut = _searched(budget)
+    assert cut == _searched(budget)  # every figure, run after run
+    assert cut.defrag_budget_spent
+    # Never over; short of it by less than the step the cut search could not pay for (a read of
+    # every GPU offering the profile at most).
+    assert budget - 50 * 60 < cut.defrag_search_steps <= budget
+    assert cut.defrag_searched < full.defrag_searched
+
+
+def test_a_spent_budget_leaves_later_rejections_unsearched_and_every_request_counted() -> None:
+    full = _searched(None)
+    cut = _searched(full.defrag_search_steps // 4)
+    assert cut.defrag_budget_spent
+    assert cut.defrag_unsearched > 0
+    assert cut.accepted + cut.rejected == cut.requests == 1200
+    assert cut.defrag_searched + cut.defrag_unsearched <= full.defrag_searched + cut.rejected
+
+
+def test_a_smaller_budget_admits_fewer_never_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    full = _searched(None)
+    plain = replay(BUSY, BUSY_FLEET, policy="firstfit")
+    monkeypatch.setattr(limits, "MAX_DEFRAG_SEARCH_STEPS_PER_REPLAY", full.defrag_search_steps // 4)
+    small = _searched(None)
+    assert small.defrag_search_budget == full.defrag_search_steps // 4
+    assert 0 < small.defragged < full.defragged
+    assert plain.accepted < small.accepted < full.accepted
+    # No steps at all: no search, and the decisions of defragmentation off.
+    none = _searched(0)
+    assert (none.defrag_searched, none.defragged, none.moves, none.defrag_search_steps) == (
+        0,
+        0,
+        0,
+        0,
+    )
+    assert none.defrag_unsearched > 0
+    assert (none.accepted, none.rejected, none.stranded) == (
+        plain.accepted,
+        plain.rejected,
+        plain.stranded,
+    )
+    with pytest.raises(ConfigError, match="at least 0"):
+        replay(BUSY, BUSY_FLEET, policy="firstfit", defrag_moves=1, defrag_search_steps=-1)
+
+
 # ------------------------------------------------------------------------------------ the CLI
 
 
@@ -233,7 +328,17 @@ def test_cli_json_has_defrag_fields_only_with_the_option(
     }
     assert cli.main([*argv, "--defrag-on-reject", "1"]) == 0
     moved = json.loads(capsys.readouterr().out)["policies"]["firstfit"]
-    assert set(moved) - set(plain) == {"defrag_moves", "defragged", "moves", "defrag_budget_hit"}
+    assert set(moved) - set(plain) == {
+        "defrag_moves",
+        "defragged",
+        "moves",
+        "defrag_budget_hit",
+        "defrag_searched",
+        "defrag_search_steps",
+        "defrag_budget_spent",
+        "defrag_unsearched",
+    }
+    assert (moved["defrag_budget_spent"], moved["defrag_unsearched"]) == (False, 0)
     counts = [moved[k] for k in ("accepted", "rejected", "defragged", "moves")]
     assert counts == [5, 1, 1, 1]
 
@@ -252,3 +357,32 @@ def test_cli_text_has_defrag_columns_only_with_the_option(
     assert header[-2:] == ["defragged", "moves"]
     assert row[-2:] == ["1", "1"]
     assert "evicted to restart elsewhere" in out
+
+
+def test_cli_says_when_the_search_budget_was_spent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argv = ["simulate", "--gpus", "1x2xA100-40GB", "--trace", str(_trace_file(tmp_path))]
+    argv += ["--policy", "firstfit", "--defrag-on-reject", "1"]
+    assert cli.main(argv) == 0
+    assert "search budget" not in capsys.readouterr().out
+    monkeypatch.setattr(limits, "MAX_DEFRAG_SEARCH_STEPS_PER_REPLAY", 0)
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    row = next(line.split() for line in out.splitlines() if line.startswith("firstfit"))
+    assert row[2:4] == ["4", "2"]  # both 7g rejected, as without defragmentation
+    assert (
+        "firstfit: the defrag search budget for this replay (0 search steps) was spent after 0 "
+        "searches: 2 later rejections were not searched" in out
+    )
+    assert cli.main([*argv, "--json"]) == 0
+    moved = json.loads(capsys.readouterr().out)["policies"]["firstfit"]
+    assert (moved["defrag_budget_spent"], moved["defrag_unsearched"]) == (True, 2)
+    assert (moved["defrag_searched"], moved["defrag_search_steps"]) == (0, 0)
+
+
+def test_simulate_help_states_the_search_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["simulate", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"{limits.MAX_DEFRAG_SEARCH_STEPS_PER_REPLAY:,} search steps per policy" in help_text
