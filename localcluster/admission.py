@@ -40,6 +40,7 @@ from localcluster.patch import json_patch
 from localcluster.resources import MUTATING_WEBHOOKS, NAMESPACES, ResourceType
 from localcluster.selectors import ObjectFilter, label_selector_from_object
 from localcluster.store import Store, meta
+from localcluster.tlsclient import wrap_client
 
 JsonObj = dict[str, Any]
 ServiceResolver = Callable[[str, str, int], str]
@@ -258,11 +259,7 @@ def _post(url: str, verify_name: str, client: JsonObj, review: JsonObj, timeout:
                 cadata=base64.b64decode(client["caBundle"]).decode()
             )
         raw = socket.create_connection((parts.hostname, parts.port or 443), timeout=timeout)
-        try:
-            tls = context.wrap_socket(raw, server_hostname=verify_name)
-        except BaseException:
-            raw.close()
-            raise
+        tls = wrap_client(context, raw, server_hostname=verify_name)
         conn = http.client.HTTPConnection(parts.hostname, parts.port or 443, timeout=timeout)
         conn.sock = tls
         try:

@@ -32,6 +32,7 @@ from driver.resourceslices import complete_pools
 from instaslice.status import ClusterView, mig_uuids_from_checkpoints, read_view
 from localcluster.manifests import MUTATING_WEBHOOK_CONFIGURATIONS, load_file
 from localcluster.processes import ManagedProcess
+from localcluster.tlsclient import wrap_client
 
 T = TypeVar("T")
 
@@ -268,10 +269,8 @@ class DaemonStack(ABC):
         """The controller's webhook completes a TLS handshake with our CA's certificate."""
         context = ssl.create_default_context(cadata=self._ca_bundle.decode())
         try:
-            with (
-                socket.create_connection(("127.0.0.1", self.webhook_port), timeout=1.0) as raw,
-                context.wrap_socket(raw, server_hostname="127.0.0.1"),
-            ):
+            raw = socket.create_connection(("127.0.0.1", self.webhook_port), timeout=1.0)
+            with wrap_client(context, raw, server_hostname="127.0.0.1"):
                 return True
         except (OSError, ssl.SSLError):
             return False
