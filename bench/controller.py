@@ -14,7 +14,6 @@ create call returned (p50/p99/max); ``overlaps`` must be 0 (no placement used tw
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,7 @@ from driver.cluster.port import (
 )
 from driver.cluster.throttle import ClientSettings
 from driver.mig.catalog import CATALOG
+from localcluster.daemonstack import free_port
 
 # bench.modes imports these from here
 __all__ = ["GPUS_PER_NODE", "MODEL", "PROFILE", "_overlaps", "_percentile", "run", "summary"]
@@ -55,12 +55,6 @@ FULL = {"nodes": 100, "pods": 1000, "workers": 16}
 QUICK = {"nodes": 4, "pods": 40, "workers": 4}
 NS = "default"
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -138,7 +132,7 @@ def _publish(api: KubeClusterApi, nodes: int) -> None:
 
 
 def _start_controller(processes: _Processes, url: str, workers: int) -> None:
-    port = _free_port()
+    port = free_port()
     processes.spawn(
         ["-m", "controller", "--kube-api-url", url, "--no-leader-elect", "--webhook-port", "0",
          "--metrics-address", "", "--healthz-address", f"127.0.0.1:{port}",

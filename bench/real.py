@@ -56,7 +56,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -115,7 +114,7 @@ from driver.cluster.port import (
 )
 from driver.cluster.throttle import ClientSettings
 from driver.errors import AlreadyExistsError, ApiNotFoundError, ClusterError, ConflictError
-from localcluster.daemonstack import local_metrics
+from localcluster.daemonstack import free_port, local_metrics
 from localcluster.manifests import (
     MUTATING_WEBHOOK_CONFIGURATIONS,
     NAMESPACES,
@@ -258,12 +257,6 @@ def tcp_states(port: int) -> dict[str, int]:
     return counts
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 # -- the cluster -----------------------------------------------------------------------------
 
 
@@ -385,14 +378,14 @@ class _Controller:
     ) -> None:
         self._api = api
         self._webhook = webhook
-        self.port = _free_port() if webhook else 0
-        self.health = _free_port()
-        self.metrics = _free_port()
+        self.port = free_port() if webhook else 0
+        self.health = free_port()
+        self.metrics = free_port()
         ca = write_webhook_certificates(tmp / "certs")
         self.stub: subprocess.Popen[bytes] | None = None
         self.stub_port = 0
         if stub is not None:  # kube-apiserver calls the stand-in; ours serves nobody
-            self.stub_port = _free_port()
+            self.stub_port = free_port()
             self.stub = subprocess.Popen(
                 [stub, "-addr", f"127.0.0.1:{self.stub_port}",
                  "-cert", str(tmp / "certs" / "tls.crt"), "-key", str(tmp / "certs" / "tls.key")],

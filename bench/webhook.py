@@ -39,7 +39,7 @@ from bench.realnodes import PROFILE, cpu_seconds
 from controller.webhook.admission import review_pod
 from controller.webhook.server import WebhookServer
 from driver.mig.catalog import CATALOG
-from localcluster.daemonstack import write_webhook_certificates
+from localcluster.daemonstack import free_port, write_webhook_certificates
 
 CONNECTIONS: Final = 16
 PACE_S: Final = 0.08
@@ -143,12 +143,6 @@ def serve(certs: Path, port: int) -> None:
     threading.Event().wait()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _wait_listening(port: int, process: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -243,7 +237,7 @@ def run(*, quick: bool, options: argparse.Namespace | None = None) -> dict[str, 
                 servers["stub"] = [stub, "-cert", str(certs / "tls.crt"), "-key",
                                    str(certs / "tls.key"), "-addr"]  # fmt: skip
             for name, command in servers.items():
-                port = _free_port()
+                port = free_port()
                 address = f"127.0.0.1:{port}" if name == "stub" else str(port)
                 figures = _round([*command, address], port, certs / "ca.crt",
                                  size["reviews"], PACE_S)  # fmt: skip
