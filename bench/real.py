@@ -7,8 +7,8 @@ line when it is not built. The run starts it fresh (``start.sh --clean``) and st
 Nodes are Node objects kept Ready (their kube-node-lease Leases renewed from here; there is no
 kubelet, pods are bound but never run) with the ResourceSlices our kubelet plugin publishes for 8
 A100-40GB each; the rounds wait until kube-controller-manager has lifted the not-ready taint
-kube-apiserver gives every new Node. This process plays the users: one ResourceClaim per pod (asking one 1g.5gb) made
-before the burst — after the controller and its webhook are up, so that on the webhook paths our
+kube-apiserver gives every new Node. This process plays the users: one ResourceClaim per pod
+(asking one 1g.5gb) made before the burst — after the controller and its webhook are up, so that on the webhook paths our
 claims get their delete-protection finalizer at creation, as in a running cluster (the seconds and
 kube-apiserver CPU this takes are reported as ``claims``) — then every pod created at once from
 ``--clients`` threads. The stand-in webhook of ``stubhook`` takes pods only.
@@ -958,16 +958,16 @@ def _figure(r: dict[str, Any], figure: str) -> float | None:
 
 def yardstick_ratios(rounds: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each ``YARDSTICKS`` pair the run measured: its per-round ratios, their median, the goal."""
+    by_round = {(r["path"], r.get("repeat", 0)): r for r in rounds}
+    repeats = sorted({repeat for _, repeat in by_round})
     found: dict[str, dict[str, Any]] = {}
     for name, (product, yardstick, figure, goal) in YARDSTICKS.items():
         ratios = []
-        for repeat in sorted({r.get("repeat", 0) for r in rounds}):
-            mine = [_figure(r, figure) for r in rounds
-                    if r["path"] == product and r.get("repeat", 0) == repeat]  # fmt: skip
-            theirs = [_figure(r, figure) for r in rounds
-                      if r["path"] == yardstick and r.get("repeat", 0) == repeat]  # fmt: skip
-            if mine and theirs and mine[0] is not None and theirs[0] is not None:
-                ratios.append(round(mine[0] / theirs[0], 2))
+        for repeat in repeats:
+            mine = _figure(by_round.get((product, repeat), {}), figure)
+            theirs = _figure(by_round.get((yardstick, repeat), {}), figure)
+            if mine is not None and theirs is not None:
+                ratios.append(round(mine / theirs, 2))
         if ratios:
             median = round(statistics.median(ratios), 2)
             found[name] = {"per_round": ratios, "median": median, "goal": goal}
