@@ -40,11 +40,10 @@ MAX_DEFRAG_SEARCH_STEPS_PER_REPLAY: Final = 50_000_000
 latter two weighted to take about as long as a step) that the plan searches of one replay with
 defragmentation on rejection spend together. Each search gets what the earlier ones left; once it
 is spent, later rejections stand without a search and the output says how many. A search stopped
-by its own budget takes up to about 230,000 steps, so this pays for a few hundred of them: a
-replay that spends it takes about 30 s per policy on one core of a 2-core x86 VM (a step takes
-0.35-0.45 µs on fleets of 160 and 1,600 A100s). ``python -m bench simulate`` replays its kept
-traces with a far larger budget of its own, so that its figures measure the search, not this cap
-(first-fit with at most 2 moves on the 95 %-load trace spends 46.7 million steps)."""
+by its own budget takes up to about 230,000 steps, so this pays for a few hundred of them, and a
+replay that spends it takes well under a minute per policy (docs/benchmarks.md). ``python -m bench
+simulate`` replays its kept traces with a far larger budget of its own, so that its figures measure
+the search, not this cap (its costliest trace comes close to this cap)."""
 
 MAX_TRACE_LINE_BYTES: Final = 4_096
 """One line of a trace file (a request takes well under 200 bytes, its name included)."""
