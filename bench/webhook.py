@@ -50,6 +50,7 @@ PATH: Final = "/mutate-v1-pod?timeout=10s"
 NAMESPACE: Final = "bench"
 START_TIMEOUT_S: Final = 30.0
 _PROFILES: Final = frozenset(p for model in CATALOG.values() for p in model.profile_names)
+_OUR_CLASSES: Final = frozenset({DEVICE_CLASS_ANY, *(profile_device_class(p) for p in _PROFILES)})
 
 
 class _BenchContext:
@@ -62,7 +63,7 @@ class _BenchContext:
         return None
 
     def our_device_classes(self) -> frozenset[str]:
-        return frozenset({DEVICE_CLASS_ANY, *(profile_device_class(p) for p in _PROFILES)})
+        return _OUR_CLASSES  # the controller's context remembers them between admissions too
 
     def known_profiles(self) -> frozenset[str]:
         return _PROFILES
