@@ -43,6 +43,9 @@ device-plugin shim serves, released when it stops (the controller places classic
 SHIM_LEASE_LABEL: Final = "instaslice.dev/classic-shim"
 """Label on shim leases; its value is the node name when that fits a label value."""
 SHIM_LEASE_NODE_ANNOTATION: Final = "instaslice.dev/node"
+HOLD_ANNOTATION: Final = "instaslice.dev/hold"
+"""On a gated pod: the GPUs held for it (a reservation or a preemption's room), so that a new
+leader restores the hold (``controller/allocation/holds.py``)."""
 SYSTEM_NAMESPACE: Final = "instaslice-system"
 
 RESOURCE_SLICE_NAME_PREFIX: Final = "instaslice"

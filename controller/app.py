@@ -71,6 +71,7 @@ class Controller:
             pending=self.allocator.pending,
             free=self.allocator.state.free_per_profile,
             leader=self.allocator.is_acting,
+            holds=self.allocator.state.hold_counts,
         )
         self.metrics.registry.register(
             InformerCollector(namespace=METRICS_NAMESPACE, informers=self.informers.named)

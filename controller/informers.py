@@ -31,6 +31,7 @@ from driver.cluster.port import (
     DEVICE_CLASSES,
     LEASES,
     NODES,
+    POD_DISRUPTION_BUDGETS,
     PODS,
     RESOURCE_CLAIM_TEMPLATES,
     RESOURCE_CLAIMS,
@@ -147,6 +148,8 @@ class ClusterInformers(_InformerSet):
     nodes: Informer
     shim_leases: Informer
     """The nodes' device-plugin shim leases (``kubeletplugin/deviceplugin/lease.py``)."""
+    pdbs: Informer
+    """PodDisruptionBudgets: preemption evicts no victim a budget protects (``disruption``)."""
 
     @classmethod
     def create(
@@ -160,6 +163,7 @@ class ClusterInformers(_InformerSet):
             classes=_informer(api, DEVICE_CLASSES, name),
             nodes=_informer(api, NODES, name),
             shim_leases=_informer(api, LEASES, name, namespace=namespace, label=SHIM_LEASE_LABEL),
+            pdbs=_informer(api, POD_DISRUPTION_BUDGETS, name),
         )
         informers.pods.add_index(BY_CLAIM, pod_claim_keys, inputs=pod_claim_keys_inputs)
         informers.pods.add_index(BY_UID, _uid)
@@ -177,6 +181,7 @@ class ClusterInformers(_InformerSet):
                 self.classes,
                 self.nodes,
                 self.shim_leases,
+                self.pdbs,
             )
         )
 

@@ -32,10 +32,12 @@ class _StateCollector(Collector):
         pending: Callable[[], int],
         free: Callable[[], Mapping[str, int]],
         leader: Callable[[], bool],
+        holds: Callable[[], Mapping[str, int]],
     ) -> None:
         self._pending = pending
         self._free = free
         self._leader = leader
+        self._holds = holds
 
     def collect(self) -> Iterator[Metric]:
         pending = GaugeMetricFamily(
@@ -58,6 +60,15 @@ class _StateCollector(Collector):
         )
         leader.add_metric([], 1.0 if self._leader() else 0.0)
         yield leader
+        holds = GaugeMetricFamily(
+            f"{NAMESPACE}_active_holds",
+            "Room held for waiting pods, by kind: reservation (starvation bound passed), "
+            "preemption (victims being evicted), next (a pod ahead in the order, for a moment).",
+            labels=["kind"],
+        )
+        for kind, count in sorted(self._holds().items()):
+            holds.add_metric([kind], count)
+        yield holds
 
 
 class ControllerMetrics:
@@ -108,6 +119,35 @@ class ControllerMetrics:
             "shadow_claims_released",
             "Shadow claims of finished classic pods whose allocation was cleared.",
         )
+        self._preemptions = self._counter(
+            "preemptions",
+            "Preemptions for pods that fit nowhere, by outcome: started (victims being evicted), "
+            "budget (a PodDisruptionBudget stood in the way; nothing evicted), refused (the "
+            "Eviction API refused a victim), failed (an API error).",
+            ("outcome",),
+        )
+        self._victims = self._counter(
+            "preemption_victims",
+            "Pods evicted through the Eviction API to make room for a higher-priority pod.",
+        )
+        self._reservations = self._counter(
+            "reservations",
+            "GPUs reserved for a pod that waited past the starvation bound.",
+        )
+        self._served_ahead = self._counter(
+            "served_ahead",
+            "Times freed room went to a waiting pod ahead in the serving order instead of the "
+            "pod that asked first.",
+        )
+        self._wait = Histogram(
+            "wait_seconds",
+            "Time from a pod's first failure to fit to its placement, by priority class (the "
+            "pod's spec.priorityClassName, or none).",
+            ("priority_class",),
+            namespace=NAMESPACE,
+            registry=self.registry,
+            buckets=_LATENCY_BUCKETS,
+        )
 
     def _counter(self, name: str, documentation: str, labels: tuple[str, ...] = ()) -> Counter:
         return Counter(name, documentation, labels, namespace=NAMESPACE, registry=self.registry)
@@ -123,9 +163,12 @@ class ControllerMetrics:
         pending: Callable[[], int],
         free: Callable[[], Mapping[str, int]],
         leader: Callable[[], bool],
+        holds: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         """Register the scrape-time gauges (once)."""
-        self.registry.register(_StateCollector(pending=pending, free=free, leader=leader))
+        self.registry.register(
+            _StateCollector(pending=pending, free=free, leader=leader, holds=holds or (lambda: {}))
+        )
 
     def ungated(self, *, latency_seconds: float | None) -> None:
         self._ungated.inc()
@@ -152,6 +195,21 @@ class ControllerMetrics:
 
     def shadow_released(self) -> None:
         self._released.inc()
+
+    def preemption(self, outcome: str, *, victims: int = 0) -> None:
+        self._preemptions.labels(outcome=outcome).inc()
+        if victims:
+            self._victims.inc(victims)
+
+    def reserved(self) -> None:
+        self._reservations.inc()
+
+    def served_ahead(self, count: int) -> None:
+        if count:
+            self._served_ahead.inc(count)
+
+    def waited(self, *, priority_class: str, seconds: float) -> None:
+        self._wait.labels(priority_class=priority_class or "none").observe(max(0.0, seconds))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

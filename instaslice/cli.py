@@ -75,6 +75,7 @@ def render_status(view: ClusterView, *, nodes: Sequence[str], style: Style) -> s
         view = ClusterView(
             gpus=tuple(g for g in view.gpus if g.node in wanted),
             strays=tuple(s for s in view.strays if s.pool in wanted),
+            holds=tuple(h for h in view.holds if h.node in wanted),
         )
     return render_view(view, style=style)
 

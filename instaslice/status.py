@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from api import names
+from controller.allocation.holds import parse_persisted
 from driver.checkpoint import CheckpointStore
 from driver.cluster.port import PODS, RESOURCE_CLAIMS, RESOURCE_SLICES, ClusterApi, JsonObject
 from driver.cluster.views import ClaimView, PodView, SliceView
@@ -135,9 +136,24 @@ class StrayAllocation:
 
 
 @dataclass(frozen=True, slots=True)
+class HeldGpus:
+    """GPUs the controller holds for a waiting pod (the pod's ``instaslice.dev/hold``): a
+    reservation against starvation, or the room its preemption is freeing."""
+
+    pod_namespace: str
+    pod_name: str
+    kind: str
+    node: str
+    gpus: tuple[int, ...]
+    since: str
+    victims: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterView:
     gpus: tuple[GpuView, ...]
     strays: tuple[StrayAllocation, ...] = field(default=())
+    holds: tuple[HeldGpus, ...] = field(default=())
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -196,7 +212,32 @@ def build_view(
         for key, gpu_devices in sorted(_by_gpu(devices).items())
     ]
     strays.sort(key=lambda s: (s.pool, s.device, s.claim_namespace, s.claim_name))
-    return ClusterView(gpus=tuple(gpus), strays=tuple(strays))
+    return ClusterView(gpus=tuple(gpus), strays=tuple(strays), holds=_holds(pods))
+
+
+def _holds(pods: Iterable[JsonObject]) -> tuple[HeldGpus, ...]:
+    """The holds recorded on gated pods (a placed pod's record is history, not a hold)."""
+    found = []
+    for obj in pods:
+        pod = PodView.of(obj)
+        text = pod.meta.annotations.get(names.HOLD_ANNOTATION)
+        if not text or not pod.gated_by(names.SCHEDULING_GATE):
+            continue
+        held = parse_persisted(text)
+        if held is None:
+            continue
+        found.append(
+            HeldGpus(
+                pod_namespace=pod.namespace or "default",
+                pod_name=pod.name,
+                kind=str(held.kind),
+                node=held.node,
+                gpus=held.gpus,
+                since=held.since.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                victims=held.victims,
+            )
+        )
+    return tuple(sorted(found, key=lambda h: (h.node, h.gpus, h.pod_namespace, h.pod_name)))
 
 
 def _published_devices(slices: Iterable[JsonObject], *, driver: str) -> list[PublishedDevice]:
@@ -377,11 +418,13 @@ class StatusObjects:
 
 
 def read_objects(api: ClusterApi, *, driver: str = names.DRIVER_NAME) -> StatusObjects:
-    """Our ResourceSlices, our allocated claims, and the pods of the namespaces those claims live
-    in (one list per namespace, not every pod of a large cluster)."""
+    """Our ResourceSlices, our allocated claims, and the pods of the namespaces that have claims
+    (one list per namespace, not every pod of a large cluster)."""
     slices = api.list_objects(RESOURCE_SLICES, field_selector=f"spec.driver={driver}").items
-    claims = allocated_claims(api.list_objects(RESOURCE_CLAIMS).items, driver=driver)
-    namespaces = sorted({ClaimView.of(c).namespace for c in claims})
+    every_claim = api.list_objects(RESOURCE_CLAIMS).items
+    claims = allocated_claims(every_claim, driver=driver)
+    # pods waiting with a hold have claims too, not allocated yet
+    namespaces = sorted({ClaimView.of(c).namespace for c in every_claim})
     pods: list[JsonObject] = []
     for namespace in namespaces:
         pods += api.list_objects(PODS, namespace=namespace).items
@@ -457,6 +500,16 @@ def render_view(view: ClusterView, *, style: Style | None = None) -> str:
     if not view.gpus and not view.strays:
         return "No MIG-capable GPU published by mig.instaslice.dev (no ResourceSlices yet).\n"
     blocks = [render_gpu(gpu, style=style) for gpu in view.gpus]
+    if view.holds:
+        lines = [style.paint("Held for waiting pods:", _BOLD)]
+        for h in view.holds:
+            gpus = ", ".join(str(g) for g in h.gpus)
+            victims = f"; evicted {', '.join(h.victims)}" if h.victims else ""
+            lines.append(
+                f"  {h.node} GPU {gpus}: {h.kind} for {h.pod_namespace}/{h.pod_name} "
+                f"since {h.since}{victims}"
+            )
+        blocks.append("\n".join(lines) + "\n")
     if view.strays:
         lines = [style.paint("Allocations naming devices no ResourceSlice publishes:", _RED)]
         lines += [

@@ -42,6 +42,7 @@ from controller.allocation.handoff import unbound_since
 from controller.allocation.nodefilter import node_info
 from controller.allocation.outcome import NotLeaderError
 from controller.allocation.podclaims import is_our_class
+from controller.allocation.priority import LAST, PodOrder
 from controller.allocation.state import AllocationState
 from controller.allocation.sync import Outcome, PodSync, SyncConfig
 from controller.classic.release import ShadowReleaser, gone_key, pod_uid_of_key
@@ -92,7 +93,9 @@ class Allocator:
         self._clock = clock or SystemClock()
         self.state = AllocationState(policy=self.config.policy)
         self.queue: WorkQueue[str] = WorkQueue(
-            name="pods", rate_limit=RateLimit(base_delay=0.01, max_delay=30.0, qps=0, burst=1)
+            name="pods",
+            rate_limit=RateLimit(base_delay=0.01, max_delay=30.0, qps=0, burst=1),
+            order=self._order_of_key,
         )
         self._reporter = ConditionReporter(api=api, events=events, clock=self._clock)
         self._active = threading.Event()
@@ -115,6 +118,8 @@ class Allocator:
             is_leader=self.is_acting,
             latency=self._latency,
             config=self.config.sync,
+            wake_keys=self._wake_keys,
+            wake_waiting=lambda: self._wake(everyone=False),
         )
         self._shadows = ShadowReleaser(
             api=api, informers=informers, metrics=metrics, is_leader=self.is_acting
@@ -137,6 +142,17 @@ class Allocator:
         """(pods waiting for capacity, pods waiting for the inventory or their claims to change)."""
         with self._lock:
             return len(self._waiting_capacity), len(self._waiting_change)
+
+    def _order_of_key(self, key: str) -> PodOrder:
+        """Pods are served by priority, then age (``priority``); other keys after them."""
+        if pod_uid_of_key(key) is not None:
+            return LAST
+        obj = self._informers.pods.get_by_key(key)
+        return self.state.order_of(PodView.of(obj)) if obj is not None else LAST
+
+    def _wake_keys(self, keys: list[str]) -> None:
+        for key in keys:
+            self.queue.add(key)
 
     def _latency(self, pod: PodView) -> float | None:
         with self._lock:
@@ -218,6 +234,8 @@ class Allocator:
             self._waiting_capacity.discard(key)
             self._waiting_change.discard(key)
         self._reporter.forget(view.uid)
+        if self.state.forget_pod(key=key, uid=view.uid):
+            self._wake(everyone=False)  # room held for it is free again
         if self._shadows.has_claims(view.uid):
             self.queue.add(gone_key(view.uid))
 
@@ -292,7 +310,9 @@ class Allocator:
         timer.start()
 
     def _wake(self, *, everyone: bool) -> None:
-        """Requeue waiting pods: those waiting for capacity, and with ``everyone`` all of them."""
+        """Requeue waiting pods: those waiting for capacity, and with ``everyone`` all of them.
+        The work queue hands them out by priority, then age."""
+        self.state.capacity_changed()
         with self._lock:
             keys = set(self._waiting_capacity)
             self._waiting_capacity.clear()
@@ -348,6 +368,8 @@ class Allocator:
             result = self.sync.unbound(pod)
         elif SCHEDULING_GATE not in gates or pod.meta.deleting:
             self.queue.forget(key)
+            if self.state.forget_pod(key=key, uid=pod.uid):
+                self._wake(everyone=False)
             return
         elif gates != (SCHEDULING_GATE,):
             return  # someone else's gate first (Kueue): we are woken when it is lifted
@@ -430,6 +452,10 @@ class Allocator:
         self.state.warm(
             c for c in informers.classes.list() if is_our_class(DeviceClassView.of(c).name, c)
         )
+        for obj in informers.pods.list():  # before any decision: the holds a leader left
+            pod = PodView.of(obj)
+            if pod.gated_by(SCHEDULING_GATE) and not pod.meta.deleting:
+                self.sync.restore_hold(pod)
         with self._lock:  # so that a stop_leading meanwhile is not undone
             if self._stopped.is_set() or self._term != term:
                 logger.info("leadership ended while the state was rebuilt; not allocating")

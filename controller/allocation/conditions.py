@@ -12,7 +12,13 @@ A pod that cannot be placed stays gated with ``instaslice.dev/Placement=False`` 
 - ``UnknownProfile`` — a classic ``nvidia.com/mig-<profile>`` request for a profile nobody publishes;
 - ``InvalidRequest`` — a request InstaSlice cannot serve (a bad opaque config, admin access,
   consumable capacity, a claim mixing our devices with another driver's);
-- ``DeviceClassNotFound`` — a request names a DeviceClass that does not exist (yet).
+- ``DeviceClassNotFound`` — a request names a DeviceClass that does not exist (yet);
+- ``Preempting`` — lower-priority pods holding our slices are being evicted for it, and the room
+  they leave is held for it (which pods, which GPUs);
+- ``Reserved`` — it waited past the starvation bound: a GPU is reserved for it and empties by
+  attrition (which GPU, how many slices are still taken there).
+
+Pods evicted for another get a ``Preempted`` event naming the pod, its priority and the node.
 
 A pod handed to kube-scheduler (``handoff``) is no longer gated: ``Placement=False`` with
 ``HandedOff`` says why we let it go without a slice of ours; kube-scheduler's own
@@ -48,6 +54,9 @@ class Reason(enum.StrEnum):
     INVALID_REQUEST = "InvalidRequest"
     DEVICE_CLASS_NOT_FOUND = "DeviceClassNotFound"
     HANDED_OFF = "HandedOff"
+    PREEMPTING = "Preempting"
+    RESERVED = "Reserved"
+    PREEMPTED = "Preempted"
 
 
 PERMANENT_REASONS = frozenset(
@@ -87,6 +96,16 @@ class ConditionReporter:
     def problem(self, pod: PodView, problem: PlacementProblem) -> None:
         """The pod stays gated: ``Placement=False`` with the problem's reason, and a warning event."""
         self._report(pod, status="False", reason=problem.reason, message=problem.message)
+
+    def waiting(self, pod: PodView, *, reason: Reason, message: str) -> None:
+        """The pod waits with room held for it (``Preempting``, ``Reserved``)."""
+        self._report(pod, status="False", reason=reason, message=message)
+
+    def preempted(self, victim: PodView, *, message: str) -> None:
+        """An event on a pod evicted for another (its own status is the kubelet's to write)."""
+        self._events.record(
+            victim.raw, event_type=WARNING, reason=str(Reason.PREEMPTED), message=message
+        )
 
     def handed_off(self, pod: PodView, *, message: str) -> None:
         """The pod goes to kube-scheduler without an allocation of ours: say so, with a warning."""

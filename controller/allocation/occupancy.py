@@ -182,6 +182,17 @@ class ClaimOccupancy:
                     found[other_uid] = other
         return list(found.values())
 
+    def on_gpus(self) -> dict[tuple[str, int], list[ClaimRecord]]:
+        """The resolved records on each (node, GPU index) that has any."""
+        return {
+            gpu: [self._records[uid] for uid in sorted(uids)]
+            for gpu, uids in self._by_gpu.items()
+            if uids
+        }
+
+    def on_gpu(self, node: str, gpu_index: int) -> list[ClaimRecord]:
+        return [self._records[uid] for uid in sorted(self._by_gpu.get((node, gpu_index), ()))]
+
     def records(self) -> list[ClaimRecord]:
         return list(self._records.values())
 

@@ -55,6 +55,17 @@ class SyncConfig:
     nominate_node: bool = True
     """Set a placed pod's ``status.nominatedNodeName`` to its node before ungating it
     (docs/design.md F24)."""
+    starvation_after: float | None = 120.0
+    """A pod that has waited this long and fits nowhere only because some GPU's occupants are in
+    its way gets that GPU reserved (``arbiter``): nothing of equal or lower priority is placed
+    there until the pod is. None: never."""
+    preemption: bool = True
+    """Evict lower-priority pods holding our slices for a pod that fits nowhere (``preemption``)."""
+    preemption_retry: float = 5.0
+    """How soon a preemptor looks again after the Eviction API refused one of its victims."""
+    preemption_slack: float = 30.0
+    """How long past its victims' longest grace period a preemption hold waits for them to go;
+    then the preemptor looks again (a victim stuck terminating is not waited for forever)."""
 
 
 class NotLeaderError(DriverError):

@@ -16,16 +16,20 @@ import heapq
 import itertools
 import logging
 import threading
+import time
 from _thread import LockType
 from collections.abc import Callable, Iterable
 
 from controller.allocation.candidates import CandidateCache
 from controller.allocation.conditions import PlacementProblem
+from controller.allocation.holds import HoldKind, Holds
 from controller.allocation.inventory import SliceInventory
 from controller.allocation.nodefilter import NodeFilter
 from controller.allocation.occupancy import ClaimOccupancy, parse_rv
+from controller.allocation.priority import PodOrder, order_of
+from controller.allocation.waiting import WaitingPods
 from driver.cluster.port import JsonObject
-from driver.cluster.views import ClaimView
+from driver.cluster.views import ClaimView, PodView
 from driver.placement import Engine
 
 logger = logging.getLogger(__name__)
@@ -58,7 +62,8 @@ class SliceState:
 
 class AllocationState(SliceState):
     """The allocator's: the slice inventory with its placement engine and selector views, the
-    claims' occupancy, the node filter and the candidates cache."""
+    claims' occupancy, the node filter and the candidates cache; and who is served next — the
+    pods waiting for capacity in serving order and the slices held for some of them."""
 
     def __init__(self, *, policy: str) -> None:
         self.engine = Engine(policy=policy)
@@ -66,6 +71,11 @@ class AllocationState(SliceState):
         self.occupancy = ClaimOccupancy(engine=self.engine, inventory=self.inventory)
         self.candidates = CandidateCache(self.inventory)
         self.nodes = NodeFilter()
+        self.holds = Holds(self.engine)
+        self.waiting = WaitingPods()
+        self._seen_pods: dict[str, float] = {}
+        """Pod UID → when first ordered here (``PodOrder.seen``); dropped when it is placed or
+        goes away."""
         self._seen = threading.Lock()
         self._claims_rv = 0
         self._waiters: list[tuple[int, int, LockType]] = []
@@ -151,6 +161,8 @@ class AllocationState(SliceState):
                 highest = max(highest, parse_rv(ClaimView.of(claim)))
             self.engine, self.inventory, self.occupancy = engine, inventory, occupancy
             self.candidates = CandidateCache(inventory)
+            self.holds.rebind(engine)
+            self.waiting.clear()
             self.generation += 1
         self._advance(highest)
         logger.info(
@@ -170,6 +182,30 @@ class AllocationState(SliceState):
                     self.candidates.candidates(device_class, ())
                 except PlacementProblem as problem:  # reported when a pod asks for the class
                     logger.debug("DeviceClass not usable yet: %s", problem)
+
+    def capacity_changed(self) -> None:
+        """Something may have freed room (a claim released, a slice published, a node or its
+        pods changed): the waiting pods are worth trying again."""
+        with self.lock:
+            self.waiting.capacity_changed()
+
+    def order_of(self, pod: PodView) -> PodOrder:
+        """The pod's place in the serving order (``priority``), the same on every call."""
+        seen = self._seen_pods.setdefault(pod.uid, time.monotonic())  # atomic in CPython
+        return order_of(pod, seen=seen)
+
+    def forget_pod(self, *, key: str, uid: str) -> bool:
+        """A pod was placed or went away: it waits no more and its holds are released (True if
+        it had any)."""
+        self._seen_pods.pop(uid, None)
+        with self.lock:
+            self.waiting.remove(key)
+            return bool(self.holds.drop(uid))
+
+    def hold_counts(self) -> dict[str, int]:
+        """Active holds by kind (metric)."""
+        with self.lock:
+            return {str(kind): self.holds.count(kind) for kind in HoldKind}
 
     def free_per_profile(self) -> dict[str, int]:
         with self.lock:

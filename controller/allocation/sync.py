@@ -34,12 +34,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from api.names import DRIVER_NAME, classic_resource_name
+from api.names import DRIVER_NAME, HOLD_ANNOTATION, SCHEDULING_GATE, classic_resource_name
 from controller.allocation import handoff
+from controller.allocation.arbiter import Arbiter, NoPreemption, Preemption
 from controller.allocation.conditions import ConditionReporter, PlacementProblem, Reason
+from controller.allocation.holds import Hold, HoldKind, parse_persisted, whole_gpus
 from controller.allocation.nodefilter import HOSTNAME_LABEL
 from controller.allocation.outcome import NotLeaderError, Outcome, Result, SyncConfig
 from controller.allocation.podclaims import NotReady, PodClaims, dra_claims, sort_claims
+from controller.allocation.priority import PodOrder
 from controller.allocation.requests import (
     Alternative,
     beyond_every_node,
@@ -48,15 +51,16 @@ from controller.allocation.requests import (
 )
 from controller.allocation.results import allocations
 from controller.allocation.state import AllocationState
+from controller.allocation.waiting import Waiter
 from controller.allocation.writes import AllocationWriter, Written
 from controller.classic import shadow
 from controller.informers import ClusterInformers
 from controller.metrics import ControllerMetrics
 from driver.cluster import ops
 from driver.cluster.clock import Clock
-from driver.cluster.port import ClusterApi, JsonObject
+from driver.cluster.port import ClusterApi, JsonObject, format_time
 from driver.cluster.views import Allocation, ClaimView, PodView
-from driver.errors import ApiNotFoundError, ClusterError, ConflictError
+from driver.errors import ApiNotFoundError, ClusterError, ConflictError, TooManyRequestsError
 from driver.mig.catalog import CATALOG
 from driver.placement import NoFit, Placed
 
@@ -74,6 +78,29 @@ class _Decision:
     generation: int
 
 
+class NoRoom(PlacementProblem):
+    """No room now (``NoCapacity``), with what the arbiter decided for the pod meanwhile."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        preemption: Preemption | None = None,
+        held: Hold | None = None,
+        held_left: int = 0,
+        reserve_in: float | None = None,
+    ) -> None:
+        super().__init__(Reason.NO_CAPACITY, message)
+        self.reserve_in = reserve_in
+        """Seconds until the starvation bound: the pod is looked at again then, capacity
+        event or not."""
+        self.preemption = preemption
+        self.held = held
+        """A reservation or preemption hold the pod waits on."""
+        self.held_left = held_left
+        """Claims still holding slices on the held GPUs."""
+
+
 class PodSync:
     def __init__(
         self,
@@ -88,8 +115,14 @@ class PodSync:
         latency: Callable[[PodView], float | None],
         config: SyncConfig | None = None,
         rng: random.Random | None = None,
+        wake_keys: Callable[[list[str]], None] = lambda keys: None,
+        wake_waiting: Callable[[], None] = lambda: None,
     ) -> None:
         self._api = api
+        self._wake_keys = wake_keys
+        self._wake_waiting = wake_waiting
+        """Enqueue pods woken by a decision (held for), and every pod waiting for capacity
+        (room held for someone was released)."""
         self._informers = informers
         self._state = state
         self._reporter = reporter
@@ -108,6 +141,7 @@ class PodSync:
             config=self.config,
             rng=rng or random.Random(),  # noqa: S311 - jitter, not security
         )
+        self._arbiter = Arbiter(state=state, informers=informers, config=self.config, now=clock.now)
         self._ungated_lock = threading.Lock()
         self._ungated: OrderedDict[str, None] = OrderedDict()
         """UIDs of pods we ungated recently: the cache may still show their gate for a moment."""
@@ -232,15 +266,22 @@ class PodSync:
         return max(0.0, (self._clock.now() - since).total_seconds())
 
     def _no_capacity(self, pod: PodView, problem: PlacementProblem, *, classic_pod: bool) -> Result:
-        """Wait for capacity; past ``handoff_after`` a DRA pod goes to kube-scheduler instead."""
+        """Wait for capacity; past ``handoff_after`` a DRA pod goes to kube-scheduler instead,
+        unless room is held for it here (a preemption or a reservation)."""
+        if isinstance(problem, NoRoom):
+            if problem.preemption is not None:
+                return self._preempt(pod, problem.preemption)
+            if problem.held is not None:
+                return self._wait_held(pod, problem.held, problem.held_left)
+        reserve_in = problem.reserve_in if isinstance(problem, NoRoom) else None
         limit = self.config.handoff_after
         if limit is None or classic_pod:
             self._reporter.problem(pod, problem)
-            return Result(Outcome.WAIT_CAPACITY)
+            return Result(Outcome.WAIT_CAPACITY, reserve_in or 0.0)
         waited = self._waited(handoff.unplaced_since(pod))
         if waited < limit:
             self._reporter.problem(pod, problem)
-            return Result(Outcome.WAIT_CAPACITY, limit - waited)
+            return Result(Outcome.WAIT_CAPACITY, min(limit - waited, reserve_in or limit))
         try:
             self._check_leader()
             ops.remove_scheduling_gate(self._api, pod=pod.raw)
@@ -266,6 +307,110 @@ class PodSync:
             waited,
         )
         return Result(Outcome.DONE)
+
+    # -- preemption and reservations (``arbiter``) -----------------------------------------------
+
+    def _wait_held(self, pod: PodView, hold: Hold, left: int) -> Result:
+        """The pod waits on room held for it: say which, and look again when the hold ends."""
+        if hold.kind is HoldKind.PREEMPTION:
+            reason = Reason.PREEMPTING
+            message = (
+                f"waiting for {len(hold.victims)} preempted pod(s) to go "
+                f"({', '.join(hold.victims)}); {hold.describe()} held for this pod"
+            )
+        else:
+            reason = Reason.RESERVED
+            message = (
+                f"waited past the starvation bound ({self.config.starvation_after:g}s): "
+                f"{hold.describe()} reserved for this pod since {format_time(hold.since)}; "
+                f"{left} claim(s) still hold slices there"
+            )
+        if pod.meta.annotations.get(HOLD_ANNOTATION) != hold.persisted():
+            try:
+                self._check_leader()
+                ops.set_pod_annotation(
+                    self._api, pod=pod.raw, key=HOLD_ANNOTATION, value=hold.persisted()
+                )
+            except NotLeaderError:
+                return self._not_leader()
+            except ApiNotFoundError:
+                return Result(Outcome.DONE)
+            except ClusterError as exc:  # the hold works without it until a leader change
+                logger.info("pod %s: cannot record its hold: %s", pod.key, exc)
+        self._reporter.waiting(pod, reason=reason, message=message)
+        if hold.expires is None:
+            return Result(Outcome.WAIT_CAPACITY)
+        left_s = (hold.expires - self._clock.now()).total_seconds()
+        return Result(Outcome.WAIT_CAPACITY, max(0.1, left_s))
+
+    def _drop_hold(self, pod: PodView, kind: HoldKind) -> None:
+        with self._state.lock:
+            released = bool(self._state.holds.drop(pod.uid, kind))
+        if released:
+            self._wake_waiting()
+
+    def _preempt(self, pod: PodView, preemption: Preemption) -> Result:
+        """Record the hold on the preemptor, then evict the victims through the Eviction API.
+
+        The hold is written before any eviction, so a leader that dies in between leaves a
+        successor that knows the victims and never evicts a second set for the same pod."""
+        plan, hold = preemption.plan, preemption.hold
+        try:
+            self._check_leader()
+            raw = ops.set_pod_annotation(
+                self._api, pod=pod.raw, key=HOLD_ANNOTATION, value=hold.persisted()
+            )
+            if self.config.nominate_node:
+                self._nominate(PodView.of(raw), plan.node)
+        except NotLeaderError:
+            self._drop_hold(pod, HoldKind.PREEMPTION)
+            return self._not_leader()
+        except ApiNotFoundError:
+            self._drop_hold(pod, HoldKind.PREEMPTION)
+            return Result(Outcome.DONE)
+        except ClusterError as exc:
+            self._drop_hold(pod, HoldKind.PREEMPTION)
+            self._metrics.preemption("failed")
+            logger.info("pod %s: preemption not started: %s", pod.key, exc)
+            return Result(Outcome.RETRY)
+        evicted = 0
+        for victim in plan.victims:
+            target = victim.pod
+            try:
+                self._check_leader()
+                self._api.evict(
+                    name=target.name, namespace=target.namespace or "default", uid=target.uid
+                )
+            except (ApiNotFoundError, ConflictError):
+                continue  # gone, or replaced by a new pod of that name: nothing to evict
+            except TooManyRequestsError as exc:
+                self._drop_hold(pod, HoldKind.PREEMPTION)
+                self._metrics.preemption("refused", victims=evicted)
+                self._reporter.problem(
+                    pod,
+                    PlacementProblem(
+                        Reason.NO_CAPACITY,
+                        f"preemption stopped: the eviction of {target.key} was refused "
+                        f"({exc}); looking again",
+                    ),
+                )
+                return Result(Outcome.RETRY_AFTER, self.config.preemption_retry)
+            except NotLeaderError:
+                return self._not_leader()  # the hold is recorded: the next leader carries on
+            except ClusterError as exc:
+                self._drop_hold(pod, HoldKind.PREEMPTION)
+                self._metrics.preemption("failed", victims=evicted)
+                logger.info("pod %s: eviction of %s failed: %s", pod.key, target.key, exc)
+                return Result(Outcome.RETRY)
+            evicted += 1
+            self._reporter.preempted(
+                target,
+                message=f"evicted by InstaSlice for pod {pod.key} (priority {pod.priority}; "
+                f"this pod's priority {target.priority}), which needs MIG slices on node "
+                f"{plan.node}",
+            )
+        self._metrics.preemption("started", victims=evicted)
+        return self._wait_held(pod, hold, len(plan.victims))
 
     def _hand_over_in_scheduler_mode(self, pod: PodView) -> Result:
         """Scheduler mode: release a classic pod's unused shadow claims, then lift the gate."""
@@ -343,55 +488,209 @@ class PodSync:
     # -- 2. decide -----------------------------------------------------------------------------
 
     def _decide(self, pod: PodView, claims: PodClaims) -> _Decision:
+        """Place the pod's unallocated claims, in serving order (``arbiter``); the answer is
+        reserved in the occupancy before the lock is released. Raises ``PlacementProblem``
+        (``NoRoom`` when the pod waits for capacity)."""
+        woken: list[str] = []
+        released = False
+        try:
+            with self._state.lock:
+                started = time.perf_counter()
+                try:
+                    decision, woken, released = self._decide_locked(pod, claims)
+                finally:
+                    self._metrics.decided(time.perf_counter() - started)
+        finally:
+            if woken:
+                self._metrics.served_ahead(len(woken))
+                self._wake_keys(woken)
+            if released:
+                self._wake_waiting()
+        return decision
+
+    def _decide_locked(self, pod: PodView, claims: PodClaims) -> tuple[_Decision, list[str], bool]:
+        """The decision, the pods ahead that were given the room first, and whether room held
+        for someone was released (its waiting pods need a look)."""
         state = self._state
         to_allocate = claims.to_allocate
-        with state.lock:
-            started = time.perf_counter()
-            state.refresh()
-            for claim in to_allocate:
-                if state.occupancy.known_allocated(claim.uid):
-                    raise ConflictError(f"claim {claim.name} was allocated meanwhile")
-            fits = state.nodes.for_pod(pod)
+        state.refresh()
+        for claim in to_allocate:
+            if state.occupancy.known_allocated(claim.uid):
+                raise ConflictError(f"claim {claim.name} was allocated meanwhile")
+        released = bool(state.holds.expire(self._clock.now()))
+        state.holds.drop(pod.uid, HoldKind.NEXT)  # deciding for real now
+        order = state.order_of(pod)
+        fits = state.nodes.for_pod(pod)
 
-            def node_ok(node: str) -> bool:
-                return claims.allows(node) and fits(node)
+        def node_ok(node: str) -> bool:
+            return claims.allows(node) and fits(node)
 
-            alternatives = build_alternatives(
-                to_allocate, classes=self._class, cache=state.candidates
+        alternatives = build_alternatives(to_allocate, classes=self._class, cache=state.candidates)
+
+        def place_self() -> tuple[Alternative, Placed] | None:
+            with state.holds.lifted_for(order):
+                return self._first_fit(alternatives, node_ok)[0]
+
+        with state.holds.lifted_for(order):
+            found, first, permanent = self._first_fit(alternatives, node_ok)
+        woken: list[str] = []
+        if found is not None:
+            found, woken = self._arbiter.serve_ahead(
+                order, found, place_self=place_self, dry_run=self._dry_run
             )
-            first: NoFit | None = None
-            permanent = True
-            for alternative in alternatives:
-                beyond = self._beyond_every_node(alternative)
-                if beyond is not None:
-                    first = first or NoFit(reason=beyond, permanent=True)
-                    continue
-                result = self._place(alternative, node_ok)
-                if isinstance(result, Placed):
-                    results = allocations(
-                        result,
-                        alternative,
-                        to_allocate,
-                        inventory=state.inventory,
-                        classes=self._class,
-                    )
-                    for claim, allocation in zip(to_allocate, results, strict=True):
-                        state.occupancy.assume(
-                            uid=claim.uid,
-                            key=f"{claim.meta.namespace}/{claim.name}",
-                            devices=_devices(allocation),
-                        )
-                    state.nodes.assume(pod, result.node)
-                    self._metrics.decided(time.perf_counter() - started)
-                    return _Decision(
-                        node=result.node, allocations=results, generation=state.generation
-                    )
-                first = first or result
-                permanent = permanent and result.permanent
-            self._metrics.decided(time.perf_counter() - started)
+            if found is None:
+                first = NoFit(
+                    reason="the room it fits is given to a pod ahead of it in the serving "
+                    "order (higher priority, or as high and waiting longer)",
+                    permanent=False,
+                )
+        if found is not None:
+            alternative, result = found
+            results = allocations(
+                result, alternative, to_allocate, inventory=state.inventory, classes=self._class
+            )
+            for claim, allocation in zip(to_allocate, results, strict=True):
+                state.occupancy.assume(
+                    uid=claim.uid,
+                    key=f"{claim.meta.namespace}/{claim.name}",
+                    devices=_devices(allocation),
+                )
+            state.nodes.assume(pod, result.node)
+            waiter = state.waiting.remove(pod.key)
+            if waiter is not None:
+                self._metrics.waited(
+                    priority_class=pod.priority_class_name,
+                    seconds=time.monotonic() - waiter.since,
+                )
+            released = bool(state.holds.drop(pod.uid)) or released
+            decision = _Decision(node=result.node, allocations=results, generation=state.generation)
+            return decision, woken, released
         assert first is not None
-        reason = Reason.UNSATISFIABLE if permanent else Reason.NO_CAPACITY
-        raise PlacementProblem(reason, first.reason)
+        if permanent:
+            state.waiting.remove(pod.key)
+            raise PlacementProblem(Reason.UNSATISFIABLE, first.reason)
+        raise self._no_room(pod, claims, order, alternatives, node_ok, first.reason)
+
+    def _first_fit(
+        self, alternatives: list[Alternative], node_ok: Callable[[str], bool]
+    ) -> tuple[tuple[Alternative, Placed] | None, NoFit | None, bool]:
+        """The first alternative that places, or the first reason none does and whether every
+        reason is permanent."""
+        first: NoFit | None = None
+        permanent = True
+        for alternative in alternatives:
+            beyond = self._beyond_every_node(alternative)
+            if beyond is not None:
+                first = first or NoFit(reason=beyond, permanent=True)
+                continue
+            result = self._place(alternative, node_ok)
+            if isinstance(result, Placed):
+                return (alternative, result), None, False
+            first = first or result
+            permanent = permanent and result.permanent
+        return None, first, permanent
+
+    def _place_on(
+        self, alternatives: list[Alternative], node: str, node_ok: Callable[[str], bool]
+    ) -> Placed | None:
+        """The pod's placement on ``node`` alone (arbiter dry runs)."""
+
+        def only(name: str) -> bool:
+            return name == node and node_ok(name)
+
+        for alternative in alternatives:
+            if self._beyond_every_node(alternative) is not None:
+                continue
+            result = self._place(alternative, only)
+            if isinstance(result, Placed):
+                return result
+        return None
+
+    def _dry_run(self, waiter: Waiter) -> Placed | None:
+        """Where a waiting pod would go now (its claims as last seen; nothing reserved)."""
+        to_allocate = waiter.claims.to_allocate
+        current = self._informers.pods.get_by_key(waiter.key)
+        if (
+            not to_allocate
+            or current is None
+            or PodView.of(current).uid != waiter.order.uid
+            or not PodView.of(current).gated_by(SCHEDULING_GATE)
+        ):
+            self._state.waiting.remove(waiter.key)  # placed, handed off or gone meanwhile
+            return None
+        try:
+            alternatives = build_alternatives(
+                to_allocate, classes=self._class, cache=self._state.candidates
+            )
+        except PlacementProblem:
+            return None
+        fits = self._state.nodes.for_pod(waiter.pod)
+        claims = waiter.claims
+
+        def node_ok(node: str) -> bool:
+            return claims.allows(node) and fits(node)
+
+        found = self._first_fit(alternatives, node_ok)[0]
+        return found[1] if found is not None else None
+
+    def _no_room(
+        self,
+        pod: PodView,
+        claims: PodClaims,
+        order: PodOrder,
+        alternatives: list[Alternative],
+        node_ok: Callable[[str], bool],
+        reason: str,
+    ) -> NoRoom:
+        """The pod fits nowhere now: it waits in order, and may preempt or get a reservation."""
+        state = self._state
+        waiter = state.waiting.failed(pod, claims, order=order, now=time.monotonic())
+
+        def place_on(node: str) -> Placed | None:
+            return self._place_on(alternatives, node, node_ok)
+
+        preemption = self._arbiter.preempt(pod, order, node_ok=node_ok, place_on=place_on)
+        if isinstance(preemption, Preemption):
+            return NoRoom(reason, preemption=preemption, held=preemption.hold)
+        if isinstance(preemption, NoPreemption):
+            reason = f"{reason}; {preemption.reason}"
+        held = next((h for h in state.holds.of(pod.uid) if h.kind is not HoldKind.NEXT), None)
+        if held is None:
+            held = self._arbiter.reserve(pod, order, waiter, node_ok=node_ok, place_on=place_on)
+            if held is not None:
+                self._metrics.reserved()
+        if held is None:
+            bound = self.config.starvation_after
+            due = None if bound is None else max(0.1, bound - (time.monotonic() - waiter.since))
+            return NoRoom(reason, reserve_in=due)
+        return NoRoom(reason, held=held, held_left=self._arbiter.still_waiting_for(held))
+
+    def restore_hold(self, pod: PodView) -> Hold | None:
+        """A new leader takes over the hold a gated pod's annotation records (if still due)."""
+        text = pod.meta.annotations.get(HOLD_ANNOTATION)
+        persisted = parse_persisted(text) if text else None
+        if persisted is None:
+            return None
+        now = self._clock.now()
+        if persisted.expires is not None and persisted.expires <= now:
+            return None
+        state = self._state
+        with state.lock:
+            hold = Hold(
+                pod_key=pod.key,
+                pod_uid=pod.uid,
+                order=state.order_of(pod),
+                kind=persisted.kind,
+                slots=whole_gpus(state.engine, persisted.node, persisted.gpus),
+                since=persisted.since,
+                expires=persisted.expires,
+                victims=persisted.victims,
+            )
+            if not hold.slots:
+                return None
+            state.holds.add(hold)
+        logger.info("pod %s: %s restored (%s)", pod.key, hold.kind, hold.describe())
+        return hold
 
     def _beyond_every_node(self, alternative: Alternative) -> str | None:
         """``beyond_every_node``, remembered per inventory version (call with the state lock):

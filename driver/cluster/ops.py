@@ -119,6 +119,21 @@ def nominate_node(api: ClusterApi, *, pod: JsonObject, node: str) -> JsonObject:
     )
 
 
+def set_pod_annotation(api: ClusterApi, *, pod: JsonObject, key: str, value: str) -> JsonObject:
+    """Set one annotation of the pod (a JSON patch guarded by a ``test`` of the UID, so a pod
+    re-created under the same name is never annotated for the one it replaced)."""
+    ops: list[JsonObject] = [{"op": "test", "path": "/metadata/uid", "value": uid_of(pod)}]
+    if isinstance(path(pod, "metadata", "annotations"), dict):
+        # one member, so that annotations others add meanwhile are kept (RFC 6901 escapes)
+        member = key.replace("~", "~0").replace("/", "~1")
+        ops.append({"op": "add", "path": f"/metadata/annotations/{member}", "value": value})
+    else:
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": {key: value}})
+    return api.patch(
+        PODS, name=name_of(pod), namespace=namespace_of(pod), patch=ops, patch_type=PatchType.JSON
+    )
+
+
 def set_pod_condition(
     api: ClusterApi,
     *,

@@ -100,6 +100,13 @@ DEVICE_CLASSES = Resource(
 LEASES = Resource(
     group="coordination.k8s.io", version="v1", plural="leases", kind="Lease", namespaced=True
 )
+POD_DISRUPTION_BUDGETS = Resource(
+    group="policy",
+    version="v1",
+    plural="poddisruptionbudgets",
+    kind="PodDisruptionBudget",
+    namespaced=True,
+)
 
 
 class PatchType(enum.Enum):

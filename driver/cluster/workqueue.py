@@ -10,6 +10,11 @@ Informer handlers only enqueue keys; workers take a key, reconcile it from the c
   ``qps`` overall), ``forget`` resets the key's backoff after a success.
 
 Delayed adds are kept in a heap that ``get`` itself services, so the queue needs no thread of its own.
+
+With an ``order`` the ready keys are handed out smallest order first instead of first in, first out
+(kube-scheduler's active queue is a heap too): the allocator serves waiting pods by priority, then
+age. A key's order is computed when it is added, outside the queue's lock (it may read an
+informer's cache, whose handlers add keys under their own lock).
 """
 
 from __future__ import annotations
@@ -18,9 +23,9 @@ import heapq
 import itertools
 import threading
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from driver.cluster.clock import Clock, SystemClock
 from driver.cluster.throttle import TokenBucket
@@ -39,6 +44,45 @@ class RateLimit:
     burst: int = 100
 
 
+class _Ready(Generic[T]):
+    """The keys ready to be handed out: first in, first out, or by ``order`` when one is given."""
+
+    __slots__ = ("_fifo", "_heap", "_orders", "_sequence")
+
+    def __init__(self, *, ordered: bool) -> None:
+        self._fifo: deque[T] | None = None if ordered else deque()
+        self._heap: list[tuple[Any, int, T]] = []
+        self._orders: dict[T, Any] = {}
+        """The order of every key added with one (kept until the key is handed out)."""
+        self._sequence = itertools.count()
+
+    def set_order(self, item: T, order: Any) -> None:
+        self._orders[item] = order
+
+    def append(self, item: T) -> None:
+        if self._fifo is not None:
+            self._fifo.append(item)
+            return
+        heapq.heappush(self._heap, (self._orders.get(item), next(self._sequence), item))
+
+    def popleft(self) -> T:
+        if self._fifo is not None:
+            return self._fifo.popleft()
+        return heapq.heappop(self._heap)[2]
+
+    def forget(self, item: T) -> None:
+        self._orders.pop(item, None)
+
+    def clear(self) -> None:
+        if self._fifo is not None:
+            self._fifo.clear()
+        self._heap.clear()
+        self._orders.clear()
+
+    def __len__(self) -> int:
+        return len(self._fifo) if self._fifo is not None else len(self._heap)
+
+
 class WorkQueue(Generic[T]):
     def __init__(
         self,
@@ -46,6 +90,7 @@ class WorkQueue(Generic[T]):
         name: str = "",
         rate_limit: RateLimit | None = None,
         clock: Clock | None = None,
+        order: Callable[[T], Any] | None = None,
     ) -> None:
         self.name = name
         self._rate_limit = rate_limit or RateLimit()
@@ -54,7 +99,9 @@ class WorkQueue(Generic[T]):
             qps=self._rate_limit.qps, burst=self._rate_limit.burst, clock=self._clock
         )
         self._cond = threading.Condition()
-        self._queue: deque[T] = deque()
+        self._order = order
+        """The sort key of a key (smallest first); every key's must compare with every other's."""
+        self._queue: _Ready[T] = _Ready(ordered=order is not None)
         self._dirty: set[T] = set()
         self._processing: set[T] = set()
         self._failures: dict[T, int] = {}
@@ -64,7 +111,10 @@ class WorkQueue(Generic[T]):
         self._shutting_down = False
 
     def add(self, item: T) -> None:
+        order = self._order(item) if self._order is not None else None
         with self._cond:
+            if self._order is not None:
+                self._queue.set_order(item, order)
             self._add_locked(item)
 
     def add_after(self, item: T, delay: float) -> None:
@@ -72,9 +122,12 @@ class WorkQueue(Generic[T]):
         if delay <= 0:
             self.add(item)
             return
+        order = self._order(item) if self._order is not None else None
         with self._cond:
             if self._shutting_down:
                 return
+            if self._order is not None:
+                self._queue.set_order(item, order)
             due = self._clock.monotonic() + delay
             if item in self._waiting_due and self._waiting_due[item] <= due:
                 return
@@ -127,6 +180,8 @@ class WorkQueue(Generic[T]):
             if item in self._dirty and not self._shutting_down:
                 self._queue.append(item)
                 self._cond.notify()
+            elif item not in self._waiting_due:
+                self._queue.forget(item)
 
     def shutdown(self) -> None:
         """Wake every waiting ``get`` with ``None``; later adds are ignored."""

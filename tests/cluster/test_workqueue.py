@@ -135,3 +135,16 @@ def test_overall_rate_limit_spaces_out_many_keys() -> None:
     assert queue.get(timeout=0) is None
     clock.advance(0.1)
     assert queue.get(timeout=0) == 3
+
+
+def test_an_ordered_queue_hands_out_the_smallest_order_first_and_keeps_it_on_requeue() -> None:
+    orders = {"low": 3, "high": 1, "mid": 2}
+    queue: WorkQueue[str] = WorkQueue(order=orders.__getitem__)
+    for key in ("low", "high", "mid"):
+        queue.add(key)
+    assert [queue.get(timeout=1) for _ in range(3)] == ["high", "mid", "low"]
+    queue.add("high")  # added again while being processed: handed out again after done
+    queue.add("low")
+    for key in ("high", "mid", "low"):
+        queue.done(key)
+    assert [queue.get(timeout=1) for _ in range(2)] == ["high", "low"]

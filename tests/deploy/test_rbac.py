@@ -46,6 +46,8 @@ CONTROLLER_CLUSTER_GRANTS: set[Grant] = {
         for v in ("list", "watch")
     ),
     *(("", "nodes", v, None) for v in ("list", "watch")),
+    ("", "pods/eviction", "create", None),
+    *(("policy", "poddisruptionbudgets", v, None) for v in ("list", "watch")),
     ("", "events", "create", None),
     ("", "events", "patch", None),
     *(

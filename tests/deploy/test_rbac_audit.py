@@ -398,6 +398,10 @@ _NODE_EVENT = (
 UNUSED_BUT_NEEDED: dict[str, dict[tuple[str, str, str], str]] = {
     # component -> (apiGroup, resource, verb) -> why the recorded run does not need it
     "instaslice-controller": {
+        ("", "pods/eviction", "create"): (
+            "controller/allocation/sync.py: victims are evicted only when a higher-priority pod "
+            "fits nowhere; tests/controller/test_priority.py exercises it"
+        ),
         ("", "pods", "get"): (
             "controller/allocation/sync.py, driver/cluster/ops.py: a pod is read from the API, not the "
             "cache, only after a lost race (a failed JSON-patch test, a conflict, a withdrawal)"

@@ -9,8 +9,19 @@ from typing import Any, ClassVar
 from driver.cluster.views.base import LazyView
 from driver.cluster.views.common import Condition, Toleration, find_condition
 from driver.cluster.views.memo import lazy
-from driver.cluster.views.readers import items, mapping, optional_text, path, string_map, text
+from driver.cluster.views.readers import (
+    integer,
+    items,
+    mapping,
+    optional_text,
+    path,
+    string_map,
+    text,
+)
 from driver.cluster.views.selectors import NodeSelector
+
+INT32_MIN = -(2**31)
+INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +147,38 @@ class PodView(LazyView):
     @lazy
     def scheduler_name(self) -> str:
         return text(self._spec.get("schedulerName"))
+
+    @lazy
+    def priority(self) -> int:
+        """``spec.priority``: what the Priority admission plugin resolved from the pod's
+        PriorityClass when the pod was created (0 when unset), clamped to int32 as the API
+        validates it. Kept on the pod, so deleting the PriorityClass later changes nothing."""
+        value = integer(self._spec.get("priority"))
+        return max(INT32_MIN, min(INT32_MAX, value))
+
+    @lazy
+    def priority_class_name(self) -> str:
+        return text(self._spec.get("priorityClassName"))
+
+    @lazy
+    def preemption_policy(self) -> str:
+        """``spec.preemptionPolicy``: ``Never`` or (the default) ``PreemptLowerPriority``."""
+        return text(self._spec.get("preemptionPolicy")) or "PreemptLowerPriority"
+
+    @lazy
+    def termination_grace_seconds(self) -> int:
+        """``spec.terminationGracePeriodSeconds`` (the API's default 30 when unset)."""
+        value = self._spec.get("terminationGracePeriodSeconds")
+        return integer(value, 30) if value is not None else 30
+
+    @lazy
+    def start_time(self) -> str:
+        """``status.startTime`` (RFC 3339; empty until the kubelet started the pod)."""
+        return text(self._status.get("startTime"))
+
+    @lazy
+    def nominated_node_name(self) -> str:
+        return text(self._status.get("nominatedNodeName"))
 
     @lazy
     def phase(self) -> str:

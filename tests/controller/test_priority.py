@@ -1,0 +1,381 @@
+"""Who gets a freed slice: priority order, preemption through the Eviction API, reservations.
+
+Pods on the local API server run no kubelet: a pod "runs" once ungated, an evicted pod is deleted,
+and its claim is released by the test as kube-controller-manager would (``release_claim``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Iterable
+from contextlib import ExitStack, suppress
+from typing import Any
+
+import pytest
+
+from api.names import HOLD_ANNOTATION
+from controller.allocation.sync import SyncConfig
+from driver.cluster.kube import KubeClusterApi
+from driver.cluster.port import (
+    EVENTS,
+    POD_DISRUPTION_BUDGETS,
+    PODS,
+    RESOURCE_CLAIMS,
+    JsonObject,
+)
+from driver.errors import ApiNotFoundError
+from instaslice.status import read_view, render_view
+from localcluster.apiserver import LocalApiServer
+from tests.controller.harness import (
+    NS,
+    assert_no_overlap,
+    claim_object,
+    cluster_api,
+    condition_reason,
+    get_pod,
+    pod_object,
+    publish_node,
+    release_claim,
+    request,
+    start_controller,
+    ungated,
+    wait_for,
+)
+
+NO_PREEMPTION = SyncConfig(preemption=False, starvation_after=None)
+
+
+@pytest.fixture
+def api(apiserver: LocalApiServer, stack: ExitStack) -> KubeClusterApi:
+    return cluster_api(apiserver, stack)
+
+
+def create_pod(
+    api: KubeClusterApi,
+    name: str,
+    *,
+    profile: str = "1g.5gb",
+    priority: int = 0,
+    labels: dict[str, str] | None = None,
+    **spec: Any,
+) -> None:
+    """A claim for one slice of ``profile`` and a gated pod of ``priority`` using it."""
+    api.create(
+        RESOURCE_CLAIMS,
+        claim_object(f"{name}-claim", requests=[request(profile=profile)]),
+        namespace=NS,
+    )
+    body = pod_object(name, claims=[f"{name}-claim"], priority=priority, **spec)
+    if labels:
+        body["metadata"]["labels"] = labels
+    api.create(PODS, body, namespace=NS)
+
+
+def mark_ready(api: KubeClusterApi, name: str) -> None:
+    """What the kubelet reports of a running pod (a PodDisruptionBudget counts Ready pods)."""
+    pod = get_pod(api, name)
+    pod.setdefault("status", {})["phase"] = "Running"
+    pod["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    api.update_status(PODS, pod)
+
+
+def gone(api: KubeClusterApi, name: str) -> bool:
+    try:
+        get_pod(api, name)
+    except ApiNotFoundError:
+        return True
+    return False
+
+
+def release_gone(api: KubeClusterApi, names: Iterable[str]) -> list[str]:
+    """Release the claims of the pods among ``names`` that were evicted; their names."""
+    released = []
+    for name in names:
+        if gone(api, name):
+            with suppress(ApiNotFoundError):
+                release_claim(api, f"{name}-claim")
+            released.append(name)
+    return released
+
+
+def device_of(api: KubeClusterApi, claim: str) -> str:
+    obj = api.get(RESOURCE_CLAIMS, name=claim, namespace=NS)
+    (result,) = obj["status"]["allocation"]["devices"]["results"]
+    return str(result["device"])
+
+
+def fill_gpu(api: KubeClusterApi, priorities: list[int], *, prefix: str = "low") -> list[str]:
+    """Seven 1g.5gb pods, ungated in order onto the one A100's slices 0..6."""
+    names = []
+    for i, priority in enumerate(priorities):
+        name = f"{prefix}{i}"
+        create_pod(api, name, priority=priority)
+        wait_for(lambda n=name: ungated(api, n), what=f"{name} placed")  # type: ignore[misc]
+        names.append(name)
+    return names
+
+
+def events_for(api: KubeClusterApi, name: str, reason: str) -> list[JsonObject]:
+    return [
+        e
+        for e in api.list_objects(EVENTS, namespace=NS).items
+        if e.get("reason") == reason and (e.get("involvedObject") or {}).get("name") == name
+    ]
+
+
+def test_freed_slices_go_to_the_highest_priority_then_the_oldest(
+    apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack
+) -> None:
+    publish_node(api, "node-a", gpus=1)
+    start_controller(apiserver, stack, sync=NO_PREEMPTION)
+    running = fill_gpu(api, [0] * 7)
+    # created in this order; served high, then mid-old, then mid-new, then low
+    for name, priority in (("low", -5), ("mid-old", 10), ("mid-new", 10), ("high", 1000)):
+        create_pod(api, name, priority=priority)
+        wait_for(lambda n=name: condition_reason(api, n) == "NoCapacity", what=name)  # type: ignore[misc]
+    served = []
+    for victim in running[:4]:
+        api.delete(PODS, name=victim, namespace=NS)
+        release_claim(api, f"{victim}-claim")
+        placed = wait_for(
+            lambda: [
+                n
+                for n in ("low", "mid-old", "mid-new", "high")
+                if n not in served and ungated(api, n)
+            ],
+            what="one waiting pod placed",
+        )
+        assert len(placed) == 1, placed
+        served.extend(placed)
+    assert served == ["high", "mid-old", "mid-new", "low"]
+    assert_no_overlap(api)
+
+
+def test_a_pod_behind_in_order_does_not_take_room_a_pod_ahead_fits(
+    apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack
+) -> None:
+    """The freed slice is taken by the waiting high-priority pod even though a new low-priority
+    pod asks for it at the same moment."""
+    publish_node(api, "node-a", gpus=1)
+    start_controller(apiserver, stack, sync=NO_PREEMPTION)
+    running = fill_gpu(api, [0] * 7)
+    create_pod(api, "high", priority=100)
+    wait_for(lambda: condition_reason(api, "high") == "NoCapacity", what="high waits")
+    api.delete(PODS, name=running[0], namespace=NS)
+    release_claim(api, f"{running[0]}-claim")
+    create_pod(api, "newcomer", priority=0)
+    wait_for(lambda: ungated(api, "high"), what="high placed")
+    wait_for(lambda: condition_reason(api, "newcomer") == "NoCapacity", what="newcomer waits")
+    assert not ungated(api, "newcomer")
+    assert_no_overlap(api)
+
+
+def _expected_victims(priorities: list[int], protected: set[int]) -> set[int]:
+    """Brute force: the 2g.10gb placements of an A100-40GB start at 0, 2 and 4; the best pair of
+    occupants by kube-scheduler's score (no budget violated, lowest highest priority, lowest sum)."""
+    best: tuple[int, int] | None = None
+    choice: set[int] = set()
+    for start in (0, 2, 4):
+        pair = {start, start + 1}
+        if pair & protected:
+            continue
+        key = (max(priorities[i] for i in pair), sum(priorities[i] for i in pair))
+        if best is None or key < best:
+            best, choice = key, pair
+    return choice
+
+
+@pytest.mark.parametrize(
+    ("priorities", "protected"),
+    [
+        ([5, 5, 0, 0, 1, 1, 0], set()),
+        ([5, 5, 0, 0, 1, 1, 0], {2}),
+        ([3, 0, 0, 2, 2, 1, 0], set()),
+    ],
+    ids=["lowest-pair", "budget-protects-one", "aligned-pair-only"],
+)
+def test_preemption_evicts_the_minimal_lowest_priority_victims(
+    apiserver: LocalApiServer,
+    api: KubeClusterApi,
+    stack: ExitStack,
+    priorities: list[int],
+    protected: set[int],
+) -> None:
+    publish_node(api, "node-a", gpus=1)
+    start_controller(apiserver, stack)
+    names = []
+    for i, priority in enumerate(priorities):
+        name = f"low{i}"
+        create_pod(api, name, priority=priority, labels={"app": f"a{i}"})
+        wait_for(lambda n=name: ungated(api, n), what=f"{name} placed")  # type: ignore[misc]
+        mark_ready(api, name)
+        names.append(name)
+    for i in sorted(protected):
+        api.create(
+            POD_DISRUPTION_BUDGETS,
+            {
+                "apiVersion": "policy/v1",
+                "kind": "PodDisruptionBudget",
+                "metadata": {"name": f"keep-{i}", "namespace": NS},
+                "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": f"a{i}"}}},
+            },
+            namespace=NS,
+        )
+        wait_for(
+            lambda i=i: (  # type: ignore[misc]
+                api.get(POD_DISRUPTION_BUDGETS, name=f"keep-{i}", namespace=NS).get("status") or {}
+            ).get("observedGeneration"),
+            what="budget counted",
+        )
+    expected = {f"low{i}" for i in _expected_victims(priorities, protected)}
+    create_pod(api, "high", profile="2g.10gb", priority=1000)
+    wait_for(lambda: any(gone(api, n) for n in names), what="victims evicted")
+    wait_for(lambda: set(release_gone(api, names)) == expected, timeout=5, what="exact victims")
+    wait_for(lambda: ungated(api, "high"), what="high placed")
+    assert sorted(n for n in names if gone(api, n)) == sorted(expected)
+    start = min(int(n.removeprefix("low")) for n in expected)
+    assert device_of(api, "high-claim") == f"gpu-0-2g-10gb-{start}"
+    for name in expected:
+        assert events_for(api, name, "Preempted"), name
+    assert get_pod(api, "high")["status"].get("nominatedNodeName") == "node-a"
+    assert_no_overlap(api)
+
+
+def test_preemption_policy_never_evicts_nothing_and_still_comes_first(
+    apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack
+) -> None:
+    publish_node(api, "node-a", gpus=1)
+    start_controller(apiserver, stack)
+    running = fill_gpu(api, [0] * 7)
+    create_pod(api, "low-waiting", priority=0)
+    create_pod(api, "polite", priority=1000, preemptionPolicy="Never")
+    for name in ("low-waiting", "polite"):
+        wait_for(lambda n=name: condition_reason(api, n) == "NoCapacity", what=name)  # type: ignore[misc]
+    assert not any(gone(api, n) for n in running)
+    api.delete(PODS, name=running[3], namespace=NS)
+    release_claim(api, f"{running[3]}-claim")
+    wait_for(lambda: ungated(api, "polite"), what="polite placed")
+    assert not ungated(api, "low-waiting")
+    assert not any(gone(api, n) for n in running if n != running[3])
+
+
+def test_a_budget_that_forbids_every_eviction_is_named_and_nothing_is_evicted(
+    apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack
+) -> None:
+    publish_node(api, "node-a", gpus=1)
+    start_controller(apiserver, stack)
+    running = []
+    for i in range(7):
+        create_pod(api, f"low{i}", priority=0, labels={"app": "batch"})
+        wait_for(lambda i=i: ungated(api, f"low{i}"), what="placed")  # type: ignore[misc]
+        mark_ready(api, f"low{i}")
+        running.append(f"low{i}")
+    api.create(
+        POD_DISRUPTION_BUDGETS,
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "batch", "namespace": NS},
+            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "batch"}}},
+        },
+        namespace=NS,
+    )
+    wait_for(
+        lambda: (
+            api.get(POD_DISRUPTION_BUDGETS, name="batch", namespace=NS).get("status") or {}
+        ).get("observedGeneration"),
+        what="budget counted",
+    )
+    create_pod(api, "high", priority=1000)
+
+    def message() -> str:
+        pod = get_pod(api, "high")
+        for condition in pod.get("status", {}).get("conditions") or []:
+            if condition.get("type") == "instaslice.dev/Placement":
+                return str(condition.get("message", ""))
+        return ""
+
+    wait_for(lambda: "PodDisruptionBudget default/batch" in message(), what="budget named")
+    assert not any(gone(api, n) for n in running)
+
+
+def test_a_large_request_gets_a_reservation_and_runs_before_the_stream_of_small_ones(
+    apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack
+) -> None:
+    """Same priority everywhere: a 7g.40gb pod waits behind a stream of 1g.5gb pods that would
+    keep the GPU from ever emptying; past the starvation bound the GPU is reserved for it."""
+    publish_node(api, "node-a", gpus=1)
+    start_controller(apiserver, stack, sync=SyncConfig(preemption=False, starvation_after=0.5))
+    running = fill_gpu(api, [0] * 7)
+    create_pod(api, "large", profile="7g.40gb")
+    wait_for(lambda: condition_reason(api, "large") == "NoCapacity", what="large waits")
+    stream = itertools.count()
+    pending: list[str] = []
+    for _ in range(40):  # each step one small pod ends and a new one arrives
+        if ungated(api, "large"):
+            break
+        running.extend(n for n in pending if ungated(api, n))
+        pending = [n for n in pending if n not in running]
+        if running:
+            ended = running.pop(0)
+            api.delete(PODS, name=ended, namespace=NS)
+            release_claim(api, f"{ended}-claim")
+        newcomer = f"small{next(stream)}"
+        create_pod(api, newcomer)
+        pending.append(newcomer)
+        time.sleep(0.2)
+    wait_for(lambda: ungated(api, "large"), timeout=10, what="large placed")
+    assert not any(ungated(api, n) for n in pending), "a small pod took the reserved GPU"
+    hold = json.loads(get_pod(api, "large")["metadata"]["annotations"][HOLD_ANNOTATION])
+    assert hold["kind"] == "reservation"
+    assert hold["gpus"] == [0]
+    assert device_of(api, "large-claim") == "gpu-0-7g-40gb-0"
+    assert events_for(api, "large", "Reserved")
+    assert_no_overlap(api)
+
+
+def test_a_reservation_survives_a_leader_change(
+    apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack
+) -> None:
+    """The new leader reads the hold from the pod's annotation: a freed slice of the reserved GPU
+    still goes to nobody of equal priority."""
+    publish_node(api, "node-a", gpus=1)
+    sync = SyncConfig(preemption=False, starvation_after=0.5)
+    with ExitStack() as first:
+        start_controller(apiserver, first, identity="a", leader_election=True, sync=sync)
+        running = fill_gpu(api, [0] * 7)
+        create_pod(api, "large", profile="7g.40gb")
+        wait_for(lambda: condition_reason(api, "large") == "NoCapacity", what="large waits")
+        api.delete(PODS, name=running[0], namespace=NS)  # wakes it past the bound
+        release_claim(api, f"{running[0]}-claim")
+        wait_for(
+            lambda: HOLD_ANNOTATION in (get_pod(api, "large")["metadata"].get("annotations") or {}),
+            what="reservation recorded",
+        )
+    start_controller(apiserver, stack, identity="b", leader_election=True, sync=sync)
+    api.delete(PODS, name=running[1], namespace=NS)
+    release_claim(api, f"{running[1]}-claim")
+    create_pod(api, "newcomer")
+    wait_for(lambda: condition_reason(api, "newcomer") is not None, timeout=15, what="newcomer")
+    assert not ungated(api, "newcomer")
+    for victim in running[2:]:
+        api.delete(PODS, name=victim, namespace=NS)
+        release_claim(api, f"{victim}-claim")
+    wait_for(lambda: ungated(api, "large"), timeout=15, what="large placed")
+    assert device_of(api, "large-claim") == "gpu-0-7g-40gb-0"
+    assert_no_overlap(api)
+
+
+def test_instaslice_status_shows_a_hold(
+    apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack
+) -> None:
+    publish_node(api, "node-a", gpus=1)
+    start_controller(apiserver, stack, sync=SyncConfig(preemption=False, starvation_after=0.2))
+    fill_gpu(api, [0] * 7)
+    create_pod(api, "large", profile="7g.40gb")
+    wait_for(lambda: condition_reason(api, "large") == "Reserved", timeout=15, what="reserved")
+    text = render_view(read_view(api))
+    assert "Held for waiting pods:" in text
+    assert "node-a GPU 0: reservation for default/large since " in text
