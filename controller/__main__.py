@@ -56,6 +56,8 @@ def build_controller(settings: Settings, api: ClusterApi) -> Controller:
             policy=settings.policy,
             sync=SyncConfig(
                 handoff_after=settings.handoff_after or None,
+                starvation_after=settings.starvation_after or None,
+                preemption=settings.preemption,
                 scheduler_mode=settings.allocation_mode == "scheduler",
                 nominate_node=settings.nominate_node,
             ),

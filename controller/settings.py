@@ -38,6 +38,9 @@ DEFAULT_KUBE_API_QPS: Final = 500.0
 DEFAULT_KUBE_API_BURST: Final = 1000
 ALLOCATION_MODES: Final = ("controller", "scheduler")
 DEFAULT_HANDOFF_AFTER: Final = 120.0
+DEFAULT_STARVATION_AFTER: Final = 60.0
+"""Shorter than the hand-off, so that a large request is reserved room here before it would be
+handed to kube-scheduler, which reserves nothing."""
 """Seconds a DRA pod may wait for capacity (or to be bound) before kube-scheduler gets it."""
 
 
@@ -75,6 +78,12 @@ class Settings:
     handoff_after: float = DEFAULT_HANDOFF_AFTER
     """Controller mode: hand a DRA pod to kube-scheduler after this long without capacity or
     without being bound; 0 never hands off."""
+    starvation_after: float = DEFAULT_STARVATION_AFTER
+    """Controller mode: reserve a GPU for a pod that has waited this long and fits nowhere; 0
+    never reserves."""
+    preemption: bool = True
+    """Controller mode: evict lower-priority pods that hold our slices for a pod that fits
+    nowhere (through the Eviction API)."""
     nominate_node: bool = True
     """Set a placed pod's ``status.nominatedNodeName`` before ungating it (docs/design.md F24)."""
     webhook_process: bool = True
@@ -251,6 +260,22 @@ def _add_mode_flags(parser: argparse.ArgumentParser) -> None:
         "placed, before it is handed to kube-scheduler (and cluster autoscalers); 0 disables",
         default=str(DEFAULT_HANDOFF_AFTER),
     )
+    _add(
+        parser,
+        "--starvation-after",
+        help_text="controller mode: seconds a pod waits, fitting nowhere, before the GPU "
+        "cheapest to empty is reserved for it (nothing of equal or lower priority is placed "
+        "there meanwhile); 0 disables",
+        default=str(DEFAULT_STARVATION_AFTER),
+    )
+    _add(
+        parser,
+        "--preemption",
+        help_text="controller mode: 'on' evicts lower-priority pods holding MIG slices for a "
+        "pod that fits nowhere (Eviction API, PodDisruptionBudgets honoured); 'off' never does",
+        default="on",
+        choices=("on", "off"),
+    )
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -308,6 +333,12 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
         parser.error(
             f"--handoff-after must be a number of seconds >= 0, got {args.handoff_after!r}"
         )
+    starvation_after = _number(parser, "--starvation-after", args.starvation_after, kind=float)
+    if not 0 <= starvation_after <= 86400:
+        parser.error(
+            "--starvation-after must be a number of seconds from 0 to 86400, got "
+            f"{args.starvation_after!r}"
+        )
     port = int(_number(parser, "--webhook-port", args.webhook_port, kind=int))
     if not 0 <= port <= 65535:
         parser.error(f"--webhook-port must be 0..65535, got {port}")
@@ -345,6 +376,8 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
         log_format=args.log_format,
         allocation_mode=args.allocation_mode,
         handoff_after=handoff_after,
+        starvation_after=starvation_after,
+        preemption=args.preemption == "on",
         webhook_process=True if args.webhook_process is None else bool(args.webhook_process),
         nominate_node=True if args.nominate_node is None else bool(args.nominate_node),
     )

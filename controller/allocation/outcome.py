@@ -55,7 +55,7 @@ class SyncConfig:
     nominate_node: bool = True
     """Set a placed pod's ``status.nominatedNodeName`` to its node before ungating it
     (docs/design.md F24)."""
-    starvation_after: float | None = 120.0
+    starvation_after: float | None = 60.0
     """A pod that has waited this long and fits nowhere only because some GPU's occupants are in
     its way gets that GPU reserved (``arbiter``): nothing of equal or lower priority is placed
     there until the pod is. None: never."""
