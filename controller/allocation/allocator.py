@@ -42,9 +42,9 @@ from controller.allocation.handoff import unbound_since
 from controller.allocation.nodefilter import node_info
 from controller.allocation.outcome import NotLeaderError
 from controller.allocation.podclaims import is_our_class
-from controller.allocation.priority import LAST, PodOrder
+from controller.allocation.priority import LAST, PodOrder, may_preempt
 from controller.allocation.state import AllocationState
-from controller.allocation.sync import Outcome, PodSync, SyncConfig
+from controller.allocation.sync import Outcome, PodSync, Result, SyncConfig
 from controller.classic.release import ShadowReleaser, gone_key, pod_uid_of_key
 from controller.informers import BY_UID, ClusterInformers
 from controller.metrics import ControllerMetrics
@@ -217,7 +217,18 @@ class Allocator:
             pod.gated_by(SCHEDULING_GATE)
             or (pod.terminal and pod.requests_resource(_is_classic_resource))
             or (self._handoff_unbound and unbound_since(pod) is not None)
+            or (self._preempts_for_scheduler and self._unschedulable_preemptor(pod))
         )
+
+    @property
+    def _preempts_for_scheduler(self) -> bool:
+        sync = self.config.sync
+        return sync.scheduler_mode and sync.preemption
+
+    @staticmethod
+    def _unschedulable_preemptor(pod: PodView) -> bool:
+        """Scheduler mode: a pod kube-scheduler reports unschedulable that may preempt."""
+        return unbound_since(pod) is not None and may_preempt(pod)
 
     @property
     def _handoff_unbound(self) -> bool:
@@ -363,18 +374,27 @@ class Allocator:
         if pod.terminal:
             self._release_shadow_claims(pod)
             return
+        result = self._pass(key, pod)
+        if result is not None:
+            self._requeue(key, result)
+
+    def _pass(self, key: str, pod: PodView) -> Result | None:
+        """The pass a live pod needs now; None when there is nothing to do for it."""
         gates = pod.scheduling_gates
         if self._handoff_unbound and unbound_since(pod) is not None:
-            result = self.sync.unbound(pod)
-        elif SCHEDULING_GATE not in gates or pod.meta.deleting:
+            return self.sync.unbound(pod)
+        if self._preempts_for_scheduler and self._unschedulable_preemptor(pod):
+            return self.sync.preempt_for_scheduler(pod)
+        if SCHEDULING_GATE not in gates or pod.meta.deleting:
             self.queue.forget(key)
             if self.state.forget_pod(key=key, uid=pod.uid):
                 self._wake(everyone=False)
-            return
-        elif gates != (SCHEDULING_GATE,):
-            return  # someone else's gate first (Kueue): we are woken when it is lifted
-        else:
-            result = self.sync.sync(pod)
+            return None
+        if gates != (SCHEDULING_GATE,):
+            return None  # someone else's gate first (Kueue): we are woken when it is lifted
+        return self.sync.sync(pod)
+
+    def _requeue(self, key: str, result: Result) -> None:
         outcome = result.outcome
         if outcome in (Outcome.DONE, Outcome.WAIT):
             self.queue.forget(key)
@@ -388,7 +408,7 @@ class Allocator:
                 )
                 waiting.add(key)
             if result.delay > 0:
-                self.queue.add_after(key, result.delay)  # the hand-off deadline
+                self.queue.add_after(key, result.delay)  # a deadline: hand-off, hold, bound
         elif outcome is Outcome.RETRY_AFTER:
             self.queue.add_after(key, result.delay)
         else:

@@ -220,11 +220,13 @@ class Arbiter:
         order: PodOrder,
         *,
         node_ok: Callable[[str], bool],
-        place_on: Callable[[str], Placed | None],
+        place_on: Callable[[str, Sequence[str]], Placed | None],
     ) -> Preemption | NoPreemption | None:
         """Victims and a hold for a pod that fits nowhere; None when preemption does not apply
         (off, ``preemptionPolicy: Never``, a preemption of its own under way, nobody of lower
-        priority holds our slices where it could go)."""
+        priority holds our slices where it could go). ``node_ok``: whether the pod could go to
+        a node at all once its lower-priority pods are gone; ``place_on(node, victim_uids)``: its
+        placement there with those pods' usage not counted."""
         state = self._state
         if not self._config.preemption or not may_preempt(pod):
             return None
@@ -237,7 +239,7 @@ class Arbiter:
         def fits(node: str, victims: Sequence[Victim]) -> Placed | None:
             slots = [s for v in victims for s in v.slots]
             with self.released(slots), state.holds.lifted_for(order):
-                return place_on(node)
+                return place_on(node, [v.pod.uid for v in victims])
 
         search = Search(fits=fits)
         plan = search.best(candidates)
@@ -277,7 +279,7 @@ class Arbiter:
         slots_of: dict[str, list[Slot]] = {}
         pods: dict[str, PodView] = {}
         for (node, _), records in self._state.occupancy.on_gpus().items():
-            if not node_ok(node):
+            if not node_ok(node):  # with every candidate gone (see ``sync._no_room``)
                 continue
             for record in records:
                 users = self._users(record)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from api.names import CLASSIC_RESOURCE_PREFIX, SHIM_LEASE_NODE_ANNOTATION
@@ -344,9 +344,15 @@ class NodeFilter:
         return fits
 
     def why_not(
-        self, pod: JsonObject | PodView, node: str, *, usage: Usage | None = None
+        self,
+        pod: JsonObject | PodView,
+        node: str,
+        *,
+        usage: Usage | None = None,
+        without: Iterable[str] = (),
     ) -> str | None:
-        """Why the pod cannot go to ``node``; ``None`` if it can."""
+        """Why the pod cannot go to ``node``; ``None`` if it can. ``without``: UIDs of pods
+        whose usage is not counted (the victims of a preemption being weighed)."""
         pod = _pod(pod)
         usage = usage if usage is not None else pod_usage(pod)
         with self._lock:
@@ -354,10 +360,11 @@ class NodeFilter:
             if info is None:
                 return f"node {node} has no Node object"
             used = dict(self._used.get(node, {}))
-            counted = self._counted.get(pod.uid)
-            if counted is not None and counted[0] == node:  # the pod itself is counted there
-                for name, value in counted[1].items():
-                    used[name] = used.get(name, 0) - value
+            for uid in (pod.uid, *without):
+                counted = self._counted.get(uid)
+                if counted is not None and counted[0] == node:  # counted there, not to count
+                    for name, value in counted[1].items():
+                        used[name] = used.get(name, 0) - value
             rejection = self._rejections.get(node)
             shim = self._shims.get(node)
         classic = is_classic(usage, prefix=self._classic_prefix)

@@ -30,7 +30,7 @@ import random
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -39,7 +39,7 @@ from controller.allocation import handoff
 from controller.allocation.arbiter import Arbiter, NoPreemption, Preemption
 from controller.allocation.conditions import ConditionReporter, PlacementProblem, Reason
 from controller.allocation.holds import Hold, HoldKind, parse_persisted, whole_gpus
-from controller.allocation.nodefilter import HOSTNAME_LABEL
+from controller.allocation.nodefilter import HOSTNAME_LABEL, pod_usage
 from controller.allocation.outcome import NotLeaderError, Outcome, Result, SyncConfig
 from controller.allocation.podclaims import NotReady, PodClaims, dra_claims, sort_claims
 from controller.allocation.priority import PodOrder
@@ -434,6 +434,50 @@ class PodSync:
         )
         return Result(Outcome.DONE)
 
+    def preempt_for_scheduler(self, pod: PodView) -> Result:
+        """Scheduler mode: kube-scheduler reports the pod unschedulable and cannot preempt for
+        DRA devices; if our devices are what it lacks (it fits nowhere on the free slices), evict
+        lower-priority victims as in controller mode. kube-scheduler allocates once they are gone
+        (its queue retries the pod on claim changes, higher priorities first)."""
+        try:
+            claims = sort_claims(dra_claims(pod, claims=self._claim), [], classes=self._class)
+            if not claims.to_allocate:
+                return Result(Outcome.DONE)
+            state = self._state
+            with state.lock:
+                state.refresh()
+                state.holds.expire(self._clock.now())
+                if state.holds.get(pod.uid, HoldKind.PREEMPTION) is not None:
+                    return Result(Outcome.DONE)  # under way; looked at again when it is over
+                order = state.order_of(pod)
+                fits = state.nodes.for_pod(pod)
+
+                def node_ok(node: str) -> bool:
+                    return claims.allows(node) and fits(node)
+
+                alternatives = build_alternatives(
+                    claims.to_allocate, classes=self._class, cache=state.candidates
+                )
+                with state.holds.lifted_for(order):
+                    found, _, permanent = self._first_fit(alternatives, node_ok)
+                if found is not None or permanent:
+                    return Result(Outcome.DONE)  # not our devices that it lacks
+
+                decided = self._arbiter.preempt(
+                    pod,
+                    order,
+                    node_ok=self._node_ok_without_lower(pod, claims),
+                    place_on=self._place_without(pod, claims, alternatives),
+                )
+        except (NotReady, PlacementProblem, ApiNotFoundError):
+            return Result(Outcome.DONE)
+        if not isinstance(decided, Preemption):
+            return Result(Outcome.DONE)
+        result = self._preempt(pod, decided)
+        if result.outcome is Outcome.WAIT_CAPACITY:  # looked at again when the hold ends
+            return Result(Outcome.RETRY_AFTER, max(result.delay, self.config.preemption_retry))
+        return result
+
     def unbound(self, pod: PodView) -> Result:
         """A pod we ungated that kube-scheduler has not bound: past ``handoff_after``, withdraw our
         unreserved allocations of its DRA claims so that kube-scheduler may allocate elsewhere."""
@@ -649,7 +693,12 @@ class PodSync:
         def place_on(node: str) -> Placed | None:
             return self._place_on(alternatives, node, node_ok)
 
-        preemption = self._arbiter.preempt(pod, order, node_ok=node_ok, place_on=place_on)
+        preemption = self._arbiter.preempt(
+            pod,
+            order,
+            node_ok=self._node_ok_without_lower(pod, claims),
+            place_on=self._place_without(pod, claims, alternatives),
+        )
         if isinstance(preemption, Preemption):
             return NoRoom(reason, preemption=preemption, held=preemption.hold)
         if isinstance(preemption, NoPreemption):
@@ -664,6 +713,46 @@ class PodSync:
             due = None if bound is None else max(0.1, bound - (time.monotonic() - waiter.since))
             return NoRoom(reason, reserve_in=due)
         return NoRoom(reason, held=held, held_left=self._arbiter.still_waiting_for(held))
+
+    def _node_ok_without_lower(self, pod: PodView, claims: PodClaims) -> Callable[[str], bool]:
+        """Whether the pod could go to a node once every pod of lower priority there is gone
+        (what preemption may free; the state lock held)."""
+        nodes = self._state.nodes
+        usage = pod_usage(pod)
+        lower: list[str] = []
+        listed = False
+
+        def ok(node: str) -> bool:
+            nonlocal listed
+            if not listed:  # only once preemption gets this far: it reads every pod
+                lower.extend(
+                    p.uid
+                    for p in (PodView.of(o) for o in self._informers.pods.list())
+                    if p.priority < pod.priority
+                )
+                listed = True
+            why = nodes.why_not(pod, node, usage=usage, without=lower)
+            return claims.allows(node) and why is None
+
+        return ok
+
+    def _place_without(
+        self, pod: PodView, claims: PodClaims, alternatives: list[Alternative]
+    ) -> Callable[[str, Sequence[str]], Placed | None]:
+        """The pod's placement on a node with some pods' usage of it not counted (their MIG
+        slices the arbiter releases itself)."""
+        nodes = self._state.nodes
+        usage = pod_usage(pod)
+
+        def place(node: str, without: Sequence[str]) -> Placed | None:
+            def ok(name: str) -> bool:
+                return claims.allows(name) and (
+                    nodes.why_not(pod, name, usage=usage, without=without) is None
+                )
+
+            return self._place_on(alternatives, node, ok)
+
+        return place
 
     def restore_hold(self, pod: PodView) -> Hold | None:
         """A new leader takes over the hold a gated pod's annotation records (if still due)."""

@@ -11,12 +11,14 @@ import json
 import time
 from collections.abc import Iterable
 from contextlib import ExitStack, suppress
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from api.names import HOLD_ANNOTATION
 from controller.allocation.sync import SyncConfig
+from driver.cluster import ops
 from driver.cluster.kube import KubeClusterApi
 from driver.cluster.port import (
     EVENTS,
@@ -379,3 +381,59 @@ def test_instaslice_status_shows_a_hold(
     text = render_view(read_view(api))
     assert "Held for waiting pods:" in text
     assert "node-a GPU 0: reservation for default/large since " in text
+
+
+def test_classic_pods_preempt_and_are_preempted(
+    apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack
+) -> None:
+    """A classic nvidia.com/mig-1g.5gb pod of high priority evicts one classic pod of low
+    priority; the victim's shadow claim is released and the preemptor placed there."""
+    publish_node(api, "node-a", gpus=1)
+    start_controller(apiserver, stack)
+    low = [f"classic-low{i}" for i in range(7)]
+    for name in low:
+        api.create(
+            PODS,
+            pod_object(name, classic={"nvidia.com/mig-1g.5gb": 1}, priority=0),
+            namespace=NS,
+        )
+        wait_for(lambda n=name: ungated(api, n), what=f"{name} placed")  # type: ignore[misc]
+    api.create(
+        PODS,
+        pod_object("classic-high", classic={"nvidia.com/mig-1g.5gb": 1}, priority=100),
+        namespace=NS,
+    )
+    wait_for(lambda: ungated(api, "classic-high"), timeout=15, what="the preemptor placed")
+    evicted = [n for n in low if gone(api, n)]
+    assert len(evicted) == 1
+    assert events_for(api, evicted[0], "Preempted")
+    assert_no_overlap(api)
+
+
+def test_scheduler_mode_preempts_for_a_pod_kube_scheduler_reports_unschedulable(
+    apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack
+) -> None:
+    publish_node(api, "node-a", gpus=1)
+    with ExitStack() as placing:  # the fleet filled as kube-scheduler would have
+        start_controller(apiserver, placing, sync=NO_PREEMPTION)
+        running = fill_gpu(api, [0, 0, 0, 5, 5, 5, 5])
+    start_controller(apiserver, stack, sync=SyncConfig(scheduler_mode=True))
+    api.create(RESOURCE_CLAIMS, claim_object("high-claim"), namespace=NS)
+    api.create(
+        PODS, pod_object("high", claims=["high-claim"], gates=(), priority=1000), namespace=NS
+    )
+    ops.set_pod_condition(
+        api,
+        pod=get_pod(api, "high"),
+        condition_type="PodScheduled",
+        status="False",
+        reason="Unschedulable",
+        message="0/1 nodes are available: 1 cannot allocate all claims.",
+        now=datetime.now(UTC),
+    )
+    wait_for(lambda: any(gone(api, n) for n in running), timeout=15, what="a victim evicted")
+    time.sleep(0.5)
+    evicted = [n for n in running if gone(api, n)]
+    assert len(evicted) == 1
+    assert evicted[0] in running[:3]  # one of the lowest priority
+    assert get_pod(api, "high")["status"].get("nominatedNodeName") == "node-a"
