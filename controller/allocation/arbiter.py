@@ -5,9 +5,9 @@ Called by ``sync`` with the state lock held, around the engine's answer for one 
 - :meth:`Arbiter.serve_ahead` — the pod fits; but a waiting pod ahead of it in the order
   (``priority``) that fits now gets the capacity first: a ``next`` hold is placed for it and it is
   woken, and the pod is placed again on what is left (or waits);
-- :meth:`Arbiter.reserve` — the pod fits nowhere, has waited past ``SyncConfig.starvation_after``
-  and only the occupants of some GPU stand in its way: the GPU cheapest to empty by attrition is
-  reserved for it (fewest occupants, then the one whose youngest occupant is oldest — the
+- :meth:`Arbiter.reserve` — the pod fits nowhere, has waited past ``SyncConfig.starvation_after``,
+  no single departure would let it in (then the order alone serves it) and only the occupants of
+  some GPU stand in its way: the GPU cheapest to empty by attrition is reserved for it (fewest occupants, then the one whose youngest occupant is oldest — the
   controller knows no pod's lifetime, and under lifetimes of similar length the pods that have
   run longest end first);
 - :meth:`Arbiter.preempt` — the pod fits nowhere and may preempt: the victims (``preemption``) and a
@@ -54,6 +54,8 @@ MAX_SERVED_AHEAD = 16
 """``next`` holds one decision may place for pods ahead of it (each then decides on its own)."""
 MAX_RESERVATION_TRIES = 64
 """GPUs tried, cheapest first, when choosing a reservation."""
+SINGLE_DEPARTURE_GPUS = 8
+"""GPUs (cheapest first) checked for room that one departure would make (no reservation then)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +185,8 @@ class Arbiter:
             youngest = max(r.first_seen for r in records)
             candidates.append(((len(records), youngest), node, index, records))
         candidates.sort(key=lambda c: c[0])
+        if self._one_departure_enough(order, candidates[:SINGLE_DEPARTURE_GPUS], place_on):
+            return None
         for _, node, index, records in candidates[:MAX_RESERVATION_TRIES]:
             slots = [s for r in records for s in r.slots if s.gpu_index == index]
             with self.released(slots), state.holds.lifted_for(order):
@@ -207,6 +211,24 @@ class Arbiter:
             )
             return hold
         return None
+
+    def _one_departure_enough(
+        self,
+        order: PodOrder,
+        candidates: Sequence[tuple[tuple[int, float], str, int, list[ClaimRecord]]],
+        place_on: Callable[[str], Placed | None],
+    ) -> bool:
+        """Whether one occupant leaving some GPU would let the pod in: then the serving order
+        alone gives it that room first, and a reservation would only idle the GPU's other
+        slices. Pods starve when every GPU needs several departures (small slices scattered)."""
+        state = self._state
+        for _, node, index, records in candidates:
+            for record in records:
+                slots = [s for s in record.slots if s.gpu_index == index]
+                with self.released(slots), state.holds.lifted_for(order):
+                    if place_on(node) is not None:
+                        return True
+        return False
 
     def still_waiting_for(self, hold: Hold) -> int:
         """Claims still holding slices on the held GPUs (what the pod's condition reports)."""

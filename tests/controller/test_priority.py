@@ -437,3 +437,20 @@ def test_scheduler_mode_preempts_for_a_pod_kube_scheduler_reports_unschedulable(
     assert len(evicted) == 1
     assert evicted[0] in running[:3]  # one of the lowest priority
     assert get_pod(api, "high")["status"].get("nominatedNodeName") == "node-a"
+
+
+def test_no_reservation_when_one_departure_would_let_the_pod_in(
+    apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack
+) -> None:
+    """Two 3g.20gb pods fill an A100 (with a 1g.5gb); a third 3g.20gb waits: the order serves it
+    at the first departure, so no GPU is reserved for it however long it waits."""
+    publish_node(api, "node-a", gpus=1)
+    start_controller(apiserver, stack, sync=SyncConfig(preemption=False, starvation_after=0.2))
+    for name in ("a", "b"):
+        create_pod(api, name, profile="3g.20gb")
+        wait_for(lambda n=name: ungated(api, n), what=name)  # type: ignore[misc]
+    create_pod(api, "c", profile="3g.20gb")
+    wait_for(lambda: condition_reason(api, "c") == "NoCapacity", what="c waits")
+    time.sleep(1.0)  # past the bound, and its deadline pass
+    assert condition_reason(api, "c") == "NoCapacity"
+    assert HOLD_ANNOTATION not in (get_pod(api, "c")["metadata"].get("annotations") or {})

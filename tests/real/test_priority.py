@@ -1,0 +1,275 @@
+"""Priority, preemption and reservations on real Kubernetes: PriorityClasses resolved by
+kube-apiserver's Priority admission plugin, PodDisruptionBudgets counted by kube-controller-
+manager's disruption controller, evictions through the real Eviction API, pods run by real
+kubelets. The stack: 2 nodes x 2 emulated A100-40GB, so eight 3g.20gb pods fill it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator, Sequence
+
+import pytest
+
+from api import names
+from driver.cluster.port import POD_DISRUPTION_BUDGETS, PODS, JsonObject, Resource
+from driver.errors import ApiNotFoundError
+from localcluster.realstack import RealStack
+from tests.e2e.conftest import E2E_NS
+from tests.e2e.helpers import (
+    apply,
+    claim_template,
+    dra_pod,
+    get_pod,
+    is_gated,
+    placement_reason,
+    pods,
+    running,
+    wait_for,
+    wait_pod_running,
+    wait_running,
+)
+
+PRIORITY_CLASSES = Resource(
+    group="scheduling.k8s.io",
+    version="v1",
+    plural="priorityclasses",
+    kind="PriorityClass",
+    namespaced=False,
+)
+CLASSES = {"e2e-low": 100, "e2e-mid": 500, "e2e-high": 1000}
+NEVER = "e2e-high-never"
+HOLD_S = 3.0
+
+
+@pytest.fixture
+def classes(cluster: RealStack) -> Iterator[RealStack]:
+    """PriorityClasses for the scenario (and its PodDisruptionBudgets removed after it)."""
+    made = [*CLASSES, NEVER]
+    for name, value in [*CLASSES.items(), (NEVER, 1000)]:
+        body: JsonObject = {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": name},
+            "value": value,
+        }
+        if name == NEVER:
+            body["preemptionPolicy"] = "Never"
+        with contextlib.suppress(Exception):
+            cluster.api.delete(PRIORITY_CLASSES, name=name)
+        cluster.api.create(PRIORITY_CLASSES, body)
+    try:
+        yield cluster
+    finally:
+        for pdb in cluster.api.list_objects(POD_DISRUPTION_BUDGETS, namespace=E2E_NS).items:
+            with contextlib.suppress(ApiNotFoundError):
+                cluster.api.delete(
+                    POD_DISRUPTION_BUDGETS, name=pdb["metadata"]["name"], namespace=E2E_NS
+                )
+        for name in made:
+            with contextlib.suppress(ApiNotFoundError):
+                cluster.api.delete(PRIORITY_CLASSES, name=name)
+
+
+def pod(
+    name: str, *, priority_class: str, template: str = "half", labels: dict[str, str] | None = None
+) -> JsonObject:
+    body = dra_pod(name, template=template, namespace=E2E_NS)
+    body["spec"]["priorityClassName"] = priority_class
+    body["spec"]["terminationGracePeriodSeconds"] = 1
+    if labels:
+        body["metadata"]["labels"] = labels
+    return body
+
+
+def gone(stack: RealStack, name: str) -> bool:
+    found = get_pod(stack, E2E_NS, name)
+    return found is None or bool(found["metadata"].get("deletionTimestamp"))
+
+
+def budget(name: str, *, app: str, min_available: int) -> JsonObject:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "namespace": E2E_NS},
+        "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": app}}},
+    }
+
+
+def fill(stack: RealStack, spec: Sequence[tuple[str, str, str | None]]) -> None:
+    """Eight 3g.20gb pods (name, class, app label) placed one by one (their order is the order
+    first-fit gives them the GPUs), all running."""
+    apply(stack, [claim_template("half", profile="3g.20gb", namespace=E2E_NS)])
+    for name, priority_class, app in spec:
+        apply(
+            stack, [pod(name, priority_class=priority_class, labels={"app": app} if app else None)]
+        )
+        wait_for(
+            stack,
+            lambda n=name: not is_gated(get_pod(stack, E2E_NS, n)),  # type: ignore[misc]
+            message=f"{name} not placed",
+        )
+    wait_running(stack, E2E_NS, len(spec))
+
+
+def test_a_high_priority_pod_preempts_one_unprotected_lowest_priority_pod_and_runs(
+    classes: RealStack,
+) -> None:
+    cluster = classes
+    spec = [
+        ("mid-0", "e2e-mid", None),
+        ("low-kept-0", "e2e-low", "kept"),
+        ("mid-1", "e2e-mid", None),
+        ("low-kept-1", "e2e-low", "kept"),
+        ("mid-2", "e2e-mid", None),
+        ("low-free-0", "e2e-low", "free"),
+        ("mid-3", "e2e-mid", None),
+        ("low-free-1", "e2e-low", "free"),
+    ]
+    fill(cluster, spec)
+    cluster.api.create(POD_DISRUPTION_BUDGETS, budget("kept", app="kept", min_available=2))
+    wait_for(
+        cluster,
+        lambda: (
+            (
+                cluster.api.get(POD_DISRUPTION_BUDGETS, name="kept", namespace=E2E_NS).get("status")
+                or {}
+            ).get("currentHealthy")
+            == 2
+        ),
+        message="kube-controller-manager did not count the budget",
+    )
+    started = time.monotonic()
+    apply(cluster, [pod("urgent", priority_class="e2e-high")])
+    wait_pod_running(cluster, E2E_NS, "urgent")
+    to_running = time.monotonic() - started
+    evicted = sorted(name for name, _, _ in spec if gone(cluster, name))
+    assert len(evicted) == 1, evicted
+    assert evicted[0].startswith("low-free-"), evicted
+    events = [
+        e
+        for e in cluster.events(E2E_NS)
+        if e.get("reason") == "Preempted"
+        and (e.get("involvedObject") or {}).get("name") == evicted[0]
+    ]
+    assert events, "the victim has no Preempted event"
+    print(f"preemption: urgent Running {to_running:.1f}s after creation; victims {evicted}")
+
+
+def test_preemption_policy_never_evicts_nothing_and_gets_the_next_freed_slice(
+    classes: RealStack,
+) -> None:
+    cluster = classes
+    spec = [(f"low-{i}", "e2e-low", None) for i in range(8)]
+    fill(cluster, spec)
+    apply(cluster, [pod("waiting-low", priority_class="e2e-low")])
+    wait_for(cluster, lambda: placement_reason(cluster, E2E_NS, "waiting-low") == "NoCapacity")
+    apply(cluster, [pod("polite", priority_class=NEVER)])
+    wait_for(cluster, lambda: placement_reason(cluster, E2E_NS, "polite") == "NoCapacity")
+    time.sleep(HOLD_S)
+    assert not any(gone(cluster, name) for name, _, _ in spec)
+    cluster.api.delete(PODS, name="low-3", namespace=E2E_NS)
+    wait_pod_running(cluster, E2E_NS, "polite")
+    assert is_gated(get_pod(cluster, E2E_NS, "waiting-low"))
+
+
+def test_waiting_pods_are_placed_in_priority_order_as_slices_free_one_at_a_time(
+    classes: RealStack,
+) -> None:
+    """Twenty waiting pods of four priorities (none may preempt: the running ones are of the
+    highest class); every slice freed goes to the first of them in priority, then age order."""
+    cluster = classes
+    values = {"e2e-o0": 10, "e2e-o1": 20, "e2e-o2": 30, "e2e-o3": 40}
+    for name, value in values.items():
+        with contextlib.suppress(Exception):
+            cluster.api.delete(PRIORITY_CLASSES, name=name)
+        cluster.api.create(
+            PRIORITY_CLASSES,
+            {
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": name},
+                "value": value,
+                "preemptionPolicy": "Never",
+            },
+        )
+    try:
+        fill(cluster, [(f"run-{i}", "e2e-high", None) for i in range(8)])
+        waiting = [(f"w-{i:02d}", f"e2e-o{(i * 7) % 4}") for i in range(20)]
+        for name, priority_class in waiting:
+            apply(cluster, [pod(name, priority_class=priority_class)])
+            time.sleep(0.05)
+        wait_for(
+            cluster,
+            lambda: all(placement_reason(cluster, E2E_NS, n) == "NoCapacity" for n, _ in waiting),
+            message="the waiting pods did not all report NoCapacity",
+        )
+        expected = [n for n, c in sorted(waiting, key=lambda w: (-values[w[1]], w[0]))]
+        placed: list[str] = []
+        running_names = [f"run-{i}" for i in range(8)]
+        for _ in range(len(waiting)):
+            ended = running_names.pop(0)
+            cluster.api.delete(PODS, name=ended, namespace=E2E_NS)
+            newly = wait_for(
+                cluster,
+                lambda: (
+                    [
+                        n
+                        for n, _ in waiting
+                        if n not in placed and not is_gated(get_pod(cluster, E2E_NS, n))
+                    ]
+                    or None
+                ),
+                message="no waiting pod placed after a slice freed",
+            )
+            assert len(newly) == 1, newly
+            placed.extend(newly)
+            running_names.append(newly[0])
+        assert placed == expected
+    finally:
+        for name in values:
+            with contextlib.suppress(ApiNotFoundError):
+                cluster.api.delete(PRIORITY_CLASSES, name=name)
+
+
+def test_the_leader_killed_mid_preemption_evicts_no_more_and_the_preemptor_runs(
+    classes: RealStack,
+) -> None:
+    cluster = classes
+    spec = [(f"low-{i}", "e2e-low", None) for i in range(8)]
+    fill(cluster, spec)
+    holder = cluster.leader()
+    assert holder is not None
+    leader = next(
+        c for c in cluster.controllers if c.pid is not None and holder.endswith(f"_{c.pid}")
+    )
+    apply(cluster, [pod("urgent", priority_class="e2e-high")])
+    wait_for(
+        cluster,
+        lambda: (
+            names.HOLD_ANNOTATION
+            in (
+                (get_pod(cluster, E2E_NS, "urgent") or {}).get("metadata", {}).get("annotations")
+                or {}
+            )
+        ),
+        message="no hold recorded on the preemptor",
+    )
+    leader.kill()
+    try:
+        deadline = time.monotonic() + 30
+        while cluster.leader() in (None, holder):
+            assert time.monotonic() < deadline, "the standby did not take over"
+            time.sleep(0.2)
+    finally:
+        leader.start()
+    wait_pod_running(cluster, E2E_NS, "urgent")
+    time.sleep(HOLD_S)
+    evicted = [name for name, _, _ in spec if gone(cluster, name)]
+    assert len(evicted) == 1, evicted
+    hold = json.loads(
+        get_pod(cluster, E2E_NS, "urgent")["metadata"]["annotations"][names.HOLD_ANNOTATION]  # type: ignore[index]
+    )
+    assert hold["victims"] == [f"{E2E_NS}/{evicted[0]}"]
+    assert sum(running(p) for p in pods(cluster, E2E_NS)) == 8
