@@ -3,9 +3,9 @@
 What the server decides rather than the client: status reset on create (status is written through
 ``/status`` only), spec kept on a status write and status kept on a spec write, ``generation``
 bumped on spec change, a claim's ``status.devices`` of deallocated devices dropped, defaults a
-reader may rely on (pod ``phase``, ``schedulerName``, …), and system metadata carried over from the
-stored object on update. The functions mutate the object passed in; the store hands them a private
-copy.
+reader may rely on (pod ``phase``, ``schedulerName``, a PodDisruptionBudget's zero counts, …), and
+system metadata carried over from the stored object on update. The functions mutate the object
+passed in; the store hands them a private copy.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ _SYSTEM_METADATA = (
     "generation",
 )
 _KEEP_STATUS_ON_CREATE = {("", "nodes")}
+_BUDGETS = ("policy", "poddisruptionbudgets")
+_BUDGET_COUNTS = ("disruptionsAllowed", "currentHealthy", "desiredHealthy", "expectedPods")
 
 
 def prepare_create(resource: ResourceType, obj: JsonObj) -> None:
@@ -44,6 +46,8 @@ def prepare_create(resource: ResourceType, obj: JsonObj) -> None:
     elif resource.plural == "namespaces" and not resource.group:
         obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
         obj["status"] = {"phase": "Active"}
+    elif (resource.group, resource.plural) == _BUDGETS:
+        obj["status"] = _budget_counts({})
 
 
 def prepare_update(
@@ -58,6 +62,8 @@ def prepare_update(
             result["status"] = new["status"]
             if (resource.group, resource.plural) == ("resource.k8s.io", "resourceclaims"):
                 _drop_deallocated_device_statuses(result, old)
+            elif (resource.group, resource.plural) == _BUDGETS and isinstance(new["status"], dict):
+                result["status"] = _budget_counts(new["status"])
         return result
     meta = new.setdefault("metadata", {})
     old_meta = old.get("metadata") or {}
@@ -75,6 +81,12 @@ def prepare_update(
     if resource.tracks_generation and new.get("spec") != old.get("spec"):
         meta["generation"] = int(old_meta.get("generation") or 0) + 1
     return new
+
+
+def _budget_counts(status: JsonObj) -> JsonObj:
+    """A PodDisruptionBudget's status always carries its four counts (Go ints, not
+    ``omitempty``): zero when a writer leaves one out."""
+    return {**dict.fromkeys(_BUDGET_COUNTS, 0), **status}
 
 
 def _allocated(claim: JsonObj) -> set[tuple[Any, ...]]:

@@ -5,7 +5,8 @@ update rules (scheduling gates only removable, ``nodeSelector`` only while gated
 immutable but for images, tolerations additions and ``activeDeadlineSeconds``); for
 ``resource.k8s.io`` the claim/template spec immutability, the set-once allocation and the
 ResourceSlice shape rules (devices xor sharedCounters, per-slice limits); webhook configurations'
-required fields. Each function returns the list of violations; empty means valid.
+required fields; PodDisruptionBudgets' spec and status (``policy/validation.py``). Each function
+returns the list of violations; empty means valid.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from localcluster import validation_dra as dra
 from localcluster.errors import FieldError
 from localcluster.names import name_errors, qualified_name_errors
+from localcluster.policy import validation as policy
 from localcluster.resources import ResourceType
 
 JsonObj = dict[str, Any]
@@ -296,6 +298,7 @@ _KIND_CREATE = {
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): _webhook_configuration,
     ("", "events"): _core_event,
     ("events.k8s.io", "events"): _new_event,
+    ("policy", "poddisruptionbudgets"): policy.budget,
 }
 _KIND_UPDATE = {
     ("", "pods"): _pod_update,
@@ -306,4 +309,5 @@ _KIND_UPDATE = {
 }
 _KIND_STATUS_UPDATE = {
     ("resource.k8s.io", "resourceclaims"): dra.claim_status_update,
+    ("policy", "poddisruptionbudgets"): policy.status_update,
 }

@@ -90,3 +90,29 @@ def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
     while not check():
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.02)
+
+
+def budget(name: str = "web", **spec: Any) -> dict[str, Any]:
+    """A ``policy/v1`` PodDisruptionBudget selecting ``app=web`` unless ``selector`` is given."""
+    spec.setdefault("selector", {"matchLabels": {"app": "web"}})
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def pod_status(*, phase: str = "Running", ready: bool = True) -> dict[str, Any]:
+    """A kubelet-written status: the phase and a ``Ready`` condition."""
+    return {
+        "phase": phase,
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True" if ready else "False",
+                "lastProbeTime": None,
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }
+        ],
+    }
