@@ -702,9 +702,15 @@ class RealStack(DaemonStack):
     def set_allocation_mode(self, mode: str, *, handoff_after: float | None = None) -> None:
         """Every controller replica restarted with ``--allocation-mode <mode>`` (and
         ``--handoff-after`` when given; the default otherwise)."""
-        self._controller_mode_args = ["--allocation-mode", mode]
+        args = ["--allocation-mode", mode]
         if handoff_after is not None:
-            self._controller_mode_args += ["--handoff-after", str(handoff_after)]
+            args += ["--handoff-after", str(handoff_after)]
+        self.restart_controllers(args)
+
+    def restart_controllers(self, args: Sequence[str] = ()) -> None:
+        """Every controller replica restarted with ``args`` after the configured ones (empty:
+        the configured ones alone)."""
+        self._controller_mode_args = list(args)
         for process in self.controllers:
             process.stop()
         self.controllers = [

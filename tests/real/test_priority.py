@@ -273,3 +273,83 @@ def test_the_leader_killed_mid_preemption_evicts_no_more_and_the_preemptor_runs(
     )
     assert hold["victims"] == [f"{E2E_NS}/{evicted[0]}"]
     assert sum(running(p) for p in pods(cluster, E2E_NS)) == 8
+
+
+STREAM_LIFETIME_S = 12.0
+STARVATION_AFTER_S = 10.0
+WITHOUT_CAP_S = 60.0
+
+
+def _large_wait(cluster: RealStack, tag: str, *, cap: float) -> float | None:
+    """A 7g.40gb pod created into a fleet kept full by a stream of 1g.5gb pods of the same
+    priority (lifetimes spread around ``STREAM_LIFETIME_S``, four always waiting): seconds until
+    it runs, or None if not within ``cap``."""
+    apply(cluster, [claim_template("one", profile="1g.5gb", namespace=E2E_NS)])
+    apply(cluster, [claim_template("whole", profile="7g.40gb", namespace=E2E_NS)])
+    made = 0
+
+    def top_up() -> None:
+        nonlocal made
+        found = pods(cluster, E2E_NS, label=f"stream={tag}")
+        for p in found:
+            if p.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+                with contextlib.suppress(ApiNotFoundError):
+                    cluster.api.delete(PODS, name=p["metadata"]["name"], namespace=E2E_NS)
+        live = [p for p in found if p.get("status", {}).get("phase") not in ("Succeeded", "Failed")]
+        waiting = sum(1 for p in live if is_gated(p))
+        for _ in range(max(0, 4 - waiting) if len(live) >= 28 else 32 - len(live)):
+            lifetime = STREAM_LIFETIME_S * (0.5 + (made * 0.37) % 1.0)
+            body = dra_pod(
+                f"{tag}-s{made}",
+                template="one",
+                namespace=E2E_NS,
+                annotations=cluster.exit_annotations("app", lifetime),
+            )
+            body["metadata"]["labels"] = {"stream": tag}
+            body["spec"]["terminationGracePeriodSeconds"] = 1
+            body["spec"]["restartPolicy"] = "Never"
+            apply(cluster, [body])
+            made += 1
+
+    deadline = time.monotonic() + 90
+    while sum(running(p) for p in pods(cluster, E2E_NS, label=f"stream={tag}")) < 28:
+        assert time.monotonic() < deadline, "the stream never filled the fleet"
+        top_up()
+        time.sleep(0.5)
+    large = dra_pod(f"{tag}-large", template="whole", namespace=E2E_NS)
+    large["spec"]["terminationGracePeriodSeconds"] = 1
+    started = time.monotonic()
+    apply(cluster, [large])
+    while time.monotonic() - started < cap:
+        if running(get_pod(cluster, E2E_NS, f"{tag}-large")):
+            return time.monotonic() - started
+        top_up()
+        time.sleep(0.5)
+    return None
+
+
+def test_a_whole_gpu_pod_runs_within_the_starvation_bound_plus_one_lifetime_under_a_stream(
+    cluster: RealStack,
+) -> None:
+    try:
+        cluster.restart_controllers(["--starvation-after", f"{STARVATION_AFTER_S:g}"])
+        cluster.wait_ready()
+        with_reservation = _large_wait(cluster, "with", cap=120)
+        assert with_reservation is not None, "the 7g.40gb pod never ran"
+        # bound + the longest stream lifetime + the real stack's own start-up of pods
+        assert with_reservation <= STARVATION_AFTER_S + 1.5 * STREAM_LIFETIME_S + 20
+        cluster.restart_controllers(["--starvation-after", "0"])
+        cluster.wait_ready()
+        for p in pods(cluster, E2E_NS):
+            with contextlib.suppress(ApiNotFoundError):
+                cluster.api.delete(PODS, name=p["metadata"]["name"], namespace=E2E_NS)
+        wait_for(cluster, lambda: not pods(cluster, E2E_NS), message="pods not gone")
+        without = _large_wait(cluster, "without", cap=WITHOUT_CAP_S)
+    finally:
+        cluster.restart_controllers()
+    shown = f"{without:.1f}s" if without is not None else f"not placed within {WITHOUT_CAP_S:g}s"
+    print(
+        f"7g.40gb under a 1g.5gb stream: {with_reservation:.1f}s with --starvation-after "
+        f"{STARVATION_AFTER_S:g} (lifetimes up to {1.5 * STREAM_LIFETIME_S:g}s); without "
+        f"reservations: {shown}"
+    )
