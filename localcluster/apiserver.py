@@ -1,9 +1,10 @@
 """The local API server: kube-apiserver's HTTP surface on loopback, for tests and ``make demo``.
 
-:class:`LocalApiServer` owns the store, the garbage collector and a ``ThreadingHTTPServer``
-(HTTP/1.1 keep-alive, one thread per connection, chunked watch streams). ``start`` returns as soon
-as the socket listens; ``stop`` closes every watch, connection and thread; ``restart`` drops every
-watch and connection but keeps data and port, like an API server restart seen from a client.
+:class:`LocalApiServer` owns the store, the garbage collector, the disruption controller
+(PodDisruptionBudget status) and a ``ThreadingHTTPServer`` (HTTP/1.1 keep-alive, one thread per
+connection, chunked watch streams). ``start`` returns as soon as the socket listens; ``stop``
+closes every watch, connection and thread; ``restart`` drops every watch and connection but keeps
+data and port, like an API server restart seen from a client.
 
 Why our own and not ``kmock`` (PyPI): kmock is asyncio/aiohttp-based (we run threads), and its
 Kubernetes emulator keeps objects as plain merged dicts — no resourceVersion (lists answer
@@ -43,6 +44,7 @@ from localcluster.admission import MutatingAdmission, ServiceResolver
 from localcluster.audit import AuditSink, record_request
 from localcluster.gc import GarbageCollector
 from localcluster.handlers import ApiHandler, ApiRequest, ApiResponse
+from localcluster.policy.controller import DisruptionController
 from localcluster.store import Store
 
 log = logging.getLogger(__name__)
@@ -303,6 +305,7 @@ class LocalApiServer:
             graceful_pod_deletion=graceful_pod_deletion,
         )
         self._gc = GarbageCollector(self.store)
+        self._disruption = DisruptionController(self.store)
         self._host, self._port = host, port
         self._closing = False
         self._api = ApiHandler(
@@ -332,6 +335,7 @@ class LocalApiServer:
         self._port = self._http.server_address[1]
         self._http.audit = self._audit
         self._gc.start()
+        self._disruption.start()
         self._thread = threading.Thread(
             target=self._http.serve_forever,
             kwargs={"poll_interval": 0.01},
@@ -357,6 +361,7 @@ class LocalApiServer:
         http.server_close()
         http.join_connection_threads(_STREAM_END_GRACE_S * 5)
         self._gc.stop()
+        self._disruption.stop()
         self._http = self._thread = None
 
     def restart(self) -> None:
@@ -372,8 +377,17 @@ class LocalApiServer:
         self.store.compact()
 
     def settle(self, timeout: float = 5.0) -> bool:
-        """Wait until garbage collection has caught up with every write so far (for tests)."""
-        return self._gc.wait_idle(timeout)
+        """Wait until garbage collection and the disruption controller have caught up with every
+        write so far (for tests)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            gc_idle = self._gc.wait_idle(max(0.0, deadline - time.monotonic()))
+            budgets_idle = self._disruption.wait_idle(max(0.0, deadline - time.monotonic()))
+            # each may have written while the other was waited for
+            if gc_idle and budgets_idle and self._gc.wait_idle(0):
+                return True
+            if time.monotonic() >= deadline:
+                return False
 
     def write_kubeconfig(self, path: Path) -> Path:
         """A kubeconfig (JSON, which is YAML) pointing kubectl and clients at this server."""
