@@ -19,6 +19,7 @@ import yaml
 from localcluster import discovery, errors, patch
 from localcluster.admission import Attributes, MutatingAdmission
 from localcluster.binding import bind_pod
+from localcluster.policy.eviction import EvictionOptions, evict_pod
 from localcluster.resources import BINDINGS, PODS, ResourceType
 from localcluster.routing import Target, parse_target
 from localcluster.selectors import ObjectFilter, parse_field_selector, parse_label_selector
@@ -410,10 +411,11 @@ class ApiHandler:
     # --- pods/eviction ---------------------------------------------------------------------------
 
     def _evict(self, request: ApiRequest, target: Target, name: str) -> ApiResponse:
-        """``policy/v1`` Eviction: deletes the pod (with the eviction's delete options). This
-        server keeps no PodDisruptionBudgets, so no eviction is ever refused with 429."""
+        """``policy/v1`` Eviction: the pod deleted with the eviction's delete options, unless a
+        PodDisruptionBudget refuses (429); see ``localcluster.policy.eviction``."""
         if target.resource is not PODS or target.namespace is None:
             raise errors.method_not_allowed("POST")
+        _refuse_dry_run(request)
         try:
             eviction = json.loads(request.body or b"null")
         except (ValueError, UnicodeDecodeError) as exc:
@@ -425,26 +427,9 @@ class ApiHandler:
             raise errors.bad_request(
                 f"name in URL does not match name in Eviction object: {evicted}"
             )
-        options = eviction.get("deleteOptions") or {}
-        preconditions = (options.get("preconditions") or {}) if isinstance(options, dict) else {}
-        self._store.delete(
-            PODS,
-            target.namespace,
-            name,
-            precondition_uid=preconditions.get("uid"),
-            precondition_rv=preconditions.get("resourceVersion"),
-        )
-        log.debug("evicted pod %s/%s", target.namespace, name)
-        return ApiResponse(
-            201,
-            {
-                "kind": "Status",
-                "apiVersion": "v1",
-                "metadata": {},
-                "status": "Success",
-                "code": 201,
-            },
-        )
+        options = EvictionOptions.from_delete_options(eviction.get("deleteOptions"))
+        status = evict_pod(self._store, namespace=target.namespace, name=name, options=options)
+        return ApiResponse(int(status["code"]), status)
 
 
 def _decode(request: ApiRequest) -> Any:
