@@ -107,6 +107,13 @@ POD_DISRUPTION_BUDGETS = Resource(
     kind="PodDisruptionBudget",
     namespaced=True,
 )
+PRIORITY_CLASSES = Resource(
+    group="scheduling.k8s.io",
+    version="v1",
+    plural="priorityclasses",
+    kind="PriorityClass",
+    namespaced=False,
+)
 
 
 class PatchType(enum.Enum):
