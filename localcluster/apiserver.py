@@ -45,6 +45,7 @@ from localcluster.audit import AuditSink, record_request
 from localcluster.gc import GarbageCollector
 from localcluster.handlers import ApiHandler, ApiRequest, ApiResponse
 from localcluster.policy.controller import DisruptionController
+from localcluster.scheduling.storage import create_system_classes
 from localcluster.store import Store
 
 log = logging.getLogger(__name__)
@@ -331,6 +332,8 @@ class LocalApiServer:
         if self._http is not None:
             return self
         self._closing = False
+        # kube-apiserver's post-start hook, which its readiness waits for
+        create_system_classes(self.store)
         self._http = _HttpServer((self._host, self._port), self._api, self._max_body)
         self._port = self._http.server_address[1]
         self._http.audit = self._audit

@@ -142,6 +142,18 @@ def conflict(resource: ResourceType, name: str, why: str) -> ApiError:
     )
 
 
+def forbidden(resource: ResourceType, name: str, why: str) -> ApiError:
+    """``apierrors.NewForbidden``: what an admission plugin or a kind's own rule refuses."""
+    if not name:
+        return ApiError(403, "Forbidden", f"{qualified(resource)} is forbidden: {why}")
+    return ApiError(
+        403,
+        "Forbidden",
+        f'{qualified(resource)} "{name}" is forbidden: {why}',
+        _details(resource, name),
+    )
+
+
 STALE = (
     "the object has been modified; please apply your changes to the latest version and try again"
 )

@@ -20,8 +20,9 @@ from localcluster import discovery, errors, patch
 from localcluster.admission import Attributes, MutatingAdmission
 from localcluster.binding import bind_pod
 from localcluster.policy.eviction import EvictionOptions, evict_pod
-from localcluster.resources import BINDINGS, PODS, ResourceType
+from localcluster.resources import BINDINGS, PODS, PRIORITY_CLASSES, ResourceType
 from localcluster.routing import Target, parse_target
+from localcluster.scheduling.storage import refuse_system_class_delete
 from localcluster.selectors import ObjectFilter, parse_field_selector, parse_label_selector
 from localcluster.store import Store, meta
 from localcluster.watch_stream import WatchOptions, expired_stream, watch_stream
@@ -334,6 +335,8 @@ class ApiHandler:
         _refuse_dry_run(request)
         if target.subresource:
             raise errors.method_not_allowed("DELETE")
+        if target.resource is PRIORITY_CLASSES:
+            refuse_system_class_delete(str(target.name))
         options = self._delete_options(request)
         preconditions = options.get("preconditions") or {}
         grace = options.get("gracePeriodSeconds")

@@ -173,6 +173,7 @@ RESOURCES: tuple[ResourceType, ...] = (
     _r("apps/v1", "replicasets", "ReplicaSet", sub=("status",), short=("rs",)),
     _r("apps/v1", "daemonsets", "DaemonSet", sub=("status",), short=("ds",)),
     _r("batch/v1", "jobs", "Job", sub=("status",)),
+    _r("scheduling.k8s.io/v1", "priorityclasses", "PriorityClass", namespaced=False, short=("pc",)),
     _r("policy/v1", "poddisruptionbudgets", "PodDisruptionBudget", sub=("status",), short=("pdb",)),
 )
 
@@ -186,6 +187,7 @@ _BY_PATH: dict[tuple[str, str, str], ResourceType] = {
 NAMESPACES = _BY_PATH[("", "v1", "namespaces")]
 PODS = _BY_PATH[("", "v1", "pods")]
 RESOURCE_CLAIMS = _BY_PATH[("resource.k8s.io", "v1", "resourceclaims")]
+PRIORITY_CLASSES = _BY_PATH[("scheduling.k8s.io", "v1", "priorityclasses")]
 POD_DISRUPTION_BUDGETS = _BY_PATH[("policy", "v1", "poddisruptionbudgets")]
 DEPLOYMENTS = _BY_PATH[("apps", "v1", "deployments")]
 REPLICA_SETS = _BY_PATH[("apps", "v1", "replicasets")]

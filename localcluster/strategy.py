@@ -15,6 +15,7 @@ from typing import Any
 
 from localcluster.defaults_dra import apply_dra_defaults
 from localcluster.resources import ResourceType
+from localcluster.scheduling.api import apply_priority_class_defaults
 
 JsonObj = dict[str, Any]
 
@@ -134,6 +135,8 @@ def apply_defaults(resource: ResourceType, obj: JsonObj) -> None:
         _omit_empty(obj["metadata"], _OMIT_EMPTY_METADATA)
     if resource.group == "resource.k8s.io":
         apply_dra_defaults(resource.plural, obj)
+    elif (resource.group, resource.plural) == ("scheduling.k8s.io", "priorityclasses"):
+        apply_priority_class_defaults(obj)
     if resource.group:
         return
     if resource.plural == "pods":

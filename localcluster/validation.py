@@ -5,8 +5,9 @@ update rules (scheduling gates only removable, ``nodeSelector`` only while gated
 immutable but for images, tolerations additions and ``activeDeadlineSeconds``); for
 ``resource.k8s.io`` the claim/template spec immutability, the set-once allocation and the
 ResourceSlice shape rules (devices xor sharedCounters, per-slice limits); webhook configurations'
-required fields; PodDisruptionBudgets' spec and status (``policy/validation.py``). Each function
-returns the list of violations; empty means valid.
+required fields; PodDisruptionBudgets' spec and status (``policy/validation.py``);
+PriorityClasses (``scheduling/validation.py``). Each function returns the list of violations; empty
+means valid.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from localcluster.errors import FieldError
 from localcluster.names import name_errors, qualified_name_errors
 from localcluster.policy import validation as policy
 from localcluster.resources import ResourceType
+from localcluster.scheduling import validation as scheduling
 
 JsonObj = dict[str, Any]
 
@@ -47,7 +49,8 @@ def validate_update(
     if subresource == "status":
         check = _KIND_STATUS_UPDATE.get(key)
         return errors + (check(old, new) if check else [])
-    errors += _KIND_CREATE.get(key, _none)(new)
+    if key not in _CREATE_RULES_ON_CREATE_ONLY:
+        errors += _KIND_CREATE.get(key, _none)(new)
     check = _KIND_UPDATE.get(key)
     return errors + (check(old, new) if check else [])
 
@@ -298,6 +301,7 @@ _KIND_CREATE = {
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): _webhook_configuration,
     ("", "events"): _core_event,
     ("events.k8s.io", "events"): _new_event,
+    ("scheduling.k8s.io", "priorityclasses"): scheduling.priority_class,
     ("policy", "poddisruptionbudgets"): policy.budget,
 }
 _KIND_UPDATE = {
@@ -306,7 +310,11 @@ _KIND_UPDATE = {
     ("resource.k8s.io", "resourceclaimtemplates"): dra.spec_immutable,
     ("resource.k8s.io", "resourceslices"): dra.slice_update,
     ("resource.k8s.io", "deviceclasses"): dra.device_class_update,
+    ("scheduling.k8s.io", "priorityclasses"): scheduling.priority_class_update,
 }
+_CREATE_RULES_ON_CREATE_ONLY = frozenset({("scheduling.k8s.io", "priorityclasses")})
+"""Kinds whose update validation does not repeat the create rules: kube's
+``ValidatePriorityClassUpdate`` checks only immutability (and metadata)."""
 _KIND_STATUS_UPDATE = {
     ("resource.k8s.io", "resourceclaims"): dra.claim_status_update,
     ("policy", "poddisruptionbudgets"): policy.status_update,
