@@ -24,10 +24,11 @@ from driver.cluster.port import (
     EVENTS,
     POD_DISRUPTION_BUDGETS,
     PODS,
+    PRIORITY_CLASSES,
     RESOURCE_CLAIMS,
     JsonObject,
 )
-from driver.errors import ApiNotFoundError
+from driver.errors import AlreadyExistsError, ApiNotFoundError
 from instaslice.status import read_view, render_view
 from localcluster.apiserver import LocalApiServer
 from tests.controller.harness import (
@@ -54,12 +55,37 @@ def api(apiserver: LocalApiServer, stack: ExitStack) -> KubeClusterApi:
     return cluster_api(apiserver, stack)
 
 
+SYSTEM_CLASSES = {2_000_000_000: "system-cluster-critical", 2_000_001_000: "system-node-critical"}
+
+
+def priority_spec(api: KubeClusterApi, priority: int, *, never: bool = False) -> dict[str, Any]:
+    """The pod spec fields that give it ``priority``: a PriorityClass of that value (made when
+    missing; the Priority admission plugin resolves it), none for the default 0."""
+    if priority == 0 and not never:
+        return {}
+    if priority in SYSTEM_CLASSES:
+        return {"priorityClassName": SYSTEM_CLASSES[priority]}
+    name = f"prio-{'m' if priority < 0 else ''}{abs(priority)}{'-never' if never else ''}"
+    body: JsonObject = {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": name},
+        "value": priority,
+    }
+    if never:
+        body["preemptionPolicy"] = "Never"
+    with suppress(AlreadyExistsError):
+        api.create(PRIORITY_CLASSES, body)
+    return {"priorityClassName": name}
+
+
 def create_pod(
     api: KubeClusterApi,
     name: str,
     *,
     profile: str = "1g.5gb",
     priority: int = 0,
+    never: bool = False,
     labels: dict[str, str] | None = None,
     **spec: Any,
 ) -> None:
@@ -69,7 +95,9 @@ def create_pod(
         claim_object(f"{name}-claim", requests=[request(profile=profile)]),
         namespace=NS,
     )
-    body = pod_object(name, claims=[f"{name}-claim"], priority=priority, **spec)
+    body = pod_object(
+        name, claims=[f"{name}-claim"], **priority_spec(api, priority, never=never), **spec
+    )
     if labels:
         body["metadata"]["labels"] = labels
     api.create(PODS, body, namespace=NS)
@@ -252,7 +280,7 @@ def test_preemption_policy_never_evicts_nothing_and_still_comes_first(
     start_controller(apiserver, stack)
     running = fill_gpu(api, [0] * 7)
     create_pod(api, "low-waiting", priority=0)
-    create_pod(api, "polite", priority=1000, preemptionPolicy="Never")
+    create_pod(api, "polite", priority=1000, never=True)
     for name in ("low-waiting", "polite"):
         wait_for(lambda n=name: condition_reason(api, n) == "NoCapacity", what=name)  # type: ignore[misc]
     assert not any(gone(api, n) for n in running)
@@ -394,13 +422,13 @@ def test_classic_pods_preempt_and_are_preempted(
     for name in low:
         api.create(
             PODS,
-            pod_object(name, classic={"nvidia.com/mig-1g.5gb": 1}, priority=0),
+            pod_object(name, classic={"nvidia.com/mig-1g.5gb": 1}),
             namespace=NS,
         )
         wait_for(lambda n=name: ungated(api, n), what=f"{name} placed")  # type: ignore[misc]
     api.create(
         PODS,
-        pod_object("classic-high", classic={"nvidia.com/mig-1g.5gb": 1}, priority=100),
+        pod_object("classic-high", classic={"nvidia.com/mig-1g.5gb": 1}, **priority_spec(api, 100)),
         namespace=NS,
     )
     wait_for(lambda: ungated(api, "classic-high"), timeout=15, what="the preemptor placed")
@@ -420,7 +448,9 @@ def test_scheduler_mode_preempts_for_a_pod_kube_scheduler_reports_unschedulable(
     start_controller(apiserver, stack, sync=SyncConfig(scheduler_mode=True))
     api.create(RESOURCE_CLAIMS, claim_object("high-claim"), namespace=NS)
     api.create(
-        PODS, pod_object("high", claims=["high-claim"], gates=(), priority=1000), namespace=NS
+        PODS,
+        pod_object("high", claims=["high-claim"], gates=(), **priority_spec(api, 1000)),
+        namespace=NS,
     )
     ops.set_pod_condition(
         api,
@@ -454,3 +484,52 @@ def test_no_reservation_when_one_departure_would_let_the_pod_in(
     time.sleep(1.0)  # past the bound, and its deadline pass
     assert condition_reason(api, "c") == "NoCapacity"
     assert HOLD_ANNOTATION not in (get_pod(api, "c")["metadata"].get("annotations") or {})
+
+
+def test_a_victim_stuck_terminating_is_waited_for_a_bounded_time_then_another_is_chosen(
+    apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack
+) -> None:
+    """The lowest-priority victim never goes (a finalizer keeps it terminating): once its grace
+    period and the slack have passed, the preemptor looks again, leaves the terminating pod
+    alone (evicted once) and evicts the next best victim."""
+    publish_node(api, "node-a", gpus=1)
+    start_controller(apiserver, stack, sync=SyncConfig(preemption_slack=0.5))
+    names = []
+    for i in range(7):
+        name = f"low{i}"
+        create_pod(api, name, priority=0 if i == 0 else 1, terminationGracePeriodSeconds=0)
+        wait_for(lambda n=name: ungated(api, n), what=name)  # type: ignore[misc]
+        names.append(name)
+    stuck = get_pod(api, "low0")
+    stuck["metadata"]["finalizers"] = ["test.instaslice.dev/stuck"]
+    api.update(PODS, stuck)
+    create_pod(api, "high", priority=100)
+    wait_for(lambda: get_pod(api, "low0")["metadata"].get("deletionTimestamp"), what="evicted")
+    second = wait_for(
+        lambda: [n for n in names[1:] if gone(api, n)], timeout=15, what="a second victim"
+    )
+    assert len(second) == 1
+    release_gone(api, second)
+    wait_for(lambda: ungated(api, "high"), what="high placed")
+    assert len(events_for(api, "low0", "Preempted")) == 1
+    pod = get_pod(api, "low0")
+    pod["metadata"]["finalizers"] = []
+    api.update(PODS, pod)
+
+
+def test_priorities_at_the_int32_limits_order_and_preempt(
+    apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack
+) -> None:
+    publish_node(api, "node-a", gpus=1)
+    start_controller(apiserver, stack)
+    running = []
+    for i in range(7):
+        name = f"low{i}"
+        create_pod(api, name, priority=-(2**31) if i == 3 else 1_000_000_000)
+        wait_for(lambda n=name: ungated(api, n), what=name)  # type: ignore[misc]
+        running.append(name)
+    create_pod(api, "top", priority=2_000_001_000)  # system-node-critical, above user classes
+    wait_for(lambda: gone(api, "low3"), what="the lowest evicted")
+    release_gone(api, ["low3"])
+    wait_for(lambda: ungated(api, "top"), what="top placed")
+    assert [n for n in running if gone(api, n)] == ["low3"]
