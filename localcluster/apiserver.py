@@ -45,6 +45,7 @@ from localcluster.audit import AuditSink, record_request
 from localcluster.gc import GarbageCollector
 from localcluster.handlers import ApiHandler, ApiRequest, ApiResponse
 from localcluster.policy.controller import DisruptionController
+from localcluster.scheduling.admission import PriorityAdmission
 from localcluster.scheduling.storage import create_system_classes
 from localcluster.store import Store
 
@@ -312,6 +313,7 @@ class LocalApiServer:
         self._api = ApiHandler(
             self.store,
             MutatingAdmission(self.store, service_resolver=service_resolver),
+            priority=PriorityAdmission(self.store),
             server_address=lambda: f"{self._host}:{self._port}",
             bookmark_interval=bookmark_interval,
             closing=lambda: self._closing,

@@ -22,6 +22,7 @@ from localcluster.binding import bind_pod
 from localcluster.policy.eviction import EvictionOptions, evict_pod
 from localcluster.resources import BINDINGS, PODS, PRIORITY_CLASSES, ResourceType
 from localcluster.routing import Target, parse_target
+from localcluster.scheduling.admission import PriorityAdmission
 from localcluster.scheduling.storage import refuse_system_class_delete
 from localcluster.selectors import ObjectFilter, parse_field_selector, parse_label_selector
 from localcluster.store import Store, meta
@@ -60,12 +61,14 @@ class ApiHandler:
         store: Store,
         admission: MutatingAdmission,
         *,
+        priority: PriorityAdmission,
         server_address: Callable[[], str],
         bookmark_interval: float,
         closing: Callable[[], bool],
     ) -> None:
         self._store = store
         self._admission = admission
+        self._priority = priority
         self._server_address = server_address
         self._watch = WatchOptions(bookmark_interval=bookmark_interval, closing=closing)
 
@@ -238,7 +241,7 @@ class ApiHandler:
         if resource.namespaced:
             obj["metadata"]["namespace"] = namespace
         name = str(meta(obj).get("name") or "")
-        obj = self._admission.admit(
+        obj = self._admit(
             Attributes(resource, "", "CREATE", namespace, name),
             {**obj, "apiVersion": resource.api_version, "kind": resource.kind},
             None,
@@ -309,7 +312,15 @@ class ApiHandler:
             resource, target.subresource, "UPDATE", target.namespace or "", str(target.name)
         )
         typed = {**obj, "apiVersion": resource.api_version, "kind": resource.kind}
-        return self._admission.admit(attributes, typed, old)
+        return self._admit(attributes, typed, old)
+
+    def _admit(self, attributes: Attributes, obj: JsonObj, old: JsonObj | None) -> JsonObj:
+        """kube-apiserver's admission chain as far as this server runs it: the built-in
+        ``Priority`` plugin, the mutating webhooks, then the plugin's validating half."""
+        obj = self._priority.admit(attributes, obj, old)
+        obj = self._admission.admit(attributes, obj, old)
+        self._priority.validate(attributes, obj, old)
+        return obj
 
     def _check_subresource(self, target: Target) -> None:
         if target.subresource not in ("", "status"):

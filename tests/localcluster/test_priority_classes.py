@@ -219,6 +219,48 @@ def test_invalid_classes_are_refused(
 
 
 @pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"value": "high"}, "cannot unmarshal string into Go struct field PriorityClass.value"),
+        ({"value": 1.5}, "cannot unmarshal number 1.5 into Go struct field PriorityClass.value"),
+        (
+            {"value": 2**31},
+            "cannot unmarshal number 2147483648 into Go struct field PriorityClass.value",
+        ),
+        ({"value": True}, "cannot unmarshal bool into Go struct field PriorityClass.value"),
+        (
+            {"value": 1, "globalDefault": "yes"},
+            "cannot unmarshal string into Go struct field PriorityClass.globalDefault of type bool",
+        ),
+        (
+            {"value": 1, "preemptionPolicy": 1},
+            "cannot unmarshal number 1 into Go struct field PriorityClass.preemptionPolicy of "
+            "type v1.PreemptionPolicy",
+        ),
+    ],
+    ids=[
+        "value-string",
+        "value-float",
+        "value-beyond-int32",
+        "value-bool",
+        "default-string",
+        "policy-number",
+    ],
+)
+def test_fields_of_the_wrong_type_are_bad_requests(
+    apiserver: LocalApiServer, fields: dict[str, Any], message: str
+) -> None:
+    code, status = call(apiserver, "POST", CLASSES, {**priority_class("typed", None), **fields})
+
+    assert code == 400
+    assert status["reason"] == "BadRequest"
+    assert status["message"].startswith(
+        'PriorityClass in version "v1" cannot be handled as a PriorityClass: json: '
+    )
+    assert message in status["message"]
+
+
+@pytest.mark.parametrize(
     ("patch", "field", "message"),
     [
         ({"value": 2000}, "value", "Forbidden: may not be changed in an update."),
@@ -250,6 +292,64 @@ def test_an_update_does_not_repeat_the_create_rules(scheduling: Any) -> None:
     patched = scheduling.patch_priority_class("system-node-critical", {"globalDefault": True})
 
     assert patched.global_default is True
+
+
+# --- one global default ---------------------------------------------------------------------------
+
+
+def test_a_second_global_default_is_forbidden(scheduling: Any) -> None:
+    scheduling.create_priority_class(priority_class("first", 10, globalDefault=True))
+
+    with pytest.raises(ApiException) as caught:
+        scheduling.create_priority_class(priority_class("second", 20, globalDefault=True))
+
+    status = _refusal(caught, 403)
+    assert status["reason"] == "Forbidden"
+    assert status["message"] == (
+        'priorityclasses.scheduling.k8s.io "second" is forbidden: PriorityClass first is '
+        "already marked as default. Only one default can exist"
+    )
+    assert status["details"] == {
+        "name": "second",
+        "group": "scheduling.k8s.io",
+        "kind": "priorityclasses",
+    }
+
+
+def test_marking_another_class_default_is_forbidden(scheduling: Any) -> None:
+    scheduling.create_priority_class(priority_class("first", 10, globalDefault=True))
+    scheduling.create_priority_class(priority_class("other", 20))
+
+    with pytest.raises(ApiException) as caught:
+        scheduling.patch_priority_class("other", {"globalDefault": True})
+
+    assert "PriorityClass first is already marked as default" in _refusal(caught, 403)["message"]
+
+
+def test_the_default_class_itself_may_be_updated_and_handed_over(scheduling: Any) -> None:
+    scheduling.create_priority_class(priority_class("first", 10, globalDefault=True))
+    scheduling.create_priority_class(priority_class("other", 20))
+
+    described = scheduling.patch_priority_class("first", {"description": "the default"})
+    scheduling.patch_priority_class("first", {"globalDefault": False})
+    handed = scheduling.patch_priority_class("other", {"globalDefault": True})
+
+    assert described.global_default is True
+    assert handed.global_default is True
+    assert not scheduling.read_priority_class("first").global_default
+
+
+def test_an_invalid_second_default_is_invalid_before_it_is_forbidden(
+    apiserver: LocalApiServer, scheduling: Any
+) -> None:
+    """kube validates the class before the admission plugin's one-default check."""
+    scheduling.create_priority_class(priority_class("first", 10, globalDefault=True))
+
+    code, status = call(
+        apiserver, "POST", CLASSES, priority_class("too-high", 2_000_000_000, globalDefault=True)
+    )
+
+    assert (code, status["reason"]) == (422, "Invalid")
 
 
 # --- deletion -------------------------------------------------------------------------------------
