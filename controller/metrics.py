@@ -119,6 +119,10 @@ class ControllerMetrics:
             "shadow_claims_released",
             "Shadow claims of finished classic pods whose allocation was cleared.",
         )
+        self._priority_metrics()
+
+    def _priority_metrics(self) -> None:
+        """Who gets freed room: preemptions, reservations, the order, waits by priority."""
         self._preemptions = self._counter(
             "preemptions",
             "Preemptions for pods that fit nowhere, by outcome: started (victims being evicted), "

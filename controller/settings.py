@@ -316,6 +316,24 @@ def _leader_election_timing(
     return lease, renew, retry
 
 
+def _waiting_limits(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[float, float]:
+    """``--handoff-after`` and ``--starvation-after``, in seconds."""
+    handoff_after = _number(parser, "--handoff-after", args.handoff_after, kind=float)
+    if not 0 <= handoff_after < float("inf"):
+        parser.error(
+            f"--handoff-after must be a number of seconds >= 0, got {args.handoff_after!r}"
+        )
+    starvation_after = _number(parser, "--starvation-after", args.starvation_after, kind=float)
+    if not 0 <= starvation_after <= 86400:
+        parser.error(
+            "--starvation-after must be a number of seconds from 0 to 86400, got "
+            f"{args.starvation_after!r}"
+        )
+    return handoff_after, starvation_after
+
+
 def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
     flags.check_choices(
         parser,
@@ -328,17 +346,7 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
             ("allocation_mode", ALLOCATION_MODES),
         ),
     )
-    handoff_after = _number(parser, "--handoff-after", args.handoff_after, kind=float)
-    if not 0 <= handoff_after < float("inf"):
-        parser.error(
-            f"--handoff-after must be a number of seconds >= 0, got {args.handoff_after!r}"
-        )
-    starvation_after = _number(parser, "--starvation-after", args.starvation_after, kind=float)
-    if not 0 <= starvation_after <= 86400:
-        parser.error(
-            "--starvation-after must be a number of seconds from 0 to 86400, got "
-            f"{args.starvation_after!r}"
-        )
+    handoff_after, starvation_after = _waiting_limits(parser, args)
     port = int(_number(parser, "--webhook-port", args.webhook_port, kind=int))
     if not 0 <= port <= 65535:
         parser.error(f"--webhook-port must be 0..65535, got {port}")

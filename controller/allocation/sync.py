@@ -34,14 +34,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from api.names import DRIVER_NAME, HOLD_ANNOTATION, SCHEDULING_GATE, classic_resource_name
+from api.names import DRIVER_NAME, SCHEDULING_GATE, classic_resource_name
 from controller.allocation import handoff
 from controller.allocation.arbiter import Arbiter, NoPreemption, Preemption
 from controller.allocation.conditions import ConditionReporter, PlacementProblem, Reason
-from controller.allocation.holds import Hold, HoldKind, parse_persisted, whole_gpus
+from controller.allocation.holds import Hold, HoldKind
 from controller.allocation.nodefilter import HOSTNAME_LABEL, pod_usage
 from controller.allocation.outcome import NotLeaderError, Outcome, Result, SyncConfig
 from controller.allocation.podclaims import NotReady, PodClaims, dra_claims, sort_claims
+from controller.allocation.preempting import Preempting
 from controller.allocation.priority import PodOrder
 from controller.allocation.requests import (
     Alternative,
@@ -58,9 +59,9 @@ from controller.informers import ClusterInformers
 from controller.metrics import ControllerMetrics
 from driver.cluster import ops
 from driver.cluster.clock import Clock
-from driver.cluster.port import ClusterApi, JsonObject, format_time
+from driver.cluster.port import ClusterApi, JsonObject
 from driver.cluster.views import Allocation, ClaimView, PodView
-from driver.errors import ApiNotFoundError, ClusterError, ConflictError, TooManyRequestsError
+from driver.errors import ApiNotFoundError, ClusterError, ConflictError
 from driver.mig.catalog import CATALOG
 from driver.placement import NoFit, Placed
 
@@ -142,6 +143,17 @@ class PodSync:
             rng=rng or random.Random(),  # noqa: S311 - jitter, not security
         )
         self._arbiter = Arbiter(state=state, informers=informers, config=self.config, now=clock.now)
+        self._preempting = Preempting(
+            api=api,
+            state=state,
+            reporter=reporter,
+            metrics=metrics,
+            clock=clock,
+            config=self.config,
+            check_leader=self._check_leader,
+            nominate=self._nominate,
+            wake_waiting=wake_waiting,
+        )
         self._ungated_lock = threading.Lock()
         self._ungated: OrderedDict[str, None] = OrderedDict()
         """UIDs of pods we ungated recently: the cache may still show their gate for a moment."""
@@ -270,9 +282,9 @@ class PodSync:
         unless room is held for it here (a preemption or a reservation)."""
         if isinstance(problem, NoRoom):
             if problem.preemption is not None:
-                return self._preempt(pod, problem.preemption)
+                return self._preempting.preempt(pod, problem.preemption)
             if problem.held is not None:
-                return self._wait_held(pod, problem.held, problem.held_left)
+                return self._preempting.wait_held(pod, problem.held, problem.held_left)
         reserve_in = problem.reserve_in if isinstance(problem, NoRoom) else None
         limit = self.config.handoff_after
         if limit is None or classic_pod:
@@ -307,110 +319,6 @@ class PodSync:
             waited,
         )
         return Result(Outcome.DONE)
-
-    # -- preemption and reservations (``arbiter``) -----------------------------------------------
-
-    def _wait_held(self, pod: PodView, hold: Hold, left: int) -> Result:
-        """The pod waits on room held for it: say which, and look again when the hold ends."""
-        if hold.kind is HoldKind.PREEMPTION:
-            reason = Reason.PREEMPTING
-            message = (
-                f"waiting for {len(hold.victims)} preempted pod(s) to go "
-                f"({', '.join(hold.victims)}); {hold.describe()} held for this pod"
-            )
-        else:
-            reason = Reason.RESERVED
-            message = (
-                f"waited past the starvation bound ({self.config.starvation_after:g}s): "
-                f"{hold.describe()} reserved for this pod since {format_time(hold.since)}; "
-                f"{left} claim(s) still hold slices there"
-            )
-        if pod.meta.annotations.get(HOLD_ANNOTATION) != hold.persisted():
-            try:
-                self._check_leader()
-                ops.set_pod_annotation(
-                    self._api, pod=pod.raw, key=HOLD_ANNOTATION, value=hold.persisted()
-                )
-            except NotLeaderError:
-                return self._not_leader()
-            except ApiNotFoundError:
-                return Result(Outcome.DONE)
-            except ClusterError as exc:  # the hold works without it until a leader change
-                logger.info("pod %s: cannot record its hold: %s", pod.key, exc)
-        self._reporter.waiting(pod, reason=reason, message=message)
-        if hold.expires is None:
-            return Result(Outcome.WAIT_CAPACITY)
-        left_s = (hold.expires - self._clock.now()).total_seconds()
-        return Result(Outcome.WAIT_CAPACITY, max(0.1, left_s))
-
-    def _drop_hold(self, pod: PodView, kind: HoldKind) -> None:
-        with self._state.lock:
-            released = bool(self._state.holds.drop(pod.uid, kind))
-        if released:
-            self._wake_waiting()
-
-    def _preempt(self, pod: PodView, preemption: Preemption) -> Result:
-        """Record the hold on the preemptor, then evict the victims through the Eviction API.
-
-        The hold is written before any eviction, so a leader that dies in between leaves a
-        successor that knows the victims and never evicts a second set for the same pod."""
-        plan, hold = preemption.plan, preemption.hold
-        try:
-            self._check_leader()
-            raw = ops.set_pod_annotation(
-                self._api, pod=pod.raw, key=HOLD_ANNOTATION, value=hold.persisted()
-            )
-            if self.config.nominate_node:
-                self._nominate(PodView.of(raw), plan.node)
-        except NotLeaderError:
-            self._drop_hold(pod, HoldKind.PREEMPTION)
-            return self._not_leader()
-        except ApiNotFoundError:
-            self._drop_hold(pod, HoldKind.PREEMPTION)
-            return Result(Outcome.DONE)
-        except ClusterError as exc:
-            self._drop_hold(pod, HoldKind.PREEMPTION)
-            self._metrics.preemption("failed")
-            logger.info("pod %s: preemption not started: %s", pod.key, exc)
-            return Result(Outcome.RETRY)
-        evicted = 0
-        for victim in plan.victims:
-            target = victim.pod
-            try:
-                self._check_leader()
-                self._api.evict(
-                    name=target.name, namespace=target.namespace or "default", uid=target.uid
-                )
-            except (ApiNotFoundError, ConflictError):
-                continue  # gone, or replaced by a new pod of that name: nothing to evict
-            except TooManyRequestsError as exc:
-                self._drop_hold(pod, HoldKind.PREEMPTION)
-                self._metrics.preemption("refused", victims=evicted)
-                self._reporter.problem(
-                    pod,
-                    PlacementProblem(
-                        Reason.NO_CAPACITY,
-                        f"preemption stopped: the eviction of {target.key} was refused "
-                        f"({exc}); looking again",
-                    ),
-                )
-                return Result(Outcome.RETRY_AFTER, self.config.preemption_retry)
-            except NotLeaderError:
-                return self._not_leader()  # the hold is recorded: the next leader carries on
-            except ClusterError as exc:
-                self._drop_hold(pod, HoldKind.PREEMPTION)
-                self._metrics.preemption("failed", victims=evicted)
-                logger.info("pod %s: eviction of %s failed: %s", pod.key, target.key, exc)
-                return Result(Outcome.RETRY)
-            evicted += 1
-            self._reporter.preempted(
-                target,
-                message=f"evicted by InstaSlice for pod {pod.key} (priority {pod.priority}; "
-                f"this pod's priority {target.priority}), which needs MIG slices on node "
-                f"{plan.node}",
-            )
-        self._metrics.preemption("started", victims=evicted)
-        return self._wait_held(pod, hold, len(plan.victims))
 
     def _hand_over_in_scheduler_mode(self, pod: PodView) -> Result:
         """Scheduler mode: release a classic pod's unused shadow claims, then lift the gate."""
@@ -473,7 +381,7 @@ class PodSync:
             return Result(Outcome.DONE)
         if not isinstance(decided, Preemption):
             return Result(Outcome.DONE)
-        result = self._preempt(pod, decided)
+        result = self._preempting.preempt(pod, decided)
         if result.outcome is Outcome.WAIT_CAPACITY:  # looked at again when the hold ends
             return Result(Outcome.RETRY_AFTER, max(result.delay, self.config.preemption_retry))
         return result
@@ -589,31 +497,40 @@ class PodSync:
                     permanent=False,
                 )
         if found is not None:
-            alternative, result = found
-            results = allocations(
-                result, alternative, to_allocate, inventory=state.inventory, classes=self._class
+            return (
+                self._reserve_decision(pod, to_allocate, found),
+                woken,
+                released or bool(state.holds.drop(pod.uid)),
             )
-            for claim, allocation in zip(to_allocate, results, strict=True):
-                state.occupancy.assume(
-                    uid=claim.uid,
-                    key=f"{claim.meta.namespace}/{claim.name}",
-                    devices=_devices(allocation),
-                )
-            state.nodes.assume(pod, result.node)
-            waiter = state.waiting.remove(pod.key)
-            if waiter is not None:
-                self._metrics.waited(
-                    priority_class=pod.priority_class_name,
-                    seconds=time.monotonic() - waiter.since,
-                )
-            released = bool(state.holds.drop(pod.uid)) or released
-            decision = _Decision(node=result.node, allocations=results, generation=state.generation)
-            return decision, woken, released
         assert first is not None
         if permanent:
             state.waiting.remove(pod.key)
             raise PlacementProblem(Reason.UNSATISFIABLE, first.reason)
         raise self._no_room(pod, claims, order, alternatives, node_ok, first.reason)
+
+    def _reserve_decision(
+        self, pod: PodView, to_allocate: list[ClaimView], found: tuple[Alternative, Placed]
+    ) -> _Decision:
+        """The answer assumed in the occupancy and the node filter (state lock held); the pod
+        waits no more."""
+        state = self._state
+        alternative, result = found
+        results = allocations(
+            result, alternative, to_allocate, inventory=state.inventory, classes=self._class
+        )
+        for claim, allocation in zip(to_allocate, results, strict=True):
+            state.occupancy.assume(
+                uid=claim.uid,
+                key=f"{claim.meta.namespace}/{claim.name}",
+                devices=_devices(allocation),
+            )
+        state.nodes.assume(pod, result.node)
+        waiter = state.waiting.remove(pod.key)
+        if waiter is not None:
+            self._metrics.waited(
+                priority_class=pod.priority_class_name, seconds=time.monotonic() - waiter.since
+            )
+        return _Decision(node=result.node, allocations=results, generation=state.generation)
 
     def _first_fit(
         self, alternatives: list[Alternative], node_ok: Callable[[str], bool]
@@ -755,31 +672,8 @@ class PodSync:
         return place
 
     def restore_hold(self, pod: PodView) -> Hold | None:
-        """A new leader takes over the hold a gated pod's annotation records (if still due)."""
-        text = pod.meta.annotations.get(HOLD_ANNOTATION)
-        persisted = parse_persisted(text) if text else None
-        if persisted is None:
-            return None
-        now = self._clock.now()
-        if persisted.expires is not None and persisted.expires <= now:
-            return None
-        state = self._state
-        with state.lock:
-            hold = Hold(
-                pod_key=pod.key,
-                pod_uid=pod.uid,
-                order=state.order_of(pod),
-                kind=persisted.kind,
-                slots=whole_gpus(state.engine, persisted.node, persisted.gpus),
-                since=persisted.since,
-                expires=persisted.expires,
-                victims=persisted.victims,
-            )
-            if not hold.slots:
-                return None
-            state.holds.add(hold)
-        logger.info("pod %s: %s restored (%s)", pod.key, hold.kind, hold.describe())
-        return hold
+        """A new leader takes over the hold a gated pod's annotation records (``preempting``)."""
+        return self._preempting.restore_hold(pod)
 
     def _beyond_every_node(self, alternative: Alternative) -> str | None:
         """``beyond_every_node``, remembered per inventory version (call with the state lock):
