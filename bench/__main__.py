@@ -22,10 +22,12 @@ BENCHMARKS: dict[str, str] = {
     "simulate": "bench.simulate",
     "real": "bench.real",
     "webhook": "bench.webhook",
+    "preemption": "bench.preemption",
 }
 """Benchmark name -> module path. Register a new benchmark here."""
-ON_REQUEST = frozenset({"real"})
-"""Run only when named: ``real`` restarts the shared real control plane (hold its lock)."""
+ON_REQUEST = frozenset({"real", "preemption"})
+"""Run only when named: ``real`` and ``preemption`` restart the shared real control plane (hold its
+lock)."""
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
