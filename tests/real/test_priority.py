@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Iterator, Sequence
 
@@ -26,6 +27,7 @@ from tests.e2e.helpers import (
     placement_reason,
     pods,
     running,
+    scale,
     wait_for,
     wait_pod_running,
     wait_running,
@@ -128,6 +130,8 @@ def test_a_high_priority_pod_preempts_one_unprotected_lowest_priority_pod_and_ru
         ("low-free-1", "e2e-low", "free"),
     ]
     fill(cluster, spec)
+    # the victims' class goes away while they run: their spec.priority stays (docs/design.md F26)
+    cluster.api.delete(PRIORITY_CLASSES, name="e2e-low")
     cluster.api.create(POD_DISRUPTION_BUDGETS, budget("kept", app="kept", min_available=2))
     wait_for(
         cluster,
@@ -352,4 +356,75 @@ def test_a_whole_gpu_pod_runs_within_the_starvation_bound_plus_one_lifetime_unde
         f"7g.40gb under a 1g.5gb stream: {with_reservation:.1f}s with --starvation-after "
         f"{STARVATION_AFTER_S:g} (lifetimes up to {1.5 * STREAM_LIFETIME_S:g}s); without "
         f"reservations: {shown}"
+    )
+
+
+CHURN_S = float(os.environ.get("INSTASLICE_PRIORITY_CHURN_S", "120"))
+"""How long the two-priority churn runs (the issue's figure: 600)."""
+
+
+def _deployment(name: str, *, priority_class: str, replicas: int) -> JsonObject:
+    template = pod(f"{name}-pod", priority_class=priority_class, labels={"app": name})
+    spec = template["spec"]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": E2E_NS},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": spec},
+        },
+    }
+
+
+def test_churn_with_two_priorities_evicts_no_pod_twice_and_never_preempts_back(
+    classes: RealStack,
+) -> None:
+    """A low-priority Deployment fills the fleet; a high-priority one is scaled up and down
+    again and again. Every scale-up preempts low pods, whose Deployment re-creates them; they
+    wait (equal priority never preempts) and run again once the high pods go."""
+    cluster = classes
+    apply(cluster, [claim_template("half", profile="3g.20gb", namespace=E2E_NS)])
+    apply(cluster, [_deployment("batch", priority_class="e2e-low", replicas=8)])
+    wait_running(cluster, E2E_NS, 8, label="app=batch")
+    apply(cluster, [_deployment("serve", priority_class="e2e-high", replicas=0)])
+    sizes = [3, 0, 2, 4, 1, 0]
+    started = time.monotonic()
+    steps = 0
+    slowest = 0.0
+    while time.monotonic() - started < CHURN_S:
+        replicas = sizes[steps % len(sizes)]
+        scale(cluster, "Deployment", E2E_NS, "serve", replicas)
+        step_started = time.monotonic()
+        wait_for(
+            cluster,
+            lambda r=replicas: (
+                sum(  # type: ignore[misc]
+                    running(p) for p in pods(cluster, E2E_NS, label="app=serve")
+                )
+                == r
+                and len(pods(cluster, E2E_NS, label="app=serve")) == r
+            ),
+            timeout=60,
+            message=f"serve did not reach {replicas} running",
+        )
+        slowest = max(slowest, time.monotonic() - step_started)
+        steps += 1
+    scale(cluster, "Deployment", E2E_NS, "serve", 0)
+    wait_running(cluster, E2E_NS, 8, label="app=batch")
+    preempted = [
+        e
+        for e in cluster.events(E2E_NS)
+        if e.get("reason") == "Preempted"
+        and str((e.get("involvedObject") or {}).get("name")).startswith(("batch-", "serve-"))
+    ]
+    victims = [str((e.get("involvedObject") or {}).get("uid")) for e in preempted]
+    names_ = {str((e.get("involvedObject") or {}).get("name")) for e in preempted}
+    assert victims, "no preemption happened"
+    assert len(victims) == len(set(victims)), "a pod was evicted twice"
+    assert all(n.startswith("batch-") for n in names_), f"not only batch pods evicted: {names_}"
+    print(
+        f"churn {CHURN_S:.0f}s: {steps} scale steps, {len(victims)} evictions, every one a "
+        f"low-priority pod evicted once; slowest step to Running {slowest:.1f}s"
     )
