@@ -2,17 +2,22 @@
 
 A trace is JSON Lines, one request per line, arrivals in order::
 
-    {"t": 12.5, "profile": "1g.5gb", "count": 1, "duration": 300.0, "name": "job-17"}
+    {"t": 12.5, "profile": "1g.5gb", "count": 1, "duration": 300.0, "name": "job-17",
+     "priority": 1000, "preemptionPolicy": "Never"}
 
 ``t`` is the arrival in seconds (never decreasing), ``count`` (default 1) slices of ``profile``
-that must share one GPU, ``duration`` how long they are held once placed, ``name`` optional. Files
+that must share one GPU, ``duration`` how long they are held once placed, ``name`` optional.
+``priority`` (default 0) and ``preemptionPolicy`` (``PreemptLowerPriority``, the default, or
+``Never``) are the pod's ``spec.priority`` and ``spec.preemptionPolicy``: a queued replay serves
+waiting requests by priority and may preempt lower priorities with them. Files
 ending in ``.gz`` are read and written compressed. A bad line is a ``ConfigError`` naming its line
 number and what is wrong, so a user can fix their export. Only regular files are read, within the
 limits of ``instaslice.planning.limits`` (lines, bytes decompressed, line length, seconds, slices
 per request), so that no file can take unbounded time or memory.
 
 ``synthesize`` writes a trace users can start from without data: Poisson arrivals, exponential
-durations, profiles drawn from a weighted mix, the arrival rate chosen so that the *offered* load —
+durations, profiles drawn from a weighted mix (and optionally priorities from a second one), the
+arrival rate chosen so that the *offered* load —
 arrival rate x mean duration x mean memory slices per request — is the given fraction of the fleet's
 memory slices.
 """
@@ -28,7 +33,7 @@ import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Final, Literal
 
 from driver.errors import ConfigError
 from instaslice.files import open_for_writing, open_regular_file
@@ -43,7 +48,14 @@ from instaslice.planning.limits import (
     MAX_TRACE_SECONDS,
 )
 
-_FIELDS = frozenset({"t", "profile", "count", "duration", "name"})
+_FIELDS = frozenset({"t", "profile", "count", "duration", "name", "priority", "preemptionPolicy"})
+
+MIN_PRIORITY: Final = -(2**31)
+MAX_PRIORITY: Final = 2**31 - 1
+"""A pod's ``spec.priority`` is an int32."""
+
+PreemptionPolicy = Literal["PreemptLowerPriority", "Never"]
+PREEMPTION_POLICIES: Final[tuple[PreemptionPolicy, ...]] = ("PreemptLowerPriority", "Never")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +69,10 @@ class TraceRequest:
     name: str | None = None
     line: int = 0
     """Line number in the file it came from (0 when built in code)."""
+    priority: int = 0
+    """The pod's ``spec.priority``: waiting requests are served highest first."""
+    preemption_policy: PreemptionPolicy = "PreemptLowerPriority"
+    """The pod's ``spec.preemptionPolicy``: ``Never`` waits instead of preempting."""
 
     def to_json(self) -> str:
         obj: dict[str, Any] = {"t": round(self.t, 3), "profile": self.profile}
@@ -65,6 +81,10 @@ class TraceRequest:
         obj["duration"] = round(self.duration, 3)
         if self.name is not None:
             obj["name"] = self.name
+        if self.priority:
+            obj["priority"] = self.priority
+        if self.preemption_policy != "PreemptLowerPriority":
+            obj["preemptionPolicy"] = self.preemption_policy
         return json.dumps(obj, separators=(",", ":"))
 
 
@@ -98,6 +118,30 @@ def _count(obj: dict[str, Any], *, where: str) -> int:
     return count
 
 
+def _priority(obj: dict[str, Any], *, where: str) -> int:
+    priority = obj.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ConfigError(f"{where}: 'priority' must be an integer, got {_shown(priority)}")
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise ConfigError(
+            f"{where}: 'priority' must be from {MIN_PRIORITY} to {MAX_PRIORITY} (a pod's "
+            f"spec.priority is an int32), got {_shown(priority)}"
+        )
+    return priority
+
+
+def _preemption_policy(obj: dict[str, Any], *, where: str) -> PreemptionPolicy:
+    policy = obj.get("preemptionPolicy", "PreemptLowerPriority")
+    if policy == "Never":
+        return "Never"
+    if policy == "PreemptLowerPriority":
+        return "PreemptLowerPriority"
+    raise ConfigError(
+        f"{where}: 'preemptionPolicy' must be {' or '.join(PREEMPTION_POLICIES)}, "
+        f"got {_shown(policy)}"
+    )
+
+
 def parse_line(text: str, *, line: int, source: str = "trace") -> TraceRequest:
     """One trace line; ``ConfigError`` naming ``source:line`` and what is wrong."""
     where = f"{source} line {line}"
@@ -128,6 +172,8 @@ def parse_line(text: str, *, line: int, source: str = "trace") -> TraceRequest:
         duration=_number(obj, "duration", where=where),
         name=name,
         line=line,
+        priority=_priority(obj, where=where),
+        preemption_policy=_preemption_policy(obj, where=where),
     )
 
 
@@ -290,6 +336,44 @@ def parse_mix(text: str) -> tuple[MixEntry, ...]:
     return tuple(entries)
 
 
+@dataclass(frozen=True, slots=True)
+class PriorityShare:
+    """One priority of a synthetic trace, by weight."""
+
+    priority: int
+    weight: float
+
+
+def parse_priorities(text: str) -> tuple[PriorityShare, ...]:
+    """``1000=0.2,0=0.8``: priority (an int32) = weight."""
+    shares: dict[int, PriorityShare] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        priority_text, sep, weight_text = part.partition("=")
+        try:
+            priority = int(priority_text) if len(priority_text) <= 12 else MAX_PRIORITY + 1
+            weight = float(weight_text)
+        except ValueError:
+            priority, weight = MAX_PRIORITY + 1, 0.0
+        if not sep or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+            raise ConfigError(
+                f"priority entry {part!r} is not PRIORITY=WEIGHT with an integer PRIORITY from "
+                f"{MIN_PRIORITY} to {MAX_PRIORITY} (e.g. 1000=0.2)"
+            )
+        if not 0 < weight <= MAX_MIX_WEIGHT:  # also refuses nan and inf
+            raise ConfigError(
+                f"priority entry {part!r}: the weight must be a number > 0 and at most "
+                f"{MAX_MIX_WEIGHT:g}"
+            )
+        if priority in shares:
+            raise ConfigError(f"priority {priority} is given twice")
+        shares[priority] = PriorityShare(priority=priority, weight=weight)
+    if not shares:
+        raise ConfigError("the priorities are empty; give PRIORITY=WEIGHT pairs (e.g. 1000=1,0=4)")
+    return tuple(shares.values())
+
+
 def synthesize(
     *,
     fleet: Fleet,
@@ -298,8 +382,12 @@ def synthesize(
     events: int,
     seed: int,
     mean_duration: float = 300.0,
+    priorities: Sequence[PriorityShare] = (),
 ) -> tuple[TraceRequest, ...]:
-    """``events`` requests with Poisson arrivals and exponential durations at offered ``load``."""
+    """``events`` requests with Poisson arrivals and exponential durations at offered ``load``.
+
+    With ``priorities``, each request draws its priority from them, from a random stream of its
+    own: the same seed gives the same arrivals, profiles and durations with or without them."""
     if not 0 < load <= 10:
         raise ConfigError(f"load must be in (0, 10], got {load}")
     if not 1 <= events <= MAX_TRACE_REQUESTS:
@@ -321,6 +409,9 @@ def synthesize(
         )
     rng = random.Random(seed)  # noqa: S311 - a reproducible simulation, not a secret
     weights = [e.weight for e in mix]
+    ranks = random.Random(f"priorities-{seed}")  # noqa: S311 - as above
+    levels = [p.priority for p in priorities]
+    level_weights = [p.weight for p in priorities]
     now = 0.0
     requests: list[TraceRequest] = []
     for _ in range(events):
@@ -334,6 +425,7 @@ def synthesize(
                 profile=entry.profile,
                 count=entry.count,
                 duration=round(duration, 3),
+                priority=ranks.choices(levels, weights=level_weights)[0] if levels else 0,
             )
         )
     return tuple(requests)

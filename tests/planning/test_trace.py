@@ -13,6 +13,7 @@ from instaslice.planning.trace import (
     TraceRequest,
     parse_lines,
     parse_mix,
+    parse_priorities,
     read_trace,
     save_trace,
     synthesize,
@@ -164,4 +165,107 @@ def test_fleet_groups_name_nodes_in_order() -> None:
 def test_bad_fleets_are_named(text: str, error: str) -> None:
     with pytest.raises(ConfigError) as raised:
         parse_fleet(text)
+    assert error in str(raised.value)
+
+
+# ------------------------------------------------------------------------------- priorities
+
+
+@pytest.mark.parametrize(
+    ("fields", "priority", "policy"),
+    [
+        ("", 0, "PreemptLowerPriority"),
+        (', "priority": 1000', 1000, "PreemptLowerPriority"),
+        (', "priority": -2147483648', -(2**31), "PreemptLowerPriority"),
+        (', "priority": 2147483647, "preemptionPolicy": "Never"', 2**31 - 1, "Never"),
+        (', "preemptionPolicy": "PreemptLowerPriority"', 0, "PreemptLowerPriority"),
+    ],
+    ids=["defaults", "positive", "int32-min", "int32-max-never", "explicit-policy"],
+)
+def test_priority_and_preemption_policy_are_read(fields: str, priority: int, policy: str) -> None:
+    (request,) = parse_lines(['{"t": 1, "profile": "1g.5gb", "duration": 1' + fields + "}"])
+    assert (request.priority, request.preemption_policy) == (priority, policy)
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ('"priority": 2147483648', "'priority' must be from -2147483648 to 2147483647"),
+        ('"priority": -2147483649', "'priority' must be from -2147483648 to 2147483647"),
+        ('"priority": ' + "9" * 400, "got 99999999999999999999… (400 characters)"),
+        ('"priority": 1.5', "'priority' must be an integer, got 1.5"),
+        ('"priority": 1.0', "'priority' must be an integer, got 1.0"),
+        ('"priority": "5"', "'priority' must be an integer, got '5'"),
+        ('"priority": true', "'priority' must be an integer, got True"),
+        ('"priority": null', "'priority' must be an integer, got None"),
+        ('"preemptionPolicy": "never"', "'preemptionPolicy' must be PreemptLowerPriority or"),
+        ('"preemptionPolicy": 0', "'preemptionPolicy' must be PreemptLowerPriority or"),
+    ],
+    ids=[
+        "above-int32",
+        "below-int32",
+        "400-digits",
+        "fraction",
+        "float",
+        "string",
+        "bool",
+        "null",
+        "policy-case",
+        "policy-number",
+    ],
+)
+def test_bad_priorities_are_named_with_their_line(fields: str, error: str) -> None:
+    lines = ['{"t": 1, "profile": "1g.5gb", "duration": 1}', "", "{"]
+    lines[2] += '"t": 2, "profile": "1g.5gb", "duration": 1, ' + fields + "}"
+    with pytest.raises(ConfigError) as raised:
+        parse_lines(lines, source="jobs.jsonl")
+    assert str(raised.value).startswith("jobs.jsonl line 3: ")
+    assert error in str(raised.value)
+
+
+def test_priorities_round_trip_and_defaults_stay_unwritten(tmp_path: Path) -> None:
+    requests = (
+        TraceRequest(t=0.0, profile="1g.5gb", duration=1.0, line=1),
+        TraceRequest(t=1.0, profile="1g.5gb", duration=1.0, line=2, priority=-(2**31)),
+        TraceRequest(
+            t=2.0, profile="7g.40gb", duration=1.0, line=3, priority=7, preemption_policy="Never"
+        ),
+    )
+    assert requests[0].to_json() == '{"t":0.0,"profile":"1g.5gb","duration":1.0}'
+    save_trace(requests, tmp_path / "t.jsonl")
+    assert read_trace(tmp_path / "t.jsonl") == requests
+
+
+def test_synthetic_priorities_label_the_same_arrivals() -> None:
+    fleet = parse_fleet("2x8xA100-40GB")
+    mix = parse_mix("1g.5gb=3,3g.20gb=1")
+    plain = synthesize(fleet=fleet, mix=mix, load=0.9, events=4000, seed=3)
+    shares = parse_priorities("1000=0.2, 0=0.8,")
+    ranked = synthesize(fleet=fleet, mix=mix, load=0.9, events=4000, seed=3, priorities=shares)
+    assert [(r.t, r.profile, r.duration) for r in plain] == [
+        (r.t, r.profile, r.duration) for r in ranked
+    ]
+    assert {r.priority for r in plain} == {0}
+    assert {r.priority for r in ranked} == {0, 1000}
+    assert sum(r.priority == 1000 for r in ranked) / len(ranked) == pytest.approx(0.2, abs=0.02)
+    again = synthesize(fleet=fleet, mix=mix, load=0.9, events=4000, seed=3, priorities=shares)
+    assert again == ranked
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("", "the priorities are empty"),
+        ("1000", "is not PRIORITY=WEIGHT"),
+        ("high=1", "is not PRIORITY=WEIGHT"),
+        ("2147483648=1", "is not PRIORITY=WEIGHT with an integer PRIORITY from -2147483648"),
+        ("5=0", "the weight must be a number > 0"),
+        ("5=nan", "the weight must be a number > 0"),
+        ("5=1,5=2", "priority 5 is given twice"),
+    ],
+    ids=["empty", "no-weight", "word", "above-int32", "zero-weight", "nan-weight", "twice"],
+)
+def test_bad_priority_mixes_are_named(text: str, error: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_priorities(text)
     assert error in str(raised.value)
