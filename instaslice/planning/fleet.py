@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from driver.errors import ConfigError
 from driver.mig.catalog import gpu_model
 from driver.mig.model import GpuModel
-from driver.placement import GpuSpec, NodeSpec
+from driver.placement import Engine, GpuSpec, NodeSpec, Policy
 from instaslice.planning.limits import MAX_FLEET_GPUS, MAX_FLEET_NODES, MAX_GPUS_PER_NODE
 
 _GROUP = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*[xX]\s*([A-Za-z0-9][A-Za-z0-9.+-]*)\s*$")
@@ -70,6 +70,13 @@ class Fleet:
 
     def profile_names(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(p.name for m in self.models for p in m.profiles))
+
+    def engine(self, policy: str | Policy) -> Engine:
+        """A placement engine holding the fleet's nodes, every GPU empty."""
+        engine = Engine(policy=policy)
+        for node in self.nodes:
+            engine.set_node(node)
+        return engine
 
 
 def parse_fleet(text: str) -> Fleet:

@@ -110,6 +110,20 @@ class RunningRequests:
         return any(free.get(model, 0) >= slices for model, slices in need)
 
 
+def check_running(engine: Engine, running: RunningRequests, *, when: str) -> None:
+    """``AssertionError`` naming the differences unless the engine holds exactly the running
+    requests' slices, each request's on one GPU (for tests: it reads every GPU)."""
+    problems = occupancy_problems(engine, (placed for placed, _ in running.placed.values()))
+    # Every request is one pod whose slices share a GPU, wherever it was placed or moved.
+    problems += [
+        f"request {sequence} is spread over GPUs: {placed.assignments}"
+        for sequence, (placed, _) in running.placed.items()
+        if len({(a.node, a.gpu_index) for a in placed.assignments}) > 1
+    ]
+    if problems:
+        raise AssertionError(f"replay occupancy {when}: " + "; ".join(problems[:10]))
+
+
 def occupancy_problems(engine: Engine, placements: Iterable[Placed]) -> list[str]:
     """How the engine's occupancy differs from ``placements``; empty when they agree.
 
