@@ -39,20 +39,15 @@ from instaslice.flags import (
 )
 from instaslice.inputs import connect_cluster, connection_flag_problem, refuse
 from instaslice.planning.defrag import DefragPlan, NoPlan, plan_defrag
+from instaslice.planning.figures import ReplayResult
 from instaslice.planning.fleet import Fleet, parse_fleet
 from instaslice.planning.headroom import BatchResult, fit_batch, free_by_profile, parse_batch
 from instaslice.planning.limits import MAX_DEFRAG_REPLAY_REQUESTS, MAX_REPLAY_WORK
-from instaslice.planning.replay import (
-    DEMAND_WINDOW_LIFETIMES,
-    FloorResult,
-    ReplayResult,
-    check_trace,
-    fluid_floor,
-    replay,
-)
+from instaslice.planning.replay import DEMAND_WINDOW_LIFETIMES, FloorResult, fluid_floor, replay
 from instaslice.planning.trace import (
     TraceRequest,
     check_counts,
+    check_trace,
     parse_mix,
     read_trace,
     save_trace,

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from driver.errors import ConfigError
-from instaslice.planning.replay import FloorResult, ReplayResult
+from instaslice.planning.figures import ReplayResult
+from instaslice.planning.replay import FloorResult
 
 
 def check_plot_target(path: Path) -> None:

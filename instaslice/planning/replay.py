@@ -3,9 +3,9 @@
 Each request becomes the pod request the controller would build for a classic pod asking ``count``
 slices of one profile (all on one GPU), and goes through ``Engine.place`` / ``commit`` exactly as in
 the controller; its slices are released at placement time + ``duration``. Releases due at or before
-an arrival happen first. By default a request that does not fit is rejected and dropped; with
-``queue=True`` it waits in one FIFO queue (the head blocks those behind it, as a fair scheduler
-would) and is placed as soon as releases make room for it.
+an arrival happen first. A request that does not fit is rejected and dropped; with ``queue=True``
+it waits instead (``instaslice.planning.queued``: served by priority, with preemption and
+reservations against starvation when asked for).
 
 With ``defrag_moves=K`` (not with the queue), a request that does not fit asks ``plan_defrag`` for
 the fewest running requests, at most K, to move so that it fits; if there is such a plan, the moved
@@ -34,7 +34,7 @@ Figures per run: accepted / rejected, *stranded* (rejected although one GPU of a
 profile had enough free memory slices — counted without placement rules: the fragmentation a policy
 leaves behind), with defragmentation the requests admitted thanks to a plan and the requests moved,
 memory-slice utilization (time-weighted mean and peak between the first and the last
-arrival), queue waits, and optionally a timeline for plots.
+arrival), and optionally a timeline for plots.
 """
 
 from __future__ import annotations
@@ -45,18 +45,17 @@ import time
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from driver.errors import ConfigError
 from driver.placement import Engine, NoFit, Placed, PodRequest, Policy
 from instaslice.planning import limits
 from instaslice.planning.defrag import NoPlan, plan_defrag
+from instaslice.planning.figures import ReplayResult, TimelineSamples, Utilization
 from instaslice.planning.fleet import Fleet
-from instaslice.planning.running import RunningRequests, occupancy_problems
-from instaslice.planning.trace import TraceRequest
-
-Need = tuple[tuple[str, int], ...]
-"""Per GPU model offering the request's profile: (model name, memory slices it needs there)."""
+from instaslice.planning.queued import QueuedReplay, check_queue_rules
+from instaslice.planning.running import RunningRequests, check_running
+from instaslice.planning.trace import Need, TraceRequest, check_trace
 
 DEMAND_WINDOW_LIFETIMES = 0.4
 """``defrag_whole_gpu_reserve`` measures the smaller requests' demand over this many mean request
@@ -64,97 +63,6 @@ lifetimes of trace time before each arrival (120 s on traces of 300 s jobs)."""
 
 LIFETIME_SAMPLE = 1_000
 """The mean request lifetime is the mean duration of this many latest departures."""
-
-
-@dataclass(frozen=True, slots=True)
-class Timeline:
-    """Sampled at every arrival: time, memory slices in use, rejections so far."""
-
-    t: tuple[float, ...]
-    used_slices: tuple[int, ...]
-    rejected: tuple[int, ...]
-    capacity: int
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayResult:
-    policy: str
-    requests: int
-    accepted: int
-    rejected: int
-    stranded: int
-    mean_utilization: float
-    peak_utilization: float
-    wall_s: float
-    queued: int = 0
-    """Requests that had to wait (``queue=True`` only)."""
-    wait_p50_s: float | None = None
-    wait_p99_s: float | None = None
-    defrag_moves: int = 0
-    """The most running requests moved to admit one rejected request (0: defragmentation off)."""
-    defrag_whole_gpu_below: float | None = None
-    """Whole-GPU requests defragment only below this fraction of memory slices in use (None:
-    always)."""
-    defrag_whole_gpu_reserve: float | None = None
-    """Whole-GPU requests defragment only if the slices left free hold the smaller requests' recent
-    demand over this many mean request lifetimes (None: always)."""
-    defragged: int = 0
-    """Requests admitted thanks to a defragmentation plan (counted in ``accepted``)."""
-    moves: int = 0
-    """Running requests moved by those plans, in total."""
-    defrag_searched: int = 0
-    """Rejections for which ``plan_defrag`` was asked (the others had no room to free at all)."""
-    defrag_budget_hit: int = 0
-    """Searches that stopped at ``plan_defrag``'s budget (a plan found without proof it is the
-    smallest, or none found)."""
-    defrag_search_budget: int = 0
-    """Search steps the replay's plan searches could spend together (0: defragmentation off)."""
-    defrag_search_steps: int = 0
-    """Search steps they spent (at most ``defrag_search_budget``)."""
-    defrag_budget_spent: bool = False
-    """The budget ran out: the last search was cut short or used the last step, and later
-    rejections were not searched."""
-    defrag_unsearched: int = 0
-    """Rejections that would have been searched, rejected without a search because the budget was
-    spent (the figures are then what a replay with a smaller budget gives)."""
-    timeline: Timeline | None = field(default=None, compare=False, repr=False)
-
-
-def percentile(sorted_values: Sequence[float], fraction: float) -> float:
-    """Nearest-rank percentile of already sorted values (0.0 when there are none)."""
-    if not sorted_values:
-        return 0.0
-    index = min(len(sorted_values) - 1, max(0, math.ceil(fraction * len(sorted_values)) - 1))
-    return float(sorted_values[index])
-
-
-def needs_for(fleet: Fleet, request: TraceRequest, *, source: str = "trace") -> Need:
-    """Where the request could go at all; ``ConfigError`` naming its line if nowhere is offered."""
-    needs = []
-    for model in fleet.models:
-        for profile in model.profiles:
-            if profile.name == request.profile:
-                needs.append((model.name, profile.memory_slices * request.count))
-    if not needs:
-        where = f"{source} line {request.line}: " if request.line else ""
-        raise ConfigError(
-            f"{where}profile {request.profile!r} is not offered by any GPU of the fleet "
-            f"{fleet.text} (offered: {', '.join(fleet.profile_names())})"
-        )
-    return tuple(needs)
-
-
-def check_trace(
-    trace: Sequence[TraceRequest], fleet: Fleet, *, source: str = "trace"
-) -> dict[tuple[str, int], Need]:
-    """The needs of every distinct (profile, count) of the trace; ``ConfigError`` on the first
-    request whose profile the fleet does not offer."""
-    needs: dict[tuple[str, int], Need] = {}
-    for request in trace:
-        key = (request.profile, request.count)
-        if key not in needs:
-            needs[key] = needs_for(fleet, request, source=source)
-    return needs
 
 
 def _stranded(engine: Engine, need: Need) -> bool:
@@ -168,37 +76,6 @@ def _stranded(engine: Engine, need: Need) -> bool:
             if slices is not None and gpu.table.slices - gpu.used >= slices:
                 return True
     return False
-
-
-class _Utilization:
-    """Time-weighted memory-slice use between the first and the last arrival."""
-
-    def __init__(self, capacity: int, start: float) -> None:
-        self.capacity = capacity
-        self.used = 0
-        self.peak = 0
-        self.area = 0.0
-        self.last = start
-        self.start = start
-
-    def advance(self, now: float) -> None:
-        if now > self.last:
-            self.area += self.used * (now - self.last)
-            self.last = now
-
-    def take(self, slices: int) -> None:
-        used = self.used = self.used + slices
-        if used > self.peak:  # noqa: PLR1730 - ``max`` is a call per placement
-            self.peak = used
-
-    def give(self, slices: int) -> None:
-        self.used -= slices  # the peak cannot rise
-
-    def mean(self, end: float) -> float:
-        span = end - self.start
-        if span <= 0 or not self.capacity:
-            return self.used / self.capacity if self.capacity else 0.0
-        return self.area / span / self.capacity
 
 
 class _WholeGpuAdmission:
@@ -273,9 +150,12 @@ def replay(
     defrag_whole_gpu_below: float | None = None,
     defrag_whole_gpu_reserve: float | None = None,
     defrag_search_steps: int | None = None,
+    preemption: bool = False,
+    starvation_after: float | None = None,
     check_invariants: bool = False,
 ) -> ReplayResult:
-    """Replay ``trace`` on an empty ``fleet`` with ``policy``; see the module docstring.
+    """Replay ``trace`` on an empty ``fleet`` with ``policy``; see the module docstring (and
+    ``instaslice.planning.queued`` for ``queue=True``, ``preemption`` and ``starvation_after``).
 
     ``defrag_search_steps`` is the replay's budget of search steps for its plan searches (None:
     ``limits.MAX_DEFRAG_SEARCH_STEPS_PER_REPLAY``, read at each call).
@@ -284,17 +164,30 @@ def replay(
     placements after every arrival, and checks that the engine is empty once every request still
     running at the end has departed; ``AssertionError`` naming the differences otherwise."""
     _check_defrag_moves(defrag_moves, queue=queue)
+    check_queue_rules(queue=queue, preemption=preemption, starvation_after=starvation_after)
     _check_whole_gpu_below(defrag_whole_gpu_below, defrag_moves=defrag_moves)
     _check_whole_gpu_reserve(defrag_whole_gpu_reserve, defrag_moves=defrag_moves)
     if defrag_search_steps is None:
         defrag_search_steps = limits.MAX_DEFRAG_SEARCH_STEPS_PER_REPLAY
     if defrag_search_steps < 0:
         raise ConfigError(f"defrag_search_steps must be at least 0, got {defrag_search_steps}")
+    if queue:
+        queued = QueuedReplay(
+            trace,
+            fleet,
+            policy=policy,
+            timeline=timeline,
+            preemption=preemption,
+            starvation_after=starvation_after,
+            check_invariants=check_invariants,
+        )
+        for request in trace:
+            queued.arrive(request)
+        return queued.finish()
     run = _Replay(
         trace,
         fleet,
         policy=policy,
-        queue=queue,
         timeline=timeline,
         defrag_moves=defrag_moves,
         defrag_whole_gpu_below=defrag_whole_gpu_below,
@@ -307,33 +200,11 @@ def replay(
     return run.finish()
 
 
-class _Timeline:
-    """The samples of :class:`Timeline`, one per arrival."""
-
-    def __init__(self) -> None:
-        self.t: list[float] = []
-        self.used: list[int] = []
-        self.rejected: list[int] = []
-
-    def sample(self, now: float, *, used: int, rejected: int) -> None:
-        self.t.append(now)
-        self.used.append(used)
-        self.rejected.append(rejected)
-
-    def freeze(self, capacity: int) -> Timeline:
-        return Timeline(
-            t=tuple(self.t),
-            used_slices=tuple(self.used),
-            rejected=tuple(self.rejected),
-            capacity=capacity,
-        )
-
-
 class _Replay:
-    """One replay in progress: the engine, the running and waiting requests, and the counters.
+    """One replay in progress that rejects what does not fit: the engine, the running requests,
+    defragmentation on rejection, and the counters.
 
-    :meth:`arrive` takes the trace's requests in order; :meth:`finish` lets what still waits run
-    and returns the figures."""
+    :meth:`arrive` takes the trace's requests in order; :meth:`finish` returns the figures."""
 
     def __init__(
         self,
@@ -341,7 +212,6 @@ class _Replay:
         fleet: Fleet,
         *,
         policy: str | Policy,
-        queue: bool,
         timeline: bool,
         defrag_moves: int,
         defrag_whole_gpu_below: float | None,
@@ -350,7 +220,7 @@ class _Replay:
         check_invariants: bool,
     ) -> None:
         self.trace, self.fleet = trace, fleet
-        self.queue, self.defrag_moves, self.check_invariants = queue, defrag_moves, check_invariants
+        self.defrag_moves, self.check_invariants = defrag_moves, check_invariants
         self.defrag_whole_gpu_below = defrag_whole_gpu_below
         self.defrag_whole_gpu_reserve = defrag_whole_gpu_reserve
         self.needs = needs = check_trace(trace, fleet)
@@ -369,32 +239,29 @@ class _Replay:
         # Requests of a profile several GPU models offer may change model when they move.
         self.mobile = frozenset(profile for (profile, _), need in needs.items() if len(need) > 1)
         self.started = time.perf_counter()
-        self.engine = _engine(fleet, policy)
+        self.engine = fleet.engine(policy)
         self.pods: dict[tuple[str, int], PodRequest] = {
             key: PodRequest.single(key[0], count=key[1], one_gpu=key[1] > 1) for key in needs
         }
-        # What could not be placed even on an empty fleet is rejected at once, never queued.
-        empty = _engine(fleet, "firstfit")  # feasibility does not depend on the policy
+        # What could not be placed even on an empty fleet is rejected at once.
+        empty = fleet.engine("firstfit")  # feasibility does not depend on the policy
         self.impossible = {k for k, pod in self.pods.items() if isinstance(empty.place(pod), NoFit)}
         self.last_arrival = trace[-1].t if trace else 0.0
-        self.use = _Utilization(fleet.memory_slices, trace[0].t if trace else 0.0)
+        self.use = Utilization(fleet.memory_slices, trace[0].t if trace else 0.0)
         # Departure time, sequence number and duration; ``running`` says where the request is
         # when it departs.
         self.departures: list[tuple[float, int, float]] = []
         self.running = RunningRequests()
-        self.waiting: deque[TraceRequest] = deque()
-        self.waits: list[float] = []
         self.sequence = 0
-        self.accepted = self.rejected = self.stranded = self.queued = 0
+        self.accepted = self.rejected = self.stranded = 0
         self.defragged = self.moves = self.searched = self.budget_hit = 0
         self.search_budget = defrag_search_steps
         self.search_steps = self.unsearched = 0
         self.search_cut_short = False
-        self.timeline = _Timeline() if timeline else None
+        self.timeline = TimelineSamples() if timeline else None
 
     def arrive(self, request: TraceRequest) -> None:
-        """Releases due by the arrival, then ``request`` placed, queued, defragmented for or
-        rejected."""
+        """Releases due by the arrival, then ``request`` placed, defragmented for or rejected."""
         now = request.t
         self._release_until(now)
         self.use.advance(now)
@@ -402,40 +269,24 @@ class _Replay:
         self.admission.arrive(now, key)
         if key in self.impossible:
             self.rejected += 1
-        elif self.queue and self.waiting:
-            self.waiting.append(request)
-            self.queued += 1
-        else:
-            result = self._try_place(request, now)
-            if isinstance(result, NoFit):
-                if self.queue:
-                    self.waiting.append(request)
-                    self.queued += 1
-                elif not (self.defrag_moves and self._defragment(request, self.needs[key])):
-                    self.rejected += 1
-                    self.stranded += _stranded(self.engine, self.needs[key])
-            elif self.queue:
-                self.waits.append(0.0)
+        elif isinstance(self._try_place(request, now), NoFit) and not (
+            self.defrag_moves and self._defragment(request, self.needs[key])
+        ):
+            self.rejected += 1
+            self.stranded += _stranded(self.engine, self.needs[key])
         if self.check_invariants:
-            _check(self.engine, self.running, when=f"after the arrival at t={now}")
+            check_running(self.engine, self.running, when=f"after the arrival at t={now}")
         if self.timeline is not None:
             self.timeline.sample(now, used=self.use.used, rejected=self.rejected)
 
     def finish(self) -> ReplayResult:
-        """Utilization up to the last arrival; then, with the queue, the cluster runs on until
-        everyone waiting is placed (releases free everything)."""
+        """The figures, utilization up to the last arrival."""
         mean = self.use.mean(self.last_arrival)
         capacity = self.fleet.memory_slices
-        peak = self.use.peak / capacity if capacity else 0.0
-        if self.queue:
-            while self.waiting and self.departures:
-                self._release_until(self.departures[0][0])
-            self.rejected += len(self.waiting)
         if self.check_invariants:
             while self.departures:
                 self._release_until(self.departures[0][0])
-            _check(self.engine, self.running, when="once every request has departed")
-        waits = sorted(self.waits)
+            check_running(self.engine, self.running, when="once every request has departed")
         return ReplayResult(
             policy=self.engine.policy.name,
             requests=len(self.trace),
@@ -443,11 +294,8 @@ class _Replay:
             rejected=self.rejected,
             stranded=self.stranded,
             mean_utilization=round(mean, 4),
-            peak_utilization=round(peak, 4),
+            peak_utilization=round(self.use.peak_share(), 4),
             wall_s=round(time.perf_counter() - self.started, 3),
-            queued=self.queued,
-            wait_p50_s=round(percentile(waits, 0.50), 3) if self.queue else None,
-            wait_p99_s=round(percentile(waits, 0.99), 3) if self.queue else None,
             defrag_moves=self.defrag_moves,
             defrag_whole_gpu_below=self.defrag_whole_gpu_below,
             defrag_whole_gpu_reserve=self.defrag_whole_gpu_reserve,
@@ -528,15 +376,6 @@ class _Replay:
             self.defrag_moves > 0 and self.search_steps >= self.search_budget
         )
 
-    def _drain(self, now: float) -> None:
-        waiting = self.waiting
-        while waiting:
-            head = waiting[0]
-            if isinstance(self._try_place(head, now), NoFit):
-                return
-            waiting.popleft()
-            self.waits.append(now - head.t)
-
     def _release_until(self, now: float) -> None:
         departures = self.departures
         while departures and departures[0][0] <= now:
@@ -546,15 +385,6 @@ class _Replay:
             placed, slices = self.running.pop(departing)
             self.engine.release_placed(placed)
             self.use.give(slices)
-            if self.queue:
-                self._drain(end)
-
-
-def _engine(fleet: Fleet, policy: str | Policy) -> Engine:
-    engine = Engine(policy=policy)
-    for node in fleet.nodes:
-        engine.set_node(node)
-    return engine
 
 
 def _check_defrag_moves(defrag_moves: int, *, queue: bool) -> None:
@@ -589,18 +419,6 @@ def _check_whole_gpu_reserve(reserve: float | None, *, defrag_moves: int) -> Non
             f"defrag_whole_gpu_reserve is a share of the mean request lifetime, more than 0 and "
             f"at most 1, got {reserve}"
         )
-
-
-def _check(engine: Engine, running: RunningRequests, *, when: str) -> None:
-    problems = occupancy_problems(engine, (placed for placed, _ in running.placed.values()))
-    # Every request is one pod whose slices share a GPU, wherever it was placed or moved.
-    problems += [
-        f"request {sequence} is spread over GPUs: {placed.assignments}"
-        for sequence, (placed, _) in running.placed.items()
-        if len({(a.node, a.gpu_index) for a in placed.assignments}) > 1
-    ]
-    if problems:
-        raise AssertionError(f"replay occupancy {when}: " + "; ".join(problems[:10]))
 
 
 # ------------------------------------------------------------------------------ the floor

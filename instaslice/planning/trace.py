@@ -48,6 +48,9 @@ from instaslice.planning.limits import (
     MAX_TRACE_SECONDS,
 )
 
+Need = tuple[tuple[str, int], ...]
+"""Per GPU model offering the request's profile: (model name, memory slices it needs there)."""
+
 _FIELDS = frozenset({"t", "profile", "count", "duration", "name", "priority", "preemptionPolicy"})
 
 MIN_PRIORITY: Final = -(2**31)
@@ -267,6 +270,35 @@ def save_trace(requests: Iterable[TraceRequest], path: Path) -> int:
     except OSError as exc:
         reason = "nothing reads that FIFO" if exc.errno == errno.ENXIO else str(exc)
         raise ConfigError(f"cannot write trace {path}: {reason}") from exc
+
+
+def needs_for(fleet: Fleet, request: TraceRequest, *, source: str = "trace") -> Need:
+    """Where the request could go at all; ``ConfigError`` naming its line if nowhere is offered."""
+    needs = []
+    for model in fleet.models:
+        for profile in model.profiles:
+            if profile.name == request.profile:
+                needs.append((model.name, profile.memory_slices * request.count))
+    if not needs:
+        where = f"{source} line {request.line}: " if request.line else ""
+        raise ConfigError(
+            f"{where}profile {request.profile!r} is not offered by any GPU of the fleet "
+            f"{fleet.text} (offered: {', '.join(fleet.profile_names())})"
+        )
+    return tuple(needs)
+
+
+def check_trace(
+    trace: Sequence[TraceRequest], fleet: Fleet, *, source: str = "trace"
+) -> dict[tuple[str, int], Need]:
+    """The needs of every distinct (profile, count) of the trace; ``ConfigError`` on the first
+    request whose profile the fleet does not offer."""
+    needs: dict[tuple[str, int], Need] = {}
+    for request in trace:
+        key = (request.profile, request.count)
+        if key not in needs:
+            needs[key] = needs_for(fleet, request, source=source)
+    return needs
 
 
 def check_counts(trace: Sequence[TraceRequest], fleet: Fleet, *, source: str = "trace") -> None:

@@ -6,8 +6,9 @@ import pytest
 
 from driver.errors import ConfigError
 from driver.placement import POLICIES
+from instaslice.planning.figures import percentile
 from instaslice.planning.fleet import parse_fleet
-from instaslice.planning.replay import fluid_floor, percentile, replay
+from instaslice.planning.replay import fluid_floor, replay
 from instaslice.planning.trace import TraceRequest, parse_mix, synthesize
 
 ONE_A100 = parse_fleet("1x1xA100-40GB")

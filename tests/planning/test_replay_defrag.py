@@ -15,8 +15,9 @@ from driver.placement import POLICIES, DeviceAssignment, Engine, Placed, PodRequ
 from instaslice import cli
 from instaslice.planning import limits
 from instaslice.planning.defrag import DefragPlan, NoPlan, plan_defrag
+from instaslice.planning.figures import ReplayResult
 from instaslice.planning.fleet import parse_fleet
-from instaslice.planning.replay import ReplayResult, replay
+from instaslice.planning.replay import replay
 from instaslice.planning.running import RunningRequests, occupancy_problems
 from instaslice.planning.trace import TraceRequest
 from tests.planning import test_decisions

@@ -13,13 +13,9 @@ import pytest
 from driver.errors import ConfigError
 from instaslice import cli
 from instaslice.planning import replay as replay_module
+from instaslice.planning.figures import ReplayResult
 from instaslice.planning.fleet import Fleet, parse_fleet
-from instaslice.planning.replay import (
-    DEMAND_WINDOW_LIFETIMES,
-    LIFETIME_SAMPLE,
-    ReplayResult,
-    replay,
-)
+from instaslice.planning.replay import DEMAND_WINDOW_LIFETIMES, LIFETIME_SAMPLE, replay
 from instaslice.planning.trace import TraceRequest, parse_mix, save_trace, synthesize
 from tests.planning.test_replay_defrag import ONE_MOVE, TWO_A100, _counts, _trace
 from tests.planning.test_replay_defrag_rule import SMALL_AFTER_MOVE
