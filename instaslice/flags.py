@@ -46,9 +46,11 @@ _CONNECTION = ("kubeconfig", "context", "kube_api_url")
 SIMULATE_MODE_FLAGS: dict[str, frozenset[str]] = {
     "replay": frozenset(
         {"trace", "gpus", "policy", "json", "queue", "plot", "defrag_on_reject"}
-        | {"defrag_whole_gpu_below", "defrag_whole_gpu_reserve"}
+        | {"defrag_whole_gpu_below", "defrag_whole_gpu_reserve", "preemption", "starvation_after"}
     ),
-    "synthesize": frozenset({"trace", "gpus", "mix", "load", "events", "seed", "mean_duration"}),
+    "synthesize": frozenset(
+        {"trace", "gpus", "mix", "load", "events", "seed", "mean_duration", "priorities"}
+    ),
     "from_cluster": frozenset({"policy", "json", "add", *_CONNECTION}),
 }
 """Per mode of ``simulate``, the flags (argparse ``dest``) it uses."""
@@ -175,7 +177,29 @@ def _replay_flags(simulate: argparse.ArgumentParser) -> None:
     )
     simulate.add_argument("--json", action="store_true", help="print one JSON object")
     simulate.add_argument(
-        "--queue", action="store_true", help="rejected requests wait (FIFO) instead of leaving"
+        "--queue",
+        action="store_true",
+        help="requests that do not fit wait instead of leaving; whenever slices free, every "
+        "waiting request that fits is placed, by priority (the trace's 'priority', highest "
+        "first), then arrival. Reports waits per priority and the largest profile's waits",
+    )
+    simulate.add_argument(
+        "--preemption",
+        action="store_true",
+        help="with --queue: a request that fits nowhere evicts running requests of lower priority "
+        "when that makes room on one GPU, chosen as kube-scheduler chooses victims (the lowest "
+        "highest priority, then the lowest sum, then the fewest, then the latest started); an "
+        "evicted request waits again and restarts from the beginning. A trace line with "
+        '"preemptionPolicy": "Never" never preempts',
+    )
+    simulate.add_argument(
+        "--starvation-after",
+        type=number_between(0, MAX_TRACE_SECONDS, low_included=False, what="seconds"),
+        metavar="SECONDS",
+        help="with --queue: a request that has waited SECONDS and still fits nowhere reserves the "
+        "GPU cheapest to empty (the fewest running requests, then the oldest): no request of its "
+        "priority or lower is placed there until it is. Replay once with and once without to "
+        "compare the waits",
     )
     simulate.add_argument(
         "--plot",
@@ -233,6 +257,13 @@ def _synthesis_flags(group: argparse._ArgumentGroup) -> None:
         help=f"requests, at most {MAX_TRACE_REQUESTS:,} (default {DEFAULT_EVENTS})",
     )
     group.add_argument("--seed", type=int, help=f"random seed (default {DEFAULT_SEED})")
+    group.add_argument(
+        "--priorities",
+        metavar="MIX",
+        help="PRIORITY=WEIGHT,… e.g. 1000=0.2,0=0.8: each request's pod priority drawn from "
+        "these (default: every request priority 0); the same seed gives the same arrivals, "
+        "profiles and durations with or without them",
+    )
     group.add_argument(
         "--mean-duration",
         type=number_between(0, MAX_MEAN_DURATION, low_included=False, what="seconds"),

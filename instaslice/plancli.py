@@ -2,6 +2,9 @@
 
 ``simulate --trace FILE --gpus 20x8xA100-40GB``  replay a request trace per placement policy, with
                                                 the fluid floor beside them (``instaslice.planning``)
+``simulate … --queue [--preemption] [--starvation-after S]``  waits instead of rejections, by pod
+                                                priority; preempting lower priorities; GPUs
+                                                reserved for requests waiting longer than S
 ``simulate … --defrag-on-reject K``              move up to K running pods to admit a rejected request
 ``simulate … --defrag-whole-gpu-below PCT``      … whole-GPU requests only below PCT% memory in use
 ``simulate … --defrag-whole-gpu-reserve F``      … only if F mean request lifetimes of smaller
@@ -49,6 +52,7 @@ from instaslice.planning.trace import (
     check_counts,
     check_trace,
     parse_mix,
+    parse_priorities,
     read_trace,
     save_trace,
     synthesize,
@@ -79,6 +83,8 @@ class _Replay:
     defrag_moves: int
     whole_gpu_below: float | None
     whole_gpu_reserve: float | None
+    preemption: bool
+    starvation_after: float | None
 
 
 def run_simulate(args: argparse.Namespace, *, out: TextIO) -> int:
@@ -100,6 +106,7 @@ def run_simulate(args: argparse.Namespace, *, out: TextIO) -> int:
     floor = fluid_floor(run.trace, run.fleet)
     results = [_replay_one(run, policy, queue=args.queue, timeline=args.plot is not None)
                for policy in run.policies]  # fmt: skip
+    priorities = len({r.priority for r in run.trace})
     if args.json:
         out.write(json.dumps(simulation_json(results, floor), sort_keys=True) + "\n")
     else:
@@ -108,7 +115,7 @@ def run_simulate(args: argparse.Namespace, *, out: TextIO) -> int:
             f"trace {args.trace}: {len(run.trace)} requests over {span:,.0f} s on {fleet.text} "
             f"({fleet.gpu_count} GPUs, {fleet.memory_slices} memory slices)\n"
         )
-        out.write(render_simulation(results, floor, queue=args.queue))
+        out.write(render_simulation(results, floor, queue=args.queue, priorities=priorities))
     out.flush()
     if args.plot is None:
         return 0
@@ -120,6 +127,12 @@ def _checked_replay(args: argparse.Namespace, fleet: Fleet) -> _Replay:
     defrag_moves = _defrag_moves(args)
     whole_gpu_below = _whole_gpu_below(args)
     whole_gpu_reserve = _whole_gpu_reserve(args)
+    for flag, given in (
+        ("--preemption", args.preemption),
+        ("--starvation-after", args.starvation_after),
+    ):
+        if given not in (None, False) and not args.queue:
+            raise ConfigError(f"{flag} needs --queue: without it nothing waits")
     if args.plot is not None:
         check_plot_target(args.plot)
     trace = read_trace(args.trace)
@@ -128,7 +141,16 @@ def _checked_replay(args: argparse.Namespace, fleet: Fleet) -> _Replay:
     check_trace(trace, fleet, source=str(args.trace))
     check_counts(trace, fleet, source=str(args.trace))
     _check_replay_size(len(trace), fleet, defrag=defrag_moves > 0)
-    return _Replay(trace, fleet, policies, defrag_moves, whole_gpu_below, whole_gpu_reserve)
+    return _Replay(
+        trace,
+        fleet,
+        policies,
+        defrag_moves,
+        whole_gpu_below,
+        whole_gpu_reserve,
+        preemption=args.preemption,
+        starvation_after=args.starvation_after,
+    )
 
 
 def _check_replay_size(requests: int, fleet: Fleet, *, defrag: bool) -> None:
@@ -156,6 +178,8 @@ def _replay_one(run: _Replay, policy: str, *, queue: bool, timeline: bool) -> Re
         defrag_moves=run.defrag_moves,
         defrag_whole_gpu_below=run.whole_gpu_below,
         defrag_whole_gpu_reserve=run.whole_gpu_reserve,
+        preemption=run.preemption,
+        starvation_after=run.starvation_after,
     )
 
 
@@ -245,7 +269,29 @@ def _result_json(r: ReplayResult) -> dict[str, Any]:
         "wall_s": r.wall_s,
     }
     if r.wait_p50_s is not None:
-        entry.update(queued=r.queued, wait_p50_s=r.wait_p50_s, wait_p99_s=r.wait_p99_s)
+        entry.update(
+            queued=r.queued,
+            wait_p50_s=r.wait_p50_s,
+            wait_p99_s=r.wait_p99_s,
+            largest_profile=r.largest_profile,
+            largest_wait_p50_s=r.largest_wait_p50_s,
+            largest_wait_p99_s=r.largest_wait_p99_s,
+            by_priority={
+                str(p.priority): {
+                    "requests": p.requests,
+                    "admitted": p.admitted,
+                    "rejected": p.rejected,
+                    "preempted": p.preempted,
+                    "wait_p50_s": p.wait_p50_s,
+                    "wait_p99_s": p.wait_p99_s,
+                }
+                for p in r.by_priority
+            },
+        )
+    if r.preemption:
+        entry["preempted"] = r.preempted
+    if r.starvation_after_s is not None:
+        entry.update(starvation_after_s=r.starvation_after_s, reservations=r.reservations)
     if r.defrag_moves:
         entry.update(
             defrag_moves=r.defrag_moves,
@@ -265,13 +311,21 @@ def _result_json(r: ReplayResult) -> dict[str, Any]:
 
 
 def render_simulation(
-    results: Sequence[ReplayResult], floor: FloorResult, *, queue: bool = False
+    results: Sequence[ReplayResult], floor: FloorResult, *, queue: bool = False, priorities: int = 1
 ) -> str:
+    """The table of policies beside the floor, and notes; with ``queue`` and more than one
+    priority in the trace, a second table of each policy's figures per priority."""
     defrag = any(r.defrag_moves for r in results)
+    preemption = any(r.preemption for r in results)
+    reserving = any(r.starvation_after_s is not None for r in results)
+    largest = next((r.largest_profile for r in results if r.largest_profile), None)
     header = ["policy", "requests", "accepted", "rejected", "above floor", "stranded"]
     header += ["mean util", "peak util", "wall s"]
     if queue:
         header += ["queued", "wait p50 s", "wait p99 s"]
+        if largest is not None:
+            header += [f"{largest} wait p50 s", f"{largest} wait p99 s"]
+        header += ["preempted"] * preemption + ["reservations"] * reserving
     if defrag:
         header += ["defragged", "moves"]
     rows = [header]
@@ -283,13 +337,57 @@ def render_simulation(
         row += [f"{r.mean_utilization:.1%}", f"{r.peak_utilization:.1%}", f"{r.wall_s:.1f}"]
         if queue:
             row += [str(r.queued), f"{r.wait_p50_s or 0:.1f}", f"{r.wait_p99_s or 0:.1f}"]
+            if largest is not None:
+                row += [f"{r.largest_wait_p50_s or 0:.1f}", f"{r.largest_wait_p99_s or 0:.1f}"]
+            row += [str(r.preempted)] * preemption + [str(r.reservations)] * reserving
         if defrag:
             row += [str(r.defragged), str(r.moves)]
         rows.append(row)
     notes = _floor_notes(results, floor, queue=queue)
+    if queue:
+        notes += _queue_notes(results, largest=largest)
     if defrag:
         notes += _defrag_notes(results)
-    return "\n".join(_aligned(rows)) + "\n" + notes
+    text = "\n".join(_aligned(rows)) + "\n" + notes
+    if queue and priorities > 1:
+        text += "\n" + render_priorities(results)
+    return text
+
+
+def render_priorities(results: Sequence[ReplayResult]) -> str:
+    """Per policy and priority (highest first): requests, admitted, rejected, preempted, waits."""
+    rows = [["policy", "priority", "requests", "admitted", "rejected", "preempted"]]
+    rows[0] += ["wait p50 s", "wait p99 s"]
+    for r in results:
+        for p in r.by_priority:
+            counts = (p.requests, p.admitted, p.rejected, p.preempted)
+            waits = (p.wait_p50_s, p.wait_p99_s)
+            rows.append(
+                [r.policy, str(p.priority), *map(str, counts), *(f"{w:.1f}" for w in waits)]
+            )
+    return "\n".join(_aligned(rows)) + "\n"
+
+
+def _queue_notes(results: Sequence[ReplayResult], *, largest: str | None) -> str:
+    """What the waits, preemptions and reservations count."""
+    note = (
+        "waits: the time each admitted request spent waiting, all its waits together"
+        + (f"; {largest}: the trace's largest profile" if largest is not None else "")
+        + ".\n"
+    )
+    if any(r.preemption for r in results):
+        note += (
+            "preempted: running requests evicted for a higher priority; each waited again and "
+            "restarted from the beginning.\n"
+        )
+    bounds = {r.starvation_after_s for r in results if r.starvation_after_s is not None}
+    if bounds:
+        note += (
+            f"reservations: GPUs held for requests that had waited {max(bounds):g} s, fit "
+            "nowhere and needed more than one departure, as the controller holds them; replay "
+            "without --starvation-after to compare the waits.\n"
+        )
+    return note
 
 
 def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
@@ -375,6 +473,7 @@ def _synthesize(args: argparse.Namespace, *, fleet: Fleet, out: TextIO) -> int:
         events=DEFAULT_EVENTS if args.events is None else args.events,
         seed=seed,
         mean_duration=DEFAULT_MEAN_DURATION if args.mean_duration is None else args.mean_duration,
+        priorities=parse_priorities(args.priorities) if args.priorities is not None else (),
     )
     if str(args.trace) == "-":
         write_trace(requests, out)

@@ -92,6 +92,63 @@ def test_queue_mode_reports_waits(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert best["wait_p50_s"] == 0.0
 
 
+PRIORITY_TRACE = (
+    '{"t": 0, "profile": "7g.40gb", "duration": 100}\n'
+    '{"t": 10, "profile": "7g.40gb", "duration": 5, "priority": 10}\n'
+    '{"t": 11, "profile": "3g.20gb", "duration": 5, "priority": 10, "preemptionPolicy": "Never"}\n'
+)
+
+
+def test_queue_mode_reports_priorities_preemptions_and_reservations(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(PRIORITY_TRACE)
+    argv = ["simulate", "--gpus", "1x1xA100-40GB", "--trace", str(trace), "--queue", "--json"]
+    argv += ["--policy", "firstfit", "--preemption", "--starvation-after", "1000"]
+    assert cli.main(argv) == 0
+    first = json.loads(capsys.readouterr().out)["policies"]["firstfit"]
+    # The 7g.40gb of priority 10 evicts the one of 0 at 10; the 3g.20gb (Never) waits for it to
+    # leave at 15, the evicted one for both (to 20) and runs 100 s again.
+    assert (first["accepted"], first["preempted"], first["reservations"]) == (3, 1, 0)
+    assert first["starvation_after_s"] == 1000.0
+    assert first["largest_profile"] == "7g.40gb"
+    assert (first["largest_wait_p50_s"], first["largest_wait_p99_s"]) == (0.0, 10.0)
+    assert first["by_priority"] == {
+        "10": {"requests": 2, "admitted": 2, "rejected": 0, "preempted": 0,
+               "wait_p50_s": 0.0, "wait_p99_s": 4.0},
+        "0": {"requests": 1, "admitted": 1, "rejected": 0, "preempted": 1,
+              "wait_p50_s": 10.0, "wait_p99_s": 10.0},
+    }  # fmt: skip
+
+
+def test_the_table_gains_the_largest_profile_and_a_row_per_priority(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(PRIORITY_TRACE)
+    argv = ["simulate", "--gpus", "1x1xA100-40GB", "--trace", str(trace), "--queue"]
+    assert cli.main([*argv, "--policy", "bestfit", "--preemption"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("policy  "))
+    assert header.split("  ")[-3:] == ["7g.40gb wait p50 s", "7g.40gb wait p99 s", "preempted"]
+    by_priority = [line.split() for line in lines if line.startswith("bestfit ")][1:]
+    assert by_priority == [
+        ["bestfit", "10", "2", "2", "0", "0", "0.0", "4.0"],
+        ["bestfit", "0", "1", "1", "0", "1", "10.0", "10.0"],
+    ]
+    assert any(line.startswith("preempted: running requests evicted") for line in lines)
+
+
+def test_synthesized_priorities_are_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["simulate", "--synthesize", "--gpus", "1x8xA100-40GB", "--trace", "-"]
+    assert cli.main([*argv, "--events", "200", "--priorities", "1000=1,0=3"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {line.get("priority", 0) for line in lines} == {0, 1000}
+
+
 @pytest.mark.parametrize(
     ("line", "error"),
     [

@@ -210,6 +210,14 @@ SIMULATE_FLAG_CASES = [
     ("defrag-moves-past-limit", ["--defrag-on-reject", "99999"], 1, "at most 10,000"),
     ("plot-in-a-missing-folder", ["--plot", "{missing-dir/plot.png}"], 1, "does not exist"),
     ("plot-onto-a-folder", ["--plot", "{folder}"], 1, "is a directory"),
+    ("preemption-without-queue", ["--preemption"], 1, "--preemption needs --queue"),
+    ("starvation-without-queue", ["--starvation-after", "60"], 1,
+     "--starvation-after needs --queue"),
+    ("starvation-after-zero", ["--queue", "--starvation-after", "0"], 2,
+     "--starvation-after: must be more than 0 and at most 1e+12"),
+    ("starvation-after-nan", ["--queue", "--starvation-after", "nan"], 2, "must be more than 0"),
+    ("priorities-without-synthesize", ["--priorities", "1=1"], 1,
+     "--priorities applies with --synthesize, not when replaying a trace"),
 ]  # fmt: skip
 
 
@@ -244,6 +252,9 @@ SYNTHESIS_CASES = [
     ("mix-count-past-the-fleet", ["--mix", "4*2g.10gb=1"], 1, "a GPU of the fleet holds at most 3"),
     ("mix-weight-inf", ["--mix", "1g.5gb=inf"], 1, "the weight must be a number > 0"),
     ("queue-with-synthesize", ["--queue"], 1, "--queue applies when replaying a trace, not with --synthesize"),
+    ("preemption-with-synthesize", ["--preemption"], 1, "--preemption applies when replaying a trace"),
+    ("priority-past-int32", ["--priorities", "2147483648=1"], 1, "an integer PRIORITY from -2147483648"),
+    ("priority-weight-zero", ["--priorities", "0=0"], 1, "the weight must be a number > 0"),
     ("to-a-fifo-nobody-reads", ["--trace", "{fifo}"], 1, "nothing reads that FIFO"),
     ("load-too-low-for-the-limits", ["--load", "1e-300"], 1, "would arrive over more than 1e+12 s"),
 ]  # fmt: skip
