@@ -345,6 +345,8 @@ def _phase_figures(seen: Seen, ran: _Ran, fit_checks: dict[str, int]) -> dict[st
         pods.append(
             {
                 "pod": name,
+                # when its create was sent, from the phase's first; then each stage's seconds
+                "sent_s": round(pod.sent - ran.first, 3) if pod.sent is not None else None,
                 "latency_s": round(latency[name], 3) if name in latency else None,
                 "node": pod.node,
                 "gated_at_creation": pod.gated_at_creation,
@@ -352,6 +354,7 @@ def _phase_figures(seen: Seen, ran: _Ran, fit_checks: dict[str, int]) -> dict[st
                 "victims": [list(h.victims) for h in pod.holds],
                 "held_node": pod.holds[-1].node if pod.holds else None,
                 "fit_checks": fit_checks.get(name),
+                "stages_s": {k: round(v, 3) for k, v in stage_times(seen, name).items()},
             }
         )
     victims = [len(h.victims) for name in ran.names for h in seen.pods[name].holds]
