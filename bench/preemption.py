@@ -5,7 +5,8 @@ Uses the real Kubernetes 1.36 stack as ``bench real`` does (``$INSTASLICE_REALST
 ``/tmp/k8s``; started fresh with ``start.sh --clean``, stopped at the end; hold its lock; skips with
 one line when it is not built), the same nodes (Node objects kept Ready with the ResourceSlices our
 kubelet plugin publishes for 8 A100-40GB each, ``bench.realnodes``) and our controller with its
-webhook (``bench.real``'s ``_Controller``, default flags, so ``--preemption on``).
+webhook (``bench.real``'s ``_Controller``, default flags, so ``--preemption on``; it logs at INFO,
+whose line per preemption gives the decision's fit checks).
 
 The run: PriorityClasses ``bench-low`` (0) and ``bench-high`` (1000); the fleet filled with
 ``bench-low`` pods of ``--fill-profile`` (3g.20gb: 2 per GPU; 1g.5gb: 7), each with its own
@@ -18,7 +19,8 @@ Nothing stands in for the kubelet: every pod has ``terminationGracePeriodSeconds
 kube-apiserver deletes a bound pod whose grace period is 0 at once (no kubelet is asked to confirm a
 graceless deletion), whether the Eviction API or anyone else deletes it. With a kubelet and a grace
 period, a victim's grace period adds to these figures. The run counts victims seen terminating but
-never gone (``stuck_terminating``: must be 0, else the figures wait on nothing).
+never gone (``stuck_terminating``: must be none; such a victim would keep its slices taken until
+the preemptor's hold expired).
 
 Figures per phase: create→bound p50/p99/max (create call sent → ``spec.nodeName`` seen by an
 informer here); the victims each preemption took (from the preemptor's hold annotation) against the
