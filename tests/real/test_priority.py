@@ -428,3 +428,38 @@ def test_churn_with_two_priorities_evicts_no_pod_twice_and_never_preempts_back(
         f"churn {CHURN_S:.0f}s: {steps} scale steps, {len(victims)} evictions, every one a "
         f"low-priority pod evicted once; slowest step to Running {slowest:.1f}s"
     )
+
+
+@pytest.fixture
+def scheduler_mode(classes: RealStack) -> Iterator[RealStack]:
+    """kube-scheduler allocates (no webhook, the controller in scheduler mode) for DRA pods; the
+    classic shim stays as it is (no classic pod here), so no five-minute switch."""
+    classes.set_webhook(on=False)
+    classes.set_allocation_mode("scheduler")
+    try:
+        yield classes
+    finally:
+        classes.set_allocation_mode("controller")
+        classes.set_webhook(on=True)
+        wait_for(classes, lambda: classes.webhook_serving() or None, message="webhook down")
+        classes.wait_ready()
+
+
+def test_scheduler_mode_the_controller_preempts_for_a_pod_kube_scheduler_cannot_place(
+    scheduler_mode: RealStack,
+) -> None:
+    """kube-scheduler's preemption frees no DRA devices: the pod is Unschedulable until our
+    controller evicts a lower-priority holder; kube-scheduler then allocates and binds it."""
+    cluster = scheduler_mode
+    apply(cluster, [claim_template("half", profile="3g.20gb", namespace=E2E_NS)])
+    spec = [(f"low-{i}", "e2e-low" if i % 2 else "e2e-mid", None) for i in range(8)]
+    apply(cluster, [pod(name, priority_class=c) for name, c, _ in spec])
+    wait_running(cluster, E2E_NS, 8)
+    started = time.monotonic()
+    apply(cluster, [pod("urgent", priority_class="e2e-high")])
+    wait_pod_running(cluster, E2E_NS, "urgent")
+    to_running = time.monotonic() - started
+    evicted = [name for name, _, _ in spec if gone(cluster, name)]
+    assert len(evicted) == 1, evicted
+    assert int(evicted[0].removeprefix("low-")) % 2 == 1, "not a lowest-priority victim"
+    print(f"scheduler mode: urgent Running {to_running:.1f}s after creation; victims {evicted}")
