@@ -44,6 +44,7 @@ from controller.allocation.waiting import Waiter
 from controller.informers import BY_UID, ClusterInformers
 from driver.cluster.indexes import BY_CLAIM
 from driver.cluster.views import ClaimView, PodView
+from driver.errors import NotFoundError
 from driver.placement import Placed
 
 logger = logging.getLogger(__name__)
@@ -243,10 +244,12 @@ class Arbiter:
         *,
         node_ok: Callable[[str], bool],
         place_on: Callable[[str, Sequence[str]], Placed | None],
+        min_slices: int = 1,
     ) -> Preemption | NoPreemption | None:
         """Victims and a hold for a pod that fits nowhere; None when preemption does not apply
         (off, ``preemptionPolicy: Never``, a preemption of its own under way, nobody of lower
-        priority holds our slices where it could go). ``node_ok``: whether the pod could go to
+        priority holds our slices where it could go). ``min_slices``: the fewest memory slices
+        the pod can use on one GPU (prunes the search). ``node_ok``: whether the pod could go to
         a node at all once its lower-priority pods are gone; ``place_on(node, victim_uids)``: its
         placement there with those pods' usage not counted."""
         state = self._state
@@ -263,8 +266,9 @@ class Arbiter:
             with self.released(slots), state.holds.lifted_for(order):
                 return place_on(node, [v.pod.uid for v in victims])
 
-        search = Search(fits=fits)
-        plan = search.best(candidates)
+        search = Search(fits=fits, free_slices=self._free_slices, min_slices=min_slices)
+        with state.holds.lifted_for(order):  # the free slices it may use, for the pruning
+            plan = search.best(candidates)
         if plan is None:
             if search.refusing:
                 return NoPreemption(
@@ -294,6 +298,13 @@ class Arbiter:
             search.checks,
         )
         return Preemption(plan=plan, hold=hold)
+
+    def _free_slices(self, node: str, index: int) -> int:
+        try:
+            gpu = self._state.engine.inventory.gpu(node, index)
+        except NotFoundError:
+            return 0
+        return gpu.table.slices - (gpu.mask & gpu.table.full_mask).bit_count()
 
     def _candidates(self, pod: PodView, node_ok: Callable[[str], bool]) -> dict[str, list[Victim]]:
         """Per node, the lower-priority pods whose eviction frees some of our slices there."""

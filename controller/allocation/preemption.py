@@ -39,8 +39,12 @@ logger = logging.getLogger(__name__)
 EXACT_CANDIDATES = 8
 """Up to this many candidates on one GPU, every subset of them is tried (255 at most)."""
 MAX_FIT_CHECKS = 3000
-"""Placement checks one preemption decision may spend across all nodes (each takes tens of
-microseconds on an A100 node); past it the best plan found so far is taken."""
+"""Placement checks one preemption decision may spend across all nodes (each takes about a
+hundred microseconds); past it the best plan found so far is taken."""
+PLAN_NODES = 16
+"""Nodes with a plan after which the search stops (kube-scheduler, too, compares the candidates
+of a sample of nodes, not of every node): enough to find the fewest, lowest-priority victims the
+fleet offers in practice, at a bounded cost under the allocator's lock."""
 
 _INT32_SPAN = 2**31
 
@@ -114,6 +118,8 @@ class Plan:
 
 Fits = Callable[[str, Sequence[Victim]], Placed | None]
 """Where the pod would go on the node with these victims' slices released; None if nowhere."""
+FreeSlices = Callable[[str, int], int]
+"""Free memory slices of a GPU (node, index) now."""
 
 
 @dataclass(slots=True)
@@ -121,6 +127,10 @@ class Search:
     """One preemption decision: the best plan over the candidate nodes."""
 
     fits: Fits
+    free_slices: FreeSlices
+    min_slices: int
+    """Fewest memory slices the pod can use on one GPU: a set of victims on a GPU whose slices
+    and the free ones add up to less cannot let it in there (no placement check needed)."""
     checks: int = 0
     refusing: tuple[str, ...] = ()
     """Budgets that stood in the way of the best plan that would have violated one."""
@@ -137,12 +147,14 @@ class Search:
         violating plans exist."""
         best: Plan | None = None
         violating: Plan | None = None
+        planned = 0
         for node in sorted(candidates):
-            if self.exhausted():
+            if self.exhausted() or planned >= PLAN_NODES:
                 break
             plan = self.on_node(node, candidates[node])
             if plan is None:
                 continue
+            planned += 1
             if plan.violations:
                 if violating is None or plan.score < violating.score:
                     violating = plan
@@ -155,7 +167,7 @@ class Search:
         return best
 
     def on_node(self, node: str, victims: list[Victim]) -> Plan | None:
-        if not victims or self._fits(node, victims) is None:
+        if not victims or self.exhausted() or self._fits(node, victims) is None:
             return None
         plans = [p for p in (self._exact(node, victims), self._reprieve(node, victims)) if p]
         return min(plans, key=lambda p: p.score, default=None)
@@ -175,11 +187,15 @@ class Search:
                 for combo in itertools.combinations(on_gpu, size)
             ]
             subsets.sort(key=score)
+            free = self.free_slices(node, gpu)
             for combo in subsets:
                 if best is not None and score(combo) >= best.score:
                     break
                 if self.exhausted():
                     break
+                freed = sum(s.size for v in combo for s in v.slots if s.gpu_index == gpu)
+                if free + freed < self.min_slices:
+                    continue
                 placed = self._fits(node, combo)
                 if placed is not None:
                     best = Plan(node=node, victims=combo, placed=placed, score=score(combo))
@@ -205,6 +221,8 @@ class Search:
                 chosen = trial
                 placed = found
         if placed is None:
+            if self.exhausted():
+                return None
             placed = self._fits(node, chosen)
             if placed is None:
                 return None

@@ -376,6 +376,7 @@ class PodSync:
                     order,
                     node_ok=self._node_ok_without_lower(pod, claims),
                     place_on=self._place_without(pod, claims, alternatives),
+                    min_slices=self._min_slices(alternatives),
                 )
         except (NotReady, PlacementProblem, ApiNotFoundError):
             return Result(Outcome.DONE)
@@ -615,6 +616,7 @@ class PodSync:
             order,
             node_ok=self._node_ok_without_lower(pod, claims),
             place_on=self._place_without(pod, claims, alternatives),
+            min_slices=self._min_slices(alternatives),
         )
         if isinstance(preemption, Preemption):
             return NoRoom(reason, preemption=preemption, held=preemption.hold)
@@ -630,6 +632,18 @@ class PodSync:
             due = None if bound is None else max(0.1, bound - (time.monotonic() - waiter.since))
             return NoRoom(reason, reserve_in=due)
         return NoRoom(reason, held=held, held_left=self._arbiter.still_waiting_for(held))
+
+    def _min_slices(self, alternatives: list[Alternative]) -> int:
+        """The fewest memory slices any device of any alternative takes on any GPU model: a
+        lower bound of what the pod needs on a GPU it is newly let into (state lock held)."""
+        inventory = self._state.engine.inventory
+        sizes = [
+            inventory.profile_slices(profile)[0]
+            for alternative in alternatives
+            for slot in alternative.slots
+            for profile in slot.candidates.profiles
+        ]
+        return max(1, min((s for s in sizes if s > 0), default=1))
 
     def _node_ok_without_lower(self, pod: PodView, claims: PodClaims) -> Callable[[str], bool]:
         """Whether the pod could go to a node once every pod of lower priority there is gone
