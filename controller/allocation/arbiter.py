@@ -276,19 +276,7 @@ class Arbiter:
                     + ", ".join(search.refusing)
                 )
             return None
-        grace = max(v.pod.termination_grace_seconds for v in plan.victims)
-        now = self._now()
-        hold = Hold(
-            pod_key=pod.key,
-            pod_uid=pod.uid,
-            order=order,
-            kind=HoldKind.PREEMPTION,
-            slots=whole_gpus(state.engine, plan.node, plan.gpus),
-            since=now,
-            expires=now + timedelta(seconds=grace + self._config.preemption_slack),
-            victims=tuple(v.key for v in plan.victims),
-        )
-        state.holds.add(hold)
+        hold = self._hold_for(pod, order, plan)
         logger.info(
             "pod %s (priority %d) preempts %s on node %s (%d fit checks)",
             pod.key,
@@ -298,6 +286,24 @@ class Arbiter:
             search.checks,
         )
         return Preemption(plan=plan, hold=hold)
+
+    def _hold_for(self, pod: PodView, order: PodOrder, plan: Plan) -> Hold:
+        """The GPUs the pod will use once the victims are gone, held for it until they are
+        (their longest grace period plus the slack)."""
+        grace = max(v.pod.termination_grace_seconds for v in plan.victims)
+        now = self._now()
+        hold = Hold(
+            pod_key=pod.key,
+            pod_uid=pod.uid,
+            order=order,
+            kind=HoldKind.PREEMPTION,
+            slots=whole_gpus(self._state.engine, plan.node, plan.gpus),
+            since=now,
+            expires=now + timedelta(seconds=grace + self._config.preemption_slack),
+            victims=tuple(v.key for v in plan.victims),
+        )
+        self._state.holds.add(hold)
+        return hold
 
     def _free_slices(self, node: str, index: int) -> int:
         try:
