@@ -266,7 +266,12 @@ class Arbiter:
             with self.released(slots), state.holds.lifted_for(order):
                 return place_on(node, [v.pod.uid for v in victims])
 
-        search = Search(fits=fits, free_slices=self._free_slices, min_slices=min_slices)
+        search = Search(
+            fits=fits,
+            free_slices=self._free_slices,
+            min_slices=min_slices,
+            stranded=self._stranded,
+        )
         with state.holds.lifted_for(order):  # the free slices it may use, for the pruning
             plan = search.best(candidates)
         if plan is None:
@@ -304,6 +309,15 @@ class Arbiter:
         )
         self._state.holds.add(hold)
         return hold
+
+    def _stranded(self, victims: Sequence[Victim]) -> int:
+        """Victims with a profile no GPU has a free placement of now (they cannot move)."""
+        engine = self._state.engine
+        return sum(
+            1
+            for v in victims
+            if any(s.profile and engine.free_instances(s.profile) == 0 for s in v.slots)
+        )
 
     def _free_slices(self, node: str, index: int) -> int:
         try:

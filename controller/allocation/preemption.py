@@ -12,8 +12,10 @@ does, with kube-scheduler's rules (``DefaultPreemption``):
   otherwise by kube-scheduler's reprieve (start with all gone, give each back, most important
   first, budget-violating ones before the others, and keep it if the pod still fits);
 - the node is chosen by the score: fewest PodDisruptionBudget violations, then the lowest highest
-  victim priority, the smallest sum of victim priorities, the fewest victims, and the latest start
-  of the most important victims (the least work lost);
+  victim priority, the smallest sum of victim priorities, the fewest victims, then — our MIG
+  extension — the fewest victims with no free placement of their profiles anywhere (a victim that
+  fits elsewhere *moves*: its controller's new pod is placed at once, so it loses a restart, not
+  its slice), and last the latest start of the most important victims (the least work lost);
 - a set that would violate a budget is never chosen: victims are evicted through the Eviction API,
   which refuses such an eviction; the pod then waits, and its condition names the budgets.
 
@@ -120,6 +122,12 @@ Fits = Callable[[str, Sequence[Victim]], Placed | None]
 """Where the pod would go on the node with these victims' slices released; None if nowhere."""
 FreeSlices = Callable[[str, int], int]
 """Free memory slices of a GPU (node, index) now."""
+Stranded = Callable[[Sequence[Victim]], int]
+"""How many of these victims could not be placed again anywhere now."""
+
+
+def _no_stranding(victims: Sequence[Victim]) -> int:
+    return 0
 
 
 @dataclass(slots=True)
@@ -131,6 +139,7 @@ class Search:
     min_slices: int
     """Fewest memory slices the pod can use on one GPU: a set of victims on a GPU whose slices
     and the free ones add up to less cannot let it in there (no placement check needed)."""
+    stranded: Stranded = _no_stranding
     checks: int = 0
     refusing: tuple[str, ...] = ()
     """Budgets that stood in the way of the best plan that would have violated one."""
@@ -158,13 +167,18 @@ class Search:
             if plan.violations:
                 if violating is None or plan.score < violating.score:
                     violating = plan
-            elif best is None or plan.score < best.score:
+            elif best is None or self._rank(plan) < self._rank(best):
                 best = plan
         if best is None and violating is not None:
             self.refusing = Budgets.violations(
                 [v.budgets for v in _by_importance(violating.victims)]
             )[1]
         return best
+
+    def _rank(self, plan: Plan) -> tuple[int, int, int, int, int, float]:
+        """The score with the victims that could not move elsewhere before the last tie-break."""
+        violations, highest, total, count, latest = plan.score
+        return (violations, highest, total, count, self.stranded(plan.victims), latest)
 
     def on_node(self, node: str, victims: list[Victim]) -> Plan | None:
         if not victims or self.exhausted() or self._fits(node, victims) is None:

@@ -533,3 +533,38 @@ def test_priorities_at_the_int32_limits_order_and_preempt(
     release_gone(api, ["low3"])
     wait_for(lambda: ungated(api, "top"), what="top placed")
     assert [n for n in running if gone(api, n)] == ["low3"]
+
+
+def test_among_equal_victim_sets_one_whose_victim_can_move_elsewhere_is_chosen(
+    apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack
+) -> None:
+    """node-a's one candidate is a 3g.20gb pod (no free 3g.20gb placement anywhere: it could not
+    run again), node-b's a 2g.10gb pod (node-c has a free 2g.10gb placement: its replacement runs
+    at once). Both sets score the same by kube-scheduler's rules; the one that moves wins."""
+    for node, labels in (("node-a", {"pool": "x"}), ("node-b", {"pool": "x"}), ("node-c", {})):
+        publish_node(api, node, gpus=1, labels=labels)
+    start_controller(apiserver, stack)
+    layout = [
+        ("victim-b", "node-b", "2g.10gb", 0),
+        ("victim-a", "node-a", "3g.20gb", 0),
+        ("keep-a", "node-a", "3g.20gb", 1000),
+        ("keep-b1", "node-b", "2g.10gb", 1000),
+        ("keep-b2", "node-b", "3g.20gb", 1000),
+        ("keep-c1", "node-c", "1g.5gb", 1000),
+        ("keep-c2", "node-c", "3g.20gb", 1000),
+    ]
+    for name, node, profile, priority in layout:
+        create_pod(
+            api,
+            name,
+            profile=profile,
+            priority=priority,
+            nodeSelector={"kubernetes.io/hostname": node},
+        )
+        wait_for(lambda n=name: ungated(api, n), what=name)  # type: ignore[misc]
+    create_pod(api, "urgent", profile="2g.10gb", priority=1000, nodeSelector={"pool": "x"})
+    wait_for(lambda: gone(api, "victim-b") or gone(api, "victim-a"), what="a victim")
+    release_gone(api, ["victim-a", "victim-b"])
+    wait_for(lambda: ungated(api, "urgent"), what="urgent placed")
+    assert gone(api, "victim-b")
+    assert not gone(api, "victim-a")
