@@ -43,10 +43,11 @@ EXACT_CANDIDATES = 8
 MAX_FIT_CHECKS = 3000
 """Placement checks one preemption decision may spend across all nodes (each takes about a
 hundred microseconds); past it the best plan found so far is taken."""
-PLAN_NODES = 16
+PLAN_NODES = 4
 """Nodes with a plan after which the search stops (kube-scheduler, too, compares the candidates
-of a sample of nodes, not of every node): enough to find the fewest, lowest-priority victims the
-fleet offers in practice, at a bounded cost under the allocator's lock."""
+of a sample of nodes, not of every node): the fewest victims of the lowest priorities show on
+the first nodes that have any, and the tie-breaks are not worth the allocator's lock for long
+(a node of 8 A100s full of 1g.5gb pods costs about 90 placement checks)."""
 
 _INT32_SPAN = 2**31
 
