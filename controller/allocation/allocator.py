@@ -227,8 +227,22 @@ class Allocator:
 
     @staticmethod
     def _unschedulable_preemptor(pod: PodView) -> bool:
-        """Scheduler mode: a pod kube-scheduler reports unschedulable that may preempt."""
-        return unbound_since(pod) is not None and may_preempt(pod)
+        """Scheduler mode: a pod with claims or classic requests that kube-scheduler reports
+        unschedulable and that may preempt."""
+        if not may_preempt(pod):
+            return False
+        if unbound_since(pod) is not None:
+            return True
+        return (
+            not pod.bound
+            and not pod.terminal
+            and not pod.meta.deleting
+            and pod.requests_resource(_is_classic_resource)
+            and any(
+                c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+                for c in pod.conditions
+            )
+        )
 
     @property
     def _handoff_unbound(self) -> bool:

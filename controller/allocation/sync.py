@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from api.names import DRIVER_NAME, SCHEDULING_GATE, classic_resource_name
+from api.names import CLASSIC_RESOURCE_PREFIX, DRIVER_NAME, SCHEDULING_GATE, classic_resource_name
 from controller.allocation import handoff
 from controller.allocation.arbiter import Arbiter, NoPreemption, Preemption
 from controller.allocation.conditions import ConditionReporter, PlacementProblem, Reason
@@ -348,7 +348,11 @@ class PodSync:
         lower-priority victims as in controller mode. kube-scheduler allocates once they are gone
         (its queue retries the pod on claim changes, higher priorities first)."""
         try:
-            claims = sort_claims(dra_claims(pod, claims=self._claim), [], classes=self._class)
+            claims = sort_claims(
+                dra_claims(pod, claims=self._claim),
+                self._intended_classic_claims(pod),
+                classes=self._class,
+            )
             if not claims.to_allocate:
                 return Result(Outcome.DONE)
             state = self._state
@@ -358,10 +362,17 @@ class PodSync:
                 if state.holds.get(pod.uid, HoldKind.PREEMPTION) is not None:
                     return Result(Outcome.DONE)  # under way; looked at again when it is over
                 order = state.order_of(pod)
-                fits = state.nodes.for_pod(pod)
+                # kube-scheduler serves classic requests through DRA here: no node lists them
+                usage = {
+                    name: value
+                    for name, value in pod_usage(pod).items()
+                    if not name.startswith(CLASSIC_RESOURCE_PREFIX)
+                }
 
                 def node_ok(node: str) -> bool:
-                    return claims.allows(node) and fits(node)
+                    return claims.allows(node) and (
+                        state.nodes.why_not(pod, node, usage=usage) is None
+                    )
 
                 alternatives = build_alternatives(
                     claims.to_allocate, classes=self._class, cache=state.candidates
@@ -374,8 +385,8 @@ class PodSync:
                 decided = self._arbiter.preempt(
                     pod,
                     order,
-                    node_ok=self._node_ok_without_lower(pod, claims),
-                    place_on=self._place_without(pod, claims, alternatives),
+                    node_ok=self._node_ok_without_lower(pod, claims, usage=usage),
+                    place_on=self._place_without(pod, claims, alternatives, usage=usage),
                     min_slices=self._min_slices(alternatives),
                 )
         except (NotReady, PlacementProblem, ApiNotFoundError):
@@ -386,6 +397,17 @@ class PodSync:
         if result.outcome is Outcome.WAIT_CAPACITY:  # looked at again when the hold ends
             return Result(Outcome.RETRY_AFTER, max(result.delay, self.config.preemption_retry))
         return result
+
+    def _intended_classic_claims(self, pod: PodView) -> list[ClaimView]:
+        """Scheduler mode: the claims kube-scheduler would make for a pod's classic requests
+        (``extendedResourceName``) — our shadow claims' shape, never written — so that what
+        the pod needs can be weighed before any claim of it exists."""
+        claims = []
+        for index, request in enumerate(self._classic_requests(pod)):
+            body = shadow.shadow_claim(pod, request)
+            body["metadata"]["uid"] = f"{pod.uid}-classic-{index}"
+            claims.append(ClaimView.of(body))
+        return claims
 
     def unbound(self, pod: PodView) -> Result:
         """A pod we ungated that kube-scheduler has not bound: past ``handoff_after``, withdraw our
@@ -645,11 +667,13 @@ class PodSync:
         ]
         return max(1, min((s for s in sizes if s > 0), default=1))
 
-    def _node_ok_without_lower(self, pod: PodView, claims: PodClaims) -> Callable[[str], bool]:
+    def _node_ok_without_lower(
+        self, pod: PodView, claims: PodClaims, *, usage: dict[str, int] | None = None
+    ) -> Callable[[str], bool]:
         """Whether the pod could go to a node once every pod of lower priority there is gone
         (what preemption may free; the state lock held)."""
         nodes = self._state.nodes
-        usage = pod_usage(pod)
+        usage = usage if usage is not None else pod_usage(pod)
         lower: list[str] = []
         listed = False
 
@@ -668,12 +692,17 @@ class PodSync:
         return ok
 
     def _place_without(
-        self, pod: PodView, claims: PodClaims, alternatives: list[Alternative]
+        self,
+        pod: PodView,
+        claims: PodClaims,
+        alternatives: list[Alternative],
+        *,
+        usage: dict[str, int] | None = None,
     ) -> Callable[[str, Sequence[str]], Placed | None]:
         """The pod's placement on a node with some pods' usage of it not counted (their MIG
         slices the arbiter releases itself)."""
         nodes = self._state.nodes
-        usage = pod_usage(pod)
+        usage = usage if usage is not None else pod_usage(pod)
 
         def place(node: str, without: Sequence[str]) -> Placed | None:
             def ok(name: str) -> bool:

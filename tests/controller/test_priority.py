@@ -568,3 +568,39 @@ def test_among_equal_victim_sets_one_whose_victim_can_move_elsewhere_is_chosen(
     wait_for(lambda: ungated(api, "urgent"), what="urgent placed")
     assert gone(api, "victim-b")
     assert not gone(api, "victim-a")
+
+
+def test_scheduler_mode_preempts_for_a_classic_pod_kube_scheduler_reports_unschedulable(
+    apiserver: LocalApiServer, api: KubeClusterApi, stack: ExitStack
+) -> None:
+    """With ``extendedResourceName`` kube-scheduler makes a classic pod's claim only once it can
+    allocate it; the controller weighs the pod's classic requests as the claim they would be."""
+    publish_node(api, "node-a", gpus=1)
+    with ExitStack() as placing:
+        start_controller(apiserver, placing, sync=NO_PREEMPTION)
+        running = fill_gpu(api, [0, 0, 0, 5, 5, 5, 5])
+    start_controller(apiserver, stack, sync=SyncConfig(scheduler_mode=True))
+    api.create(
+        PODS,
+        pod_object(
+            "classic-high",
+            classic={"nvidia.com/mig-1g.5gb": 1},
+            gates=(),
+            **priority_spec(api, 1000),
+        ),
+        namespace=NS,
+    )
+    ops.set_pod_condition(
+        api,
+        pod=get_pod(api, "classic-high"),
+        condition_type="PodScheduled",
+        status="False",
+        reason="Unschedulable",
+        message="0/1 nodes are available: 1 cannot allocate all claims.",
+        now=datetime.now(UTC),
+    )
+    wait_for(lambda: any(gone(api, n) for n in running), timeout=15, what="a victim evicted")
+    time.sleep(0.5)
+    evicted = [n for n in running if gone(api, n)]
+    assert len(evicted) == 1
+    assert evicted[0] in running[:3]
