@@ -21,6 +21,7 @@ from tests.e2e.conftest import E2E_NS
 from tests.e2e.helpers import (
     apply,
     claim_template,
+    classic_pod,
     dra_pod,
     get_pod,
     is_gated,
@@ -32,6 +33,7 @@ from tests.e2e.helpers import (
     wait_pod_running,
     wait_running,
 )
+from tests.real.test_modes import to_controller_mode, to_scheduler_mode
 
 PRIORITY_CLASSES = Resource(
     group="scheduling.k8s.io",
@@ -463,3 +465,35 @@ def test_scheduler_mode_the_controller_preempts_for_a_pod_kube_scheduler_cannot_
     assert len(evicted) == 1, evicted
     assert int(evicted[0].removeprefix("low-")) % 2 == 1, "not a lowest-priority victim"
     print(f"scheduler mode: urgent Running {to_running:.1f}s after creation; victims {evicted}")
+
+
+def test_scheduler_mode_the_controller_preempts_for_a_classic_pod(classes: RealStack) -> None:
+    """extendedResourceName on, the shim off: kube-scheduler serves nvidia.com/mig-* requests
+    through DRA and reports a classic pod without room Unschedulable; the controller evicts a
+    lower-priority holder and kube-scheduler then places the pod."""
+    cluster = classes
+    to_scheduler_mode(cluster)
+    try:
+        spec = [(f"low-{i}", "e2e-low" if i % 2 else "e2e-mid") for i in range(8)]
+        for name, priority_class in spec:
+            body = classic_pod(name, profile="3g.20gb", namespace=E2E_NS)
+            body["spec"]["priorityClassName"] = priority_class
+            body["spec"]["terminationGracePeriodSeconds"] = 1
+            apply(cluster, [body])
+        wait_running(cluster, E2E_NS, 8)
+        urgent = classic_pod("urgent", profile="3g.20gb", namespace=E2E_NS)
+        urgent["spec"]["priorityClassName"] = "e2e-high"
+        started = time.monotonic()
+        apply(cluster, [urgent])
+        wait_pod_running(cluster, E2E_NS, "urgent")
+        to_running = time.monotonic() - started
+        evicted = [name for name, _ in spec if gone(cluster, name)]
+        assert len(evicted) == 1, evicted
+        assert int(evicted[0].removeprefix("low-")) % 2 == 1, "not a lowest-priority victim"
+        print(f"scheduler mode, classic: urgent Running {to_running:.1f}s; victims {evicted}")
+        for p in pods(cluster, E2E_NS):
+            with contextlib.suppress(ApiNotFoundError):
+                cluster.api.delete(PODS, name=p["metadata"]["name"], namespace=E2E_NS)
+        wait_for(cluster, lambda: not pods(cluster, E2E_NS) or None, message="pods not gone")
+    finally:
+        to_controller_mode(cluster)
