@@ -147,6 +147,25 @@ def fill_gpu(api: KubeClusterApi, priorities: list[int], *, prefix: str = "low")
     return names
 
 
+def one_victim_for_unschedulable(api: KubeClusterApi, name: str, running: list[str]) -> None:
+    """Report the pod Unschedulable as kube-scheduler would, then the one pod evicted for it,
+    which must be among the first three of ``running`` (the lowest priority in these tests)."""
+    ops.set_pod_condition(
+        api,
+        pod=get_pod(api, name),
+        condition_type="PodScheduled",
+        status="False",
+        reason="Unschedulable",
+        message="0/1 nodes are available: 1 cannot allocate all claims.",
+        now=datetime.now(UTC),
+    )
+    wait_for(lambda: any(gone(api, n) for n in running), timeout=15, what="a victim evicted")
+    time.sleep(0.5)
+    evicted = [n for n in running if gone(api, n)]
+    assert len(evicted) == 1
+    assert evicted[0] in running[:3]
+
+
 def events_for(api: KubeClusterApi, name: str, reason: str) -> list[JsonObject]:
     return [
         e
@@ -452,20 +471,7 @@ def test_scheduler_mode_preempts_for_a_pod_kube_scheduler_reports_unschedulable(
         pod_object("high", claims=["high-claim"], gates=(), **priority_spec(api, 1000)),
         namespace=NS,
     )
-    ops.set_pod_condition(
-        api,
-        pod=get_pod(api, "high"),
-        condition_type="PodScheduled",
-        status="False",
-        reason="Unschedulable",
-        message="0/1 nodes are available: 1 cannot allocate all claims.",
-        now=datetime.now(UTC),
-    )
-    wait_for(lambda: any(gone(api, n) for n in running), timeout=15, what="a victim evicted")
-    time.sleep(0.5)
-    evicted = [n for n in running if gone(api, n)]
-    assert len(evicted) == 1
-    assert evicted[0] in running[:3]  # one of the lowest priority
+    one_victim_for_unschedulable(api, "high", running)
     assert get_pod(api, "high")["status"].get("nominatedNodeName") == "node-a"
 
 
@@ -590,17 +596,4 @@ def test_scheduler_mode_preempts_for_a_classic_pod_kube_scheduler_reports_unsche
         ),
         namespace=NS,
     )
-    ops.set_pod_condition(
-        api,
-        pod=get_pod(api, "classic-high"),
-        condition_type="PodScheduled",
-        status="False",
-        reason="Unschedulable",
-        message="0/1 nodes are available: 1 cannot allocate all claims.",
-        now=datetime.now(UTC),
-    )
-    wait_for(lambda: any(gone(api, n) for n in running), timeout=15, what="a victim evicted")
-    time.sleep(0.5)
-    evicted = [n for n in running if gone(api, n)]
-    assert len(evicted) == 1
-    assert evicted[0] in running[:3]
+    one_victim_for_unschedulable(api, "classic-high", running)
