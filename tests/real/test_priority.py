@@ -184,8 +184,11 @@ def test_waiting_pods_are_placed_in_priority_order_as_slices_free_one_at_a_time(
     classes: RealStack,
 ) -> None:
     """Twenty waiting pods of four priorities (none may preempt: the running ones are of the
-    highest class); every slice freed goes to the first of them in priority, then age order."""
+    highest class); every slice freed goes to the first of them in priority, then age order.
+    The hand-off is off: a pod handed to kube-scheduler is served in kube-scheduler's order."""
     cluster = classes
+    cluster.restart_controllers(["--handoff-after", "0"])
+    cluster.wait_ready()
     values = {"e2e-o0": 10, "e2e-o1": 20, "e2e-o2": 30, "e2e-o3": 40}
     for name, value in values.items():
         with contextlib.suppress(Exception):
@@ -234,6 +237,7 @@ def test_waiting_pods_are_placed_in_priority_order_as_slices_free_one_at_a_time(
             running_names.append(newly[0])
         assert placed == expected
     finally:
+        cluster.restart_controllers()
         for name in values:
             with contextlib.suppress(ApiNotFoundError):
                 cluster.api.delete(PRIORITY_CLASSES, name=name)
