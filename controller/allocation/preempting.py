@@ -94,6 +94,8 @@ class Preempting:
     def drop_hold(self, pod: PodView, kind: HoldKind) -> None:
         with self._state.lock:
             released = bool(self._state.holds.drop(pod.uid, kind))
+            if released:
+                self._state.waiting.capacity_changed()
         if released:
             self._wake_waiting()
 

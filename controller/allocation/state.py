@@ -93,12 +93,16 @@ class AllocationState(SliceState):
         """True if slices were freed."""
         with self.lock:
             freed = self.occupancy.observe(claim)
+            if freed:  # with the release, so no decision sees the room at the old epoch
+                self.waiting.capacity_changed()
         self._advance(parse_rv(ClaimView.of(claim)))
         return freed
 
     def claim_deleted(self, claim: JsonObject) -> bool:
         with self.lock:
             freed = self.occupancy.forget(claim)
+            if freed:
+                self.waiting.capacity_changed()
         self._advance(parse_rv(ClaimView.of(claim)))
         return freed
 
@@ -200,7 +204,10 @@ class AllocationState(SliceState):
         self._seen_pods.pop(uid, None)
         with self.lock:
             self.waiting.remove(key)
-            return bool(self.holds.drop(uid))
+            released = bool(self.holds.drop(uid))
+            if released:
+                self.waiting.capacity_changed()
+            return released
 
     def hold_counts(self) -> dict[str, int]:
         """Active holds by kind (metric)."""

@@ -493,6 +493,8 @@ class PodSync:
             if state.occupancy.known_allocated(claim.uid):
                 raise ConflictError(f"claim {claim.name} was allocated meanwhile")
         released = bool(state.holds.expire(self._clock.now()))
+        if released:
+            state.waiting.capacity_changed()
         state.holds.drop(pod.uid, HoldKind.NEXT)  # deciding for real now
         order = state.order_of(pod)
         fits = state.nodes.for_pod(pod)
@@ -520,11 +522,11 @@ class PodSync:
                     permanent=False,
                 )
         if found is not None:
-            return (
-                self._reserve_decision(pod, to_allocate, found),
-                woken,
-                released or bool(state.holds.drop(pod.uid)),
-            )
+            decision = self._reserve_decision(pod, to_allocate, found)
+            if state.holds.drop(pod.uid):  # what it held beyond its placement is free again
+                state.waiting.capacity_changed()
+                released = True
+            return decision, woken, released
         assert first is not None
         if permanent:
             state.waiting.remove(pod.key)

@@ -3,9 +3,11 @@
 A pod that found no room is registered here with what its next try needs (its view and its
 claims). When another pod is about to take capacity, the waiting pods *ahead* of it in the order
 (``priority``) are tried first, each at most once per ``epoch``: the epoch moves whenever capacity
-may have been freed (a claim released, a slice published, a node changed), and between two moves
-the free capacity only shrinks, so a pod that did not fit at an epoch fits at none of its later
-decisions within it. Not thread-safe: used under the state lock.
+may have been freed (a claim released, a hold dropped, a slice published, a node changed), and
+between two moves the free capacity only shrinks, so a pod that did not fit at an epoch fits at
+none of its later decisions within it. A release of slices moves the epoch under the same lock
+hold as the release itself: a decision that sees the room also sees the new epoch. Not
+thread-safe: used under the state lock.
 """
 
 from __future__ import annotations
