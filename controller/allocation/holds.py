@@ -255,6 +255,3 @@ class Holds:
 
     def count(self, kind: HoldKind) -> int:
         return sum(1 for h in self._holds.values() if h.kind is kind)
-
-    def __len__(self) -> int:
-        return len(self._holds)

@@ -66,9 +66,6 @@ class WaitingPods:
                 del self._sorted[at]
         return waiter
 
-    def get(self, key: str) -> Waiter | None:
-        return self._by_key.get(key)
-
     def ahead_of(self, order: PodOrder) -> Iterator[Waiter]:
         """Waiting pods served before ``order`` that may fit now (not yet tried at this epoch),
         first in the order first. Safe to ``remove`` while iterating."""
@@ -81,9 +78,3 @@ class WaitingPods:
     def clear(self) -> None:
         self._by_key.clear()
         self._sorted.clear()
-
-    def __len__(self) -> int:
-        return len(self._by_key)
-
-    def __iter__(self) -> Iterator[Waiter]:
-        return iter(list(self._by_key.values()))

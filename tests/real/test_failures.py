@@ -54,13 +54,9 @@ def test_a_kubelet_killed_mid_burst_and_restarted(cluster: RealStack) -> None:
     wait_running(cluster, E2E_NS, BURST)
 
 
-def test_the_leader_killed_mid_burst_the_standby_takes_over(cluster: RealStack) -> None:
-    _dra_burst(cluster, "leader-crash")
-    wait_for(
-        cluster,
-        lambda: any(not is_gated(p) for p in pods(cluster, E2E_NS)),
-        message="the controller placed no pod",
-    )
+def kill_the_leader(cluster: RealStack) -> None:
+    """SIGKILL the controller replica that holds the lease, wait until the standby holds it, then
+    start the killed one again (as the standby)."""
     holder = cluster.leader()
     assert holder is not None
     leader = next(
@@ -75,6 +71,16 @@ def test_the_leader_killed_mid_burst_the_standby_takes_over(cluster: RealStack) 
             time.sleep(0.2)
     finally:
         leader.start()
+
+
+def test_the_leader_killed_mid_burst_the_standby_takes_over(cluster: RealStack) -> None:
+    _dra_burst(cluster, "leader-crash")
+    wait_for(
+        cluster,
+        lambda: any(not is_gated(p) for p in pods(cluster, E2E_NS)),
+        message="the controller placed no pod",
+    )
+    kill_the_leader(cluster)
     wait_running(cluster, E2E_NS, BURST)
     cluster.wait_ready()
 

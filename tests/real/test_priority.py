@@ -33,6 +33,7 @@ from tests.e2e.helpers import (
     wait_pod_running,
     wait_running,
 )
+from tests.real.test_failures import kill_the_leader
 from tests.real.test_modes import to_controller_mode, to_scheduler_mode
 
 PRIORITY_CLASSES = Resource(
@@ -249,11 +250,6 @@ def test_the_leader_killed_mid_preemption_evicts_no_more_and_the_preemptor_runs(
     cluster = classes
     spec = [(f"low-{i}", "e2e-low", None) for i in range(8)]
     fill(cluster, spec)
-    holder = cluster.leader()
-    assert holder is not None
-    leader = next(
-        c for c in cluster.controllers if c.pid is not None and holder.endswith(f"_{c.pid}")
-    )
     apply(cluster, [pod("urgent", priority_class="e2e-high")])
     wait_for(
         cluster,
@@ -266,14 +262,7 @@ def test_the_leader_killed_mid_preemption_evicts_no_more_and_the_preemptor_runs(
         ),
         message="no hold recorded on the preemptor",
     )
-    leader.kill()
-    try:
-        deadline = time.monotonic() + 30
-        while cluster.leader() in (None, holder):
-            assert time.monotonic() < deadline, "the standby did not take over"
-            time.sleep(0.2)
-    finally:
-        leader.start()
+    kill_the_leader(cluster)
     wait_pod_running(cluster, E2E_NS, "urgent")
     time.sleep(HOLD_S)
     evicted = [name for name, _, _ in spec if gone(cluster, name)]

@@ -177,10 +177,6 @@ class PodView(LazyView):
         return text(self._status.get("startTime"))
 
     @lazy
-    def nominated_node_name(self) -> str:
-        return text(self._status.get("nominatedNodeName"))
-
-    @lazy
     def phase(self) -> str:
         return text(self._status.get("phase"))
 
