@@ -48,8 +48,11 @@ lock: $(PY) ## re-resolve requirements/*.lock from pyproject.toml (newest allowe
 	mv requirements/dev.lock.in-progress requirements/dev.lock
 	$(UV_COMPILE) --upgrade requirements/build.in -c requirements/dev.lock -o requirements/build.lock
 
-protos: $(INSTALLED) ## regenerate the kubelet API stubs in protos/ from the .proto files
+protos: $(INSTALLED) ## regenerate the gRPC stubs from the .proto files (protos/: the kubelet's APIs; tests/autoscale/protos/: the test cloud provider's)
 	$(PY) -m protos.generate
+
+protos-check: $(INSTALLED) ## fail, listing them, when committed gRPC stubs differ from what `make protos` writes; touches nothing
+	$(PY) -m protos.generate --check
 
 lint: $(INSTALLED) ## ruff check + format check
 	$(PY) -m ruff check .

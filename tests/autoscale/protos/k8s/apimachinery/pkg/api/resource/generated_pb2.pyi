@@ -4,7 +4,7 @@ isort:skip_file
 Kubernetes v1.36.2 k8s.io/apimachinery/pkg/api/resource/generated.proto (written by go-to-protobuf), cut
 down to the messages that k8s.io.api.core.v1.Node uses, directly or not. Those are copied
 unchanged; the file's other messages are left out, and the imports name the other
-cut-down copies under protos/k8s/ (protos/README.md).
+cut-down copies under tests/autoscale/protos/k8s/ (tests/autoscale/protos/README.md).
 """
 
 from google.protobuf import descriptor as _descriptor

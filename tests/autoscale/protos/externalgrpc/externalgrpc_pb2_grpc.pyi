@@ -18,7 +18,7 @@ limitations under the License.
 """
 
 from collections import abc as _abc
-from protos.externalgrpc import externalgrpc_pb2 as _externalgrpc_pb2
+from tests.autoscale.protos.externalgrpc import externalgrpc_pb2 as _externalgrpc_pb2
 import abc as _abc_1
 import grpc as _grpc
 

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos.externalgrpc import externalgrpc_pb2 as protos_dot_externalgrpc_dot_externalgrpc__pb2
+from tests.autoscale.protos.externalgrpc import externalgrpc_pb2 as tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2
 
 GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/externalgrpc/externalgrpc_pb2_grpc.py depends on'
+        + ' but the generated code in tests/autoscale/protos/externalgrpc/externalgrpc_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,78 +37,78 @@ class CloudProviderStub:
         """
         self.NodeGroups = channel.unary_unary(
                 '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/NodeGroups',
-                request_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupsRequest.SerializeToString,
-                response_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupsResponse.FromString,
+                request_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupsRequest.SerializeToString,
+                response_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupsResponse.FromString,
                 _registered_method=True)
         self.NodeGroupForNode = channel.unary_unary(
                 '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/NodeGroupForNode',
-                request_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupForNodeRequest.SerializeToString,
-                response_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupForNodeResponse.FromString,
+                request_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupForNodeRequest.SerializeToString,
+                response_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupForNodeResponse.FromString,
                 _registered_method=True)
         self.PricingNodePrice = channel.unary_unary(
                 '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/PricingNodePrice',
-                request_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.PricingNodePriceRequest.SerializeToString,
-                response_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.PricingNodePriceResponse.FromString,
+                request_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.PricingNodePriceRequest.SerializeToString,
+                response_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.PricingNodePriceResponse.FromString,
                 _registered_method=True)
         self.PricingPodPrice = channel.unary_unary(
                 '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/PricingPodPrice',
-                request_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.PricingPodPriceRequest.SerializeToString,
-                response_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.PricingPodPriceResponse.FromString,
+                request_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.PricingPodPriceRequest.SerializeToString,
+                response_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.PricingPodPriceResponse.FromString,
                 _registered_method=True)
         self.GPULabel = channel.unary_unary(
                 '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/GPULabel',
-                request_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.GPULabelRequest.SerializeToString,
-                response_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.GPULabelResponse.FromString,
+                request_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.GPULabelRequest.SerializeToString,
+                response_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.GPULabelResponse.FromString,
                 _registered_method=True)
         self.GetAvailableGPUTypes = channel.unary_unary(
                 '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/GetAvailableGPUTypes',
-                request_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.GetAvailableGPUTypesRequest.SerializeToString,
-                response_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.GetAvailableGPUTypesResponse.FromString,
+                request_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.GetAvailableGPUTypesRequest.SerializeToString,
+                response_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.GetAvailableGPUTypesResponse.FromString,
                 _registered_method=True)
         self.Cleanup = channel.unary_unary(
                 '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/Cleanup',
-                request_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.CleanupRequest.SerializeToString,
-                response_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.CleanupResponse.FromString,
+                request_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.CleanupRequest.SerializeToString,
+                response_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.CleanupResponse.FromString,
                 _registered_method=True)
         self.Refresh = channel.unary_unary(
                 '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/Refresh',
-                request_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.RefreshRequest.SerializeToString,
-                response_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.RefreshResponse.FromString,
+                request_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.RefreshRequest.SerializeToString,
+                response_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.RefreshResponse.FromString,
                 _registered_method=True)
         self.NodeGroupTargetSize = channel.unary_unary(
                 '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/NodeGroupTargetSize',
-                request_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupTargetSizeRequest.SerializeToString,
-                response_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupTargetSizeResponse.FromString,
+                request_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupTargetSizeRequest.SerializeToString,
+                response_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupTargetSizeResponse.FromString,
                 _registered_method=True)
         self.NodeGroupIncreaseSize = channel.unary_unary(
                 '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/NodeGroupIncreaseSize',
-                request_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupIncreaseSizeRequest.SerializeToString,
-                response_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupIncreaseSizeResponse.FromString,
+                request_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupIncreaseSizeRequest.SerializeToString,
+                response_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupIncreaseSizeResponse.FromString,
                 _registered_method=True)
         self.NodeGroupDeleteNodes = channel.unary_unary(
                 '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/NodeGroupDeleteNodes',
-                request_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupDeleteNodesRequest.SerializeToString,
-                response_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupDeleteNodesResponse.FromString,
+                request_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupDeleteNodesRequest.SerializeToString,
+                response_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupDeleteNodesResponse.FromString,
                 _registered_method=True)
         self.NodeGroupDecreaseTargetSize = channel.unary_unary(
                 '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/NodeGroupDecreaseTargetSize',
-                request_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupDecreaseTargetSizeRequest.SerializeToString,
-                response_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupDecreaseTargetSizeResponse.FromString,
+                request_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupDecreaseTargetSizeRequest.SerializeToString,
+                response_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupDecreaseTargetSizeResponse.FromString,
                 _registered_method=True)
         self.NodeGroupNodes = channel.unary_unary(
                 '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/NodeGroupNodes',
-                request_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupNodesRequest.SerializeToString,
-                response_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupNodesResponse.FromString,
+                request_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupNodesRequest.SerializeToString,
+                response_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupNodesResponse.FromString,
                 _registered_method=True)
         self.NodeGroupTemplateNodeInfo = channel.unary_unary(
                 '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/NodeGroupTemplateNodeInfo',
-                request_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupTemplateNodeInfoRequest.SerializeToString,
-                response_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupTemplateNodeInfoResponse.FromString,
+                request_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupTemplateNodeInfoRequest.SerializeToString,
+                response_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupTemplateNodeInfoResponse.FromString,
                 _registered_method=True)
         self.NodeGroupGetOptions = channel.unary_unary(
                 '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/NodeGroupGetOptions',
-                request_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupAutoscalingOptionsRequest.SerializeToString,
-                response_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupAutoscalingOptionsResponse.FromString,
+                request_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupAutoscalingOptionsRequest.SerializeToString,
+                response_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupAutoscalingOptionsResponse.FromString,
                 _registered_method=True)
 
 
@@ -250,78 +250,78 @@ def add_CloudProviderServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'NodeGroups': grpc.unary_unary_rpc_method_handler(
                     servicer.NodeGroups,
-                    request_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupsRequest.FromString,
-                    response_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupsResponse.SerializeToString,
+                    request_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupsRequest.FromString,
+                    response_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupsResponse.SerializeToString,
             ),
             'NodeGroupForNode': grpc.unary_unary_rpc_method_handler(
                     servicer.NodeGroupForNode,
-                    request_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupForNodeRequest.FromString,
-                    response_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupForNodeResponse.SerializeToString,
+                    request_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupForNodeRequest.FromString,
+                    response_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupForNodeResponse.SerializeToString,
             ),
             'PricingNodePrice': grpc.unary_unary_rpc_method_handler(
                     servicer.PricingNodePrice,
-                    request_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.PricingNodePriceRequest.FromString,
-                    response_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.PricingNodePriceResponse.SerializeToString,
+                    request_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.PricingNodePriceRequest.FromString,
+                    response_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.PricingNodePriceResponse.SerializeToString,
             ),
             'PricingPodPrice': grpc.unary_unary_rpc_method_handler(
                     servicer.PricingPodPrice,
-                    request_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.PricingPodPriceRequest.FromString,
-                    response_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.PricingPodPriceResponse.SerializeToString,
+                    request_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.PricingPodPriceRequest.FromString,
+                    response_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.PricingPodPriceResponse.SerializeToString,
             ),
             'GPULabel': grpc.unary_unary_rpc_method_handler(
                     servicer.GPULabel,
-                    request_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.GPULabelRequest.FromString,
-                    response_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.GPULabelResponse.SerializeToString,
+                    request_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.GPULabelRequest.FromString,
+                    response_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.GPULabelResponse.SerializeToString,
             ),
             'GetAvailableGPUTypes': grpc.unary_unary_rpc_method_handler(
                     servicer.GetAvailableGPUTypes,
-                    request_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.GetAvailableGPUTypesRequest.FromString,
-                    response_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.GetAvailableGPUTypesResponse.SerializeToString,
+                    request_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.GetAvailableGPUTypesRequest.FromString,
+                    response_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.GetAvailableGPUTypesResponse.SerializeToString,
             ),
             'Cleanup': grpc.unary_unary_rpc_method_handler(
                     servicer.Cleanup,
-                    request_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.CleanupRequest.FromString,
-                    response_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.CleanupResponse.SerializeToString,
+                    request_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.CleanupRequest.FromString,
+                    response_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.CleanupResponse.SerializeToString,
             ),
             'Refresh': grpc.unary_unary_rpc_method_handler(
                     servicer.Refresh,
-                    request_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.RefreshRequest.FromString,
-                    response_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.RefreshResponse.SerializeToString,
+                    request_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.RefreshRequest.FromString,
+                    response_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.RefreshResponse.SerializeToString,
             ),
             'NodeGroupTargetSize': grpc.unary_unary_rpc_method_handler(
                     servicer.NodeGroupTargetSize,
-                    request_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupTargetSizeRequest.FromString,
-                    response_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupTargetSizeResponse.SerializeToString,
+                    request_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupTargetSizeRequest.FromString,
+                    response_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupTargetSizeResponse.SerializeToString,
             ),
             'NodeGroupIncreaseSize': grpc.unary_unary_rpc_method_handler(
                     servicer.NodeGroupIncreaseSize,
-                    request_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupIncreaseSizeRequest.FromString,
-                    response_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupIncreaseSizeResponse.SerializeToString,
+                    request_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupIncreaseSizeRequest.FromString,
+                    response_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupIncreaseSizeResponse.SerializeToString,
             ),
             'NodeGroupDeleteNodes': grpc.unary_unary_rpc_method_handler(
                     servicer.NodeGroupDeleteNodes,
-                    request_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupDeleteNodesRequest.FromString,
-                    response_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupDeleteNodesResponse.SerializeToString,
+                    request_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupDeleteNodesRequest.FromString,
+                    response_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupDeleteNodesResponse.SerializeToString,
             ),
             'NodeGroupDecreaseTargetSize': grpc.unary_unary_rpc_method_handler(
                     servicer.NodeGroupDecreaseTargetSize,
-                    request_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupDecreaseTargetSizeRequest.FromString,
-                    response_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupDecreaseTargetSizeResponse.SerializeToString,
+                    request_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupDecreaseTargetSizeRequest.FromString,
+                    response_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupDecreaseTargetSizeResponse.SerializeToString,
             ),
             'NodeGroupNodes': grpc.unary_unary_rpc_method_handler(
                     servicer.NodeGroupNodes,
-                    request_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupNodesRequest.FromString,
-                    response_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupNodesResponse.SerializeToString,
+                    request_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupNodesRequest.FromString,
+                    response_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupNodesResponse.SerializeToString,
             ),
             'NodeGroupTemplateNodeInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.NodeGroupTemplateNodeInfo,
-                    request_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupTemplateNodeInfoRequest.FromString,
-                    response_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupTemplateNodeInfoResponse.SerializeToString,
+                    request_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupTemplateNodeInfoRequest.FromString,
+                    response_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupTemplateNodeInfoResponse.SerializeToString,
             ),
             'NodeGroupGetOptions': grpc.unary_unary_rpc_method_handler(
                     servicer.NodeGroupGetOptions,
-                    request_deserializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupAutoscalingOptionsRequest.FromString,
-                    response_serializer=protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupAutoscalingOptionsResponse.SerializeToString,
+                    request_deserializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupAutoscalingOptionsRequest.FromString,
+                    response_serializer=tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupAutoscalingOptionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -350,8 +350,8 @@ class CloudProvider:
             request,
             target,
             '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/NodeGroups',
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupsRequest.SerializeToString,
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupsResponse.FromString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupsRequest.SerializeToString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -377,8 +377,8 @@ class CloudProvider:
             request,
             target,
             '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/NodeGroupForNode',
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupForNodeRequest.SerializeToString,
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupForNodeResponse.FromString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupForNodeRequest.SerializeToString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupForNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -404,8 +404,8 @@ class CloudProvider:
             request,
             target,
             '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/PricingNodePrice',
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.PricingNodePriceRequest.SerializeToString,
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.PricingNodePriceResponse.FromString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.PricingNodePriceRequest.SerializeToString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.PricingNodePriceResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -431,8 +431,8 @@ class CloudProvider:
             request,
             target,
             '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/PricingPodPrice',
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.PricingPodPriceRequest.SerializeToString,
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.PricingPodPriceResponse.FromString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.PricingPodPriceRequest.SerializeToString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.PricingPodPriceResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -458,8 +458,8 @@ class CloudProvider:
             request,
             target,
             '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/GPULabel',
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.GPULabelRequest.SerializeToString,
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.GPULabelResponse.FromString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.GPULabelRequest.SerializeToString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.GPULabelResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -485,8 +485,8 @@ class CloudProvider:
             request,
             target,
             '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/GetAvailableGPUTypes',
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.GetAvailableGPUTypesRequest.SerializeToString,
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.GetAvailableGPUTypesResponse.FromString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.GetAvailableGPUTypesRequest.SerializeToString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.GetAvailableGPUTypesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -512,8 +512,8 @@ class CloudProvider:
             request,
             target,
             '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/Cleanup',
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.CleanupRequest.SerializeToString,
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.CleanupResponse.FromString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.CleanupRequest.SerializeToString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.CleanupResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -539,8 +539,8 @@ class CloudProvider:
             request,
             target,
             '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/Refresh',
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.RefreshRequest.SerializeToString,
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.RefreshResponse.FromString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.RefreshRequest.SerializeToString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.RefreshResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -566,8 +566,8 @@ class CloudProvider:
             request,
             target,
             '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/NodeGroupTargetSize',
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupTargetSizeRequest.SerializeToString,
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupTargetSizeResponse.FromString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupTargetSizeRequest.SerializeToString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupTargetSizeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -593,8 +593,8 @@ class CloudProvider:
             request,
             target,
             '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/NodeGroupIncreaseSize',
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupIncreaseSizeRequest.SerializeToString,
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupIncreaseSizeResponse.FromString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupIncreaseSizeRequest.SerializeToString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupIncreaseSizeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -620,8 +620,8 @@ class CloudProvider:
             request,
             target,
             '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/NodeGroupDeleteNodes',
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupDeleteNodesRequest.SerializeToString,
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupDeleteNodesResponse.FromString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupDeleteNodesRequest.SerializeToString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupDeleteNodesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -647,8 +647,8 @@ class CloudProvider:
             request,
             target,
             '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/NodeGroupDecreaseTargetSize',
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupDecreaseTargetSizeRequest.SerializeToString,
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupDecreaseTargetSizeResponse.FromString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupDecreaseTargetSizeRequest.SerializeToString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupDecreaseTargetSizeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -674,8 +674,8 @@ class CloudProvider:
             request,
             target,
             '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/NodeGroupNodes',
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupNodesRequest.SerializeToString,
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupNodesResponse.FromString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupNodesRequest.SerializeToString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupNodesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -701,8 +701,8 @@ class CloudProvider:
             request,
             target,
             '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/NodeGroupTemplateNodeInfo',
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupTemplateNodeInfoRequest.SerializeToString,
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupTemplateNodeInfoResponse.FromString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupTemplateNodeInfoRequest.SerializeToString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupTemplateNodeInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -728,8 +728,8 @@ class CloudProvider:
             request,
             target,
             '/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/NodeGroupGetOptions',
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupAutoscalingOptionsRequest.SerializeToString,
-            protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupAutoscalingOptionsResponse.FromString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupAutoscalingOptionsRequest.SerializeToString,
+            tests_dot_autoscale_dot_protos_dot_externalgrpc_dot_externalgrpc__pb2.NodeGroupAutoscalingOptionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -4,15 +4,15 @@ isort:skip_file
 Kubernetes v1.36.2 k8s.io/api/core/v1/generated.proto (written by go-to-protobuf), cut
 down to the messages that k8s.io.api.core.v1.Node uses, directly or not. Those are copied
 unchanged; the file's other messages are left out, and the imports name the other
-cut-down copies under protos/k8s/ (protos/README.md).
+cut-down copies under tests/autoscale/protos/k8s/ (tests/autoscale/protos/README.md).
 """
 
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
-from protos.k8s.apimachinery.pkg.api.resource import generated_pb2 as _generated_pb2_1
-from protos.k8s.apimachinery.pkg.apis.meta.v1 import generated_pb2 as _generated_pb2
+from tests.autoscale.protos.k8s.apimachinery.pkg.api.resource import generated_pb2 as _generated_pb2_1
+from tests.autoscale.protos.k8s.apimachinery.pkg.apis.meta.v1 import generated_pb2 as _generated_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
