@@ -100,7 +100,7 @@ bench: $(INSTALLED) ## run the benchmarks; figures go to stdout and bench/result
 	$(PY) -m bench
 
 demo: $(INSTALLED) ## the whole system on this machine: real controller + kubelet plugins, emulated GPUs, samples/ applied and removed (DEMO_ARGS="--nodes 3 --gpus 2xH100-80GB --fast")
-	$(PY) -m instaslice demo $(DEMO_ARGS)
+	$(PY) -m localcluster.demo $(DEMO_ARGS)
 
 check-nvml: $(INSTALLED) ## read-only NVML discovery on a real GPU host (never changes MIG state)
 	$(PY) -m pytest -m gpu tests/contract -p no:cacheprovider $(PYTEST_ARGS)

@@ -9,11 +9,14 @@
                        slices, or (``--drain``) evicts them and waits for their slices first.
 ``instaslice demo``    the whole system on this machine: a local API server, emulated kubelets,
                        the real controller and kubelet plugins, the samples applied and removed.
+                       The demo is the lab's (``localcluster.demo``, in a checkout only); this
+                       command only starts it, by name, and imports nothing of the lab.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import sys
@@ -147,6 +150,10 @@ def missing_nodes(api: Any, view: ClusterView, nodes: Sequence[str]) -> str | No
     return "; ".join(problems) or None
 
 
+LAB_PACKAGE = "localcluster"
+DEMO_MODULE = "localcluster.demo"
+"""The demo lives in the lab, which a checkout has and the installed package does not: the product
+never imports it (docs/design.md "Components"), it only starts it by this name."""
 DEMO_NEEDS_CHECKOUT = (
     "instaslice demo: the demo runs on the local cluster emulator (localcluster/), which is part of "
     "the source repository, not of the installed package: run `make demo` in a checkout"
@@ -154,15 +161,33 @@ DEMO_NEEDS_CHECKOUT = (
 
 
 def run_demo(argv: Sequence[str]) -> int:
-    """Hand ``argv`` to ``localcluster.demo``; one clear line when it is not importable."""
+    """Become ``python -m localcluster.demo ARGV`` (the same process: the demo's output, Ctrl-C
+    and exit status are the command's), with the checkout that holds the lab first on the path;
+    one clear line where no checkout is on this interpreter's path."""
+    checkout = _checkout_with_the_lab()
+    if checkout is not None:
+        path = os.pathsep.join(p for p in (str(checkout), os.environ.get("PYTHONPATH", "")) if p)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(  # noqa: S606 - this interpreter, a fixed module, the user's own arguments
+            sys.executable,
+            [sys.executable, "-m", DEMO_MODULE, *argv],
+            {**os.environ, "PYTHONPATH": path},
+        )
+    print(DEMO_NEEDS_CHECKOUT, file=sys.stderr)
+    return 2
+
+
+def _checkout_with_the_lab() -> Path | None:
+    """The folder holding ``localcluster/`` on this interpreter's path, found without importing
+    anything of it; None where there is none (an installed package)."""
     try:
-        from localcluster import demo  # noqa: PLC0415 - a checkout's test emulator, never shipped
-    except ModuleNotFoundError as exc:
-        if exc.name != "localcluster":
-            raise
-        print(DEMO_NEEDS_CHECKOUT, file=sys.stderr)
-        return 2
-    return demo.main(argv, prog="instaslice demo")
+        spec = importlib.util.find_spec(LAB_PACKAGE)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).resolve().parent.parent
 
 
 def main(argv: Sequence[str] | None = None) -> int:

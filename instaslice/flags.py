@@ -123,7 +123,8 @@ def add_status_parser(sub: Any) -> None:
 
 def add_demo_parser(sub: Any) -> None:
     # The demo's arguments (and its --help) belong to localcluster.demo, which only a source
-    # checkout has: the installed package neither contains nor imports the test emulator.
+    # checkout has: the installed package neither contains nor imports the lab, and
+    # `instaslice demo` only starts it by name (cli.run_demo).
     sub.add_parser(
         "demo",
         add_help=False,

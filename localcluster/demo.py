@@ -35,6 +35,9 @@ from localcluster.podstages import StageChange
 if TYPE_CHECKING:
     from localcluster.stack import InstaSliceStack
 
+DEMO_COMMAND = "instaslice demo"
+"""The demo's name in its usage and messages, however it was started: ``instaslice demo`` is the
+name users know; it starts ``python -m localcluster.demo``, which ``make demo`` runs directly."""
 DEFAULT_NODES = 2
 DEFAULT_GPUS = "2xA100-40GB"
 DEFAULT_SAMPLES = Path(__file__).resolve().parent.parent / "samples"
@@ -368,7 +371,7 @@ def run_demo(args: argparse.Namespace, *, out: TextIO) -> int:
     try:
         plan = demo_plan(args.samples)
     except ConfigError as exc:
-        print(f"instaslice demo: {exc}", file=sys.stderr)
+        print(f"{DEMO_COMMAND}: {exc}", file=sys.stderr)
         return 1
     color = not (args.no_color or os.environ.get("NO_COLOR")) and out.isatty()
     printer = Printer(out, color=color)
@@ -501,17 +504,17 @@ def _leftovers(stack: InstaSliceStack) -> str:
     return "   " + "; ".join(parts)
 
 
-def build_parser(prog: str = "python -m localcluster.demo") -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=DEMO_COMMAND, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_demo_arguments(parser)
     return parser
 
 
-def main(argv: Sequence[str] | None = None, *, prog: str = "python -m localcluster.demo") -> int:
-    """``python -m localcluster.demo`` and ``instaslice demo`` (which hands its arguments here)."""
-    args = build_parser(prog).parse_args(argv)
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m localcluster.demo`` (``make demo``), which ``instaslice demo`` becomes."""
+    args = build_parser().parse_args(argv)
     try:
         return run_demo(args, out=sys.stdout)
     except KeyboardInterrupt:

@@ -10,7 +10,7 @@ import gzip
 import io
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata
 from importlib.util import find_spec
 from pathlib import Path
@@ -23,6 +23,7 @@ from driver.cluster.port import NODES
 from instaslice import cli, plancli
 from instaslice.planning.defrag import DefragPlan, plan_defrag
 from instaslice.planning.fleet import parse_fleet
+from localcluster import demo
 from localcluster.apiserver import LocalApiServer
 from tests.cli.planningcluster import populate
 from tests.planning.test_defrag import _engine, _hold
@@ -110,9 +111,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return made
 
 
-def _run(argv: Sequence[str]) -> int:
+def _run(argv: Sequence[str], *, main: Callable[[list[str]], int] = cli.main) -> int:
     try:
-        return cli.main(list(argv))
+        return main(list(argv))
     except SystemExit as exc:  # argparse's refusals
         return exc.code if isinstance(exc.code, int) else 1
 
@@ -548,6 +549,7 @@ def test_demo_checks_every_argument_before_any_daemon_starts(
     status: int,
     words: str,
 ) -> None:
-    code = _run(["demo", "--fast", *_filled(argv, files)])
+    # The demo's own command: ``instaslice demo`` becomes it (exec), so it is called here.
+    code = _run(["--fast", *_filled(argv, files)], main=demo.main)
     # Nothing on stdout: the demo's first heading, printed before the stack starts, never came.
     _assert_refused(capsys.readouterr(), code, status, words)
