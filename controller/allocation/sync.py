@@ -242,6 +242,7 @@ class PodSync:
         """The pod's claims (its DRA claims and the shadow claims of its classic ``requests``)
         decided, written and checked, then the pod ungated. What stops it raises, and
         :meth:`sync` turns that into the outcome."""
+        # 1. collect
         shadow_claims = (
             [
                 ClaimView.of(c)
@@ -260,12 +261,14 @@ class PodSync:
         if claims.pinned and not set.intersection(*(set(n) for n in claims.pinned)):
             return self._writer.split(pod, claims)
         if claims.to_allocate:
-            decision = self._decide(pod, claims)
+            decision = self._decide(pod, claims)  # 2. decide
             node = decision.node
+            # 3. write
             written = self._writer.write(pod, claims, decision.allocations, node=decision.node)
-        verdict = self._writer.verify(pod, claims, written)
+        verdict = self._writer.verify(pod, claims, written)  # 4. check
         if verdict is not None:
             return verdict
+        # 5. ungate
         node = node or self._node_of(claims)
         self._ungate(pod, node=node, classic=bool(claims.shadow))
         return Result(Outcome.DONE)
@@ -755,9 +758,7 @@ class PodSync:
             permanent=not nodes,
         )
 
-    # -- 3. write ------------------------------------------------------------------------------
-
-    # -- 5. ungate -----------------------------------------------------------------------------
+    # -- 5. ungate (3. write and 4. check are ``AllocationWriter``'s, in ``writes``) -----------
 
     def _node_of(self, claims: PodClaims) -> str | None:
         if not claims.pinned:
