@@ -10,9 +10,9 @@ import gzip
 import io
 import json
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from importlib import metadata
-from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -29,7 +29,6 @@ from tests.planning.test_defrag import _engine, _hold
 
 OK_LINE = '{"t": 0, "profile": "1g.5gb", "duration": 1}\n'
 GPUS = ["--gpus", "1x8xA100-40GB"]
-HAS_MATPLOTLIB = find_spec("matplotlib") is not None
 
 # -------------------------------------------------------------------------------------- files
 
@@ -300,15 +299,19 @@ def test_a_replay_that_would_run_for_hours_is_refused(
 
 
 def test_plot_without_matplotlib_keeps_the_table_and_says_so_in_one_line(
-    files: dict[str, str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+    files: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    if HAS_MATPLOTLIB:
-        pytest.skip("matplotlib is installed here")
+    # make install installs matplotlib; None in sys.modules is how Python spells "not installed"
+    # for find_spec and import alike.
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
     code = _run(
         ["simulate", "--trace", files["ok.jsonl"], *GPUS, "--plot", str(tmp_path / "p.png")]
     )
     captured = capsys.readouterr()
-    _assert_refused(captured, code, 1, "--plot needs matplotlib", work=True)
+    _assert_refused(captured, code, 1, "--plot needs matplotlib: run `make install`", work=True)
     assert captured.out.splitlines()[1].startswith("policy ")
 
 
