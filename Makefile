@@ -99,7 +99,7 @@ test-deploy: $(INSTALLED) ## the deploy tier (tests/deployed): images built here
 bench: $(INSTALLED) ## run the benchmarks; figures go to stdout and bench/results/*.json
 	$(PY) -m bench
 
-demo: $(INSTALLED) ## the whole system on this machine: real controller + kubelet plugins, emulated GPUs, samples/ applied and removed (DEMO_ARGS="--nodes 3 --gpus 2xH100-80GB --fast")
+demo: $(INSTALLED) ## the whole system on this machine: real controller + kubelet plugins, emulated GPUs, samples/ applied and removed (e.g. make demo DEMO_ARGS="--nodes 4 --gpus A100-40GB,H100-80GB --fast")
 	$(PY) -m instaslice demo $(DEMO_ARGS)
 
 check-nvml: $(INSTALLED) ## read-only NVML discovery on a real GPU host (never changes MIG state)
