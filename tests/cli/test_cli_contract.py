@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -156,16 +155,6 @@ def test_a_malformed_command_line_exits_2_in_one_line(
     assert line.startswith(f"{prog}: "), line
     assert line.endswith(f"(see {prog} --help)"), line
     assert words in line
-
-
-def test_the_demo_outside_a_checkout_is_not_a_malformed_argument(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # An installed package has no localcluster; None in sys.modules makes its import fail so.
-    monkeypatch.setitem(sys.modules, "localcluster", None)
-    assert _run(["demo", "--fast"]) == 1
-    (line,) = capsys.readouterr().err.splitlines()
-    assert line == cli.DEMO_NEEDS_CHECKOUT
 
 
 def test_a_trace_that_cannot_be_read_is_not_a_malformed_argument(
