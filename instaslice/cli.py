@@ -36,9 +36,11 @@ from instaslice.flags import (
     add_status_parser,
 )
 from instaslice.inputs import (
+    ArgumentError,
     CommandParser,
     check_regular_file,
     connect_cluster,
+    connection_flag_problem,
     package_version,
     refuse,
 )
@@ -63,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulate_parser(sub)
     add_defrag_parser(sub)
     add_uninstall_parser(sub)
+    for command in sub.choices.values():
+        # whose refusal an argument left over is: "instaslice status: unrecognized arguments"
+        command.set_defaults(command_parser=command)
     return parser
 
 
@@ -89,8 +94,11 @@ def run_status(
     out: TextIO,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
-    """``instaslice status``: the checkpoints and the connection are checked before the first
-    read; a node named by ``--node`` that shows no GPU at the first read is an error."""
+    """``instaslice status``: the command line, then the checkpoints and the connection are
+    checked before the first read; a node named by ``--node`` that shows no GPU at the first read
+    is an error."""
+    if (problem := connection_flag_problem(args)) is not None:
+        return refuse("status", ArgumentError(problem))
     try:
         check_checkpoints(args.checkpoint)
         api = connect_cluster(args)
@@ -175,7 +183,7 @@ def run_demo(argv: Sequence[str]) -> int:
             {**os.environ, "PYTHONPATH": path},
         )
     print(DEMO_NEEDS_CHECKOUT, file=sys.stderr)
-    return 2
+    return 1  # nothing wrong with the arguments: the demo is not where this command runs
 
 
 def _checkout_with_the_lab() -> Path | None:
@@ -194,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command != "demo" and rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        args.command_parser.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
