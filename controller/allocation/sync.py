@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from api import wire
 from api.names import CLASSIC_RESOURCE_PREFIX, DRIVER_NAME, SCHEDULING_GATE, classic_resource_name
 from controller.allocation import handoff
 from controller.allocation.arbiter import Arbiter, NoPreemption, Preemption
@@ -59,7 +60,7 @@ from controller.informers import ClusterInformers
 from controller.metrics import ControllerMetrics
 from driver.cluster import ops
 from driver.cluster.clock import Clock
-from driver.cluster.port import ClusterApi, JsonObject
+from driver.cluster.port import ClusterApi, JsonObject, as_json
 from driver.cluster.views import Allocation, ClaimView, PodView
 from driver.errors import ApiNotFoundError, ClusterError, ConflictError
 from driver.mig.catalog import CATALOG
@@ -75,7 +76,7 @@ _REMEMBERED_UNGATES = 10_000
 @dataclass(slots=True)
 class _Decision:
     node: str
-    allocations: list[JsonObject]
+    allocations: list[wire.AllocationResult]
     generation: int
 
 
@@ -409,7 +410,7 @@ class PodSync:
         for index, request in enumerate(self._classic_requests(pod)):
             body = shadow.shadow_claim(pod, request)
             body["metadata"]["uid"] = f"{pod.uid}-classic-{index}"
-            claims.append(ClaimView.of(body))
+            claims.append(ClaimView.of(as_json(body)))
         return claims
 
     def unbound(self, pod: PodView) -> Result:
@@ -809,7 +810,7 @@ class PodSync:
                 self._ungated.popitem(last=False)
 
 
-def _devices(allocation: JsonObject) -> tuple[tuple[str, str], ...]:
+def _devices(allocation: wire.AllocationResult) -> tuple[tuple[str, str], ...]:
     """(pool, device) of the results of an allocation we are about to write."""
     parsed = Allocation.parse(allocation)
     return parsed.devices_of(DRIVER_NAME) if parsed is not None else ()
