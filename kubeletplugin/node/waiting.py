@@ -18,11 +18,12 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Final
 
+from driver.daemon.flags import split_address
 from driver.daemon.http import HttpEndpoint
 from driver.errors import DriverError
 from driver.gpu.backend import MigModeBackend
 from kubeletplugin.node.setup import build_backend
-from kubeletplugin.settings import Settings, split_address
+from kubeletplugin.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -103,10 +104,11 @@ class BackendWait:
         return f"cannot start the {backend} GPU backend ({exc}){hint}"
 
     def _serve_probes(self) -> None:
-        if self._endpoint is not None or not self._settings.healthz_address:
+        address = self._settings.daemon.healthz_address
+        if self._endpoint is not None or not address:
             return
         endpoint = HttpEndpoint(
-            address=split_address(self._settings.healthz_address),
+            address=split_address(address),
             routes=waiting_routes(lambda: self._reason),
             name="http /healthz+/readyz (waiting)",
         )
