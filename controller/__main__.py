@@ -20,7 +20,7 @@ from controller.allocation.outcome import SyncConfig
 from controller.app import COMPONENT, Controller
 from controller.logs import FIELDS as LOG_FIELDS
 from controller.metrics import CONTENT_TYPE, WebhookMetrics
-from controller.settings import PROG, Settings, build_parser, parse_settings
+from controller.settings import PROG, Settings, build_parser, check_paths, parse_settings
 from controller.webhook.child import WebhookChild
 from controller.webhook.replica import WebhookRunner
 from driver.cluster.leader import LeaderElectionConfig
@@ -106,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(settings: Settings, daemon: Daemon, *, argv: Sequence[str] | None) -> int:
     """Start the endpoints, the controller and the webhook; run until a signal."""
+    check_paths(settings)
     controller = build_controller(settings, daemon.api)
     webhook = _webhook(settings, argv=argv, api=daemon.api, controller=controller, stop=daemon.stop)
     settled = threading.Event()

@@ -22,6 +22,7 @@ from controller.webhook.certificates import CertMode
 from driver.daemon import flags
 from driver.daemon.flags import add_flag, add_number_flag, env_var
 from driver.daemon.parser import DaemonParser
+from driver.daemon.paths import check_writable_directory
 from driver.daemon.settings import DaemonDefaults, DaemonSettings, add_daemon_flags, daemon_settings
 from driver.placement import DEFAULT_POLICY, POLICIES
 
@@ -286,6 +287,14 @@ def parse_settings(
         parser, argv, environ=os.environ if environ is None else environ
     )
     return _validate(parser, args)
+
+
+def check_paths(settings: Settings) -> None:
+    """``ConfigError`` unless this process can write the directories its flags name: the
+    webhook's certificate directory when the webhook serves a certificate it makes itself
+    (``--cert-mode self``); in the other modes someone else writes it, maybe later."""
+    if settings.webhook_port != 0 and settings.cert_mode is CertMode.SELF:
+        check_writable_directory(settings.webhook_cert_dir, flag="--webhook-cert-dir")
 
 
 def _check_leader_election_timing(

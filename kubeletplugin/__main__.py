@@ -21,7 +21,7 @@ from kubeletplugin.deviceplugin.podresources import PodResourcesClient
 from kubeletplugin.logs import FIELDS as LOG_FIELDS
 from kubeletplugin.node.capacity import KUBELET_CHECKPOINT, StaleCapacityCleaner
 from kubeletplugin.node.events import NodeEvents, NodeWarning
-from kubeletplugin.node.setup import prepare_node
+from kubeletplugin.node.setup import check_paths, prepare_node
 from kubeletplugin.node.waiting import REASON_GPU_BACKEND_UNAVAILABLE, BackendWait
 from kubeletplugin.plugin import KubeletPlugin, PluginConfig
 from kubeletplugin.settings import PROG, REGISTRATION_WAIT_S, Settings, parse_settings
@@ -53,6 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(settings: Settings, daemon: Daemon) -> int:
     """Wait for the GPU backend, prepare the node, then serve the kubelet until a signal."""
+    check_paths(settings)
     api = daemon.api
     events = EventRecorder(api=api, component=COMPONENT, host=settings.node_name)
     node_events = NodeEvents(api=api, events=events, node_name=settings.node_name)

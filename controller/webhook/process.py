@@ -38,7 +38,7 @@ from controller.allocation.state import SliceState
 from controller.informers import WebhookInformers
 from controller.logs import FIELDS as LOG_FIELDS
 from controller.metrics import CONTENT_TYPE, WEBHOOK_NAMESPACE, WebhookMetrics
-from controller.settings import PROG, Settings, parse_settings
+from controller.settings import PROG, Settings, check_paths, parse_settings
 from controller.webhook.context import CacheAdmissionContext
 from controller.webhook.replica import WebhookRunner
 from driver.cluster.informer_metrics import InformerCollector
@@ -160,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _serve(settings: Settings, daemon: Daemon, *, child_of_controller: bool) -> int:
     """Serve the probes and ``/metrics``, then the webhook once its caches are synced; run until
     a signal."""
+    check_paths(settings)
     process = WebhookProcess(settings=settings, api=daemon.api, stop=daemon.stop)
     endpoints = daemon.serve_http(_routes(settings, process, daemon.stop))
     daemon.on_stop(process.stop)

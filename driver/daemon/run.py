@@ -7,8 +7,8 @@ The exit status says what ended the process:
 * 0: stopped by a signal;
 * 2, with one line on stderr (``parser.refuse``) and no traceback: a configuration that can never
   work — a ``ConfigError`` out of the client's configuration (an unreadable kubeconfig) or out of
-  ``serve`` (a CDI spec named by ``--cdi-common-edits`` that is not there). A restart would not
-  help and a retry inside the process would hide the reason in a loop;
+  ``serve`` (a state directory that cannot be written, an emulated GPU state file that is not
+  one). A restart would not help and a retry inside the process would hide the reason in a loop;
 * 1, logged: any other error that ends the process.
 
 What may come right later (an API server not reachable yet, an NVIDIA driver not loaded yet) is no
@@ -22,12 +22,14 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from driver.cluster.kube import KubeClusterApi, connect
 from driver.cluster.throttle import ClientSettings
 from driver.daemon.http import HttpEndpoint, Route, endpoints_by_address
 from driver.daemon.logs import configure_logging
 from driver.daemon.parser import refuse
+from driver.daemon.paths import check_file
 from driver.daemon.settings import DaemonSettings
 from driver.daemon.signals import stop_on_signals
 from driver.errors import ConfigError, DriverError
@@ -94,6 +96,8 @@ def run_daemon(
     )
     stop = stop_on_signals(logger=program.logger)
     try:
+        if settings.kubeconfig is not None and settings.kube_api_url is None:
+            check_file(Path(settings.kubeconfig), flag="--kubeconfig")
         with contextlib.ExitStack() as stack:
             client = ClientSettings(
                 qps=settings.kube_api_qps,

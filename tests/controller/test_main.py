@@ -152,8 +152,13 @@ def test_version_prints_the_name_and_the_package_version() -> None:
             ["--workers", "1000000000"],
             "argument --workers: must be between 1 and 256 (got 1000000000); see --help",
         ),
+        (["--kubeconfig", "/nonexistent/kubeconfig"], "--kubeconfig /nonexistent/kubeconfig: no "),
+        (
+            ["--kube-api-url", "http://127.0.0.1:1", "--webhook-cert-dir", "/dev/null/certs"],
+            "--webhook-cert-dir /dev/null/certs: Not a directory",
+        ),
     ],
-    ids=["unknown-flag", "a-billion-workers"],
+    ids=["unknown-flag", "a-billion-workers", "no-kubeconfig", "cert-dir-under-a-file"],
 )
 def test_the_process_refuses_in_one_line_with_status_2(argv: list[str], line: str) -> None:
     done = run_module("controller", *argv)

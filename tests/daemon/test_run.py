@@ -90,6 +90,23 @@ def test_a_configuration_error_is_one_line_and_status_2_after_the_parts_stopped(
     )
 
 
+def test_an_unreadable_kubeconfig_is_refused_before_anything_starts(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    served: list[Daemon] = []
+
+    def serve(daemon: Daemon) -> int:
+        served.append(daemon)
+        return 0
+
+    missing = tmp_path / "kubeconfig"
+    assert _run(serve, kubeconfig=str(missing), kube_api_url=None) == 2
+    assert served == []
+    assert (
+        capsys.readouterr().err == f"instaslice-test: error: --kubeconfig {missing}: no such file\n"
+    )
+
+
 def test_a_kubeconfig_that_is_no_kubeconfig_is_refused(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -108,8 +108,18 @@ def _emulated(tmp_path: Path, *argv: str) -> list[str]:
             "--emulated-gpus: emulated GPU spec part '2xFOO': unknown GPU model 'FOO'",
         ),
         (["--emulated-gpus", "0xA100-40GB"], "--emulated-gpus: emulated GPU spec part"),
+        (["--emulated-state-file", "{tmp}/gpus.bin"], "corrupt state file {tmp}/gpus.bin: not"),
+        (["--emulated-state-file", "{tmp}"], "--emulated-state-file {tmp} is not a regular file"),
+        (["--state-dir", "{tmp}/gpus.bin/state"], "--state-dir {tmp}/gpus.bin/state: Not a dir"),
+        (["--cdi-root", "{tmp}/gpus.bin"], "--cdi-root {tmp}/gpus.bin is not a directory"),
+        (
+            ["--kube-api-url", "", "--kubeconfig", "{tmp}/kubeconfig"],
+            "--kubeconfig {tmp}/kubeconfig: no such file",
+        ),
     ],
-    ids=["unknown-flag", "unknown-gpu-model", "no-gpus"],
+    ids=["unknown-flag", "unknown-gpu-model", "no-gpus", "binary-state-file",
+         "state-file-is-a-directory", "state-dir-under-a-file", "cdi-root-is-a-file",
+         "no-kubeconfig"],
 )  # fmt: skip
 def test_a_configuration_that_can_never_work_is_refused_in_one_line(
     tmp_path: Path, argv: list[str], line: str
