@@ -347,9 +347,11 @@ class Watcher:
         )
 
     def drained(self) -> bool:
+        """No pod left, no slice taken, and on every node no MIG instance and no CDI spec (the
+        plugin removes a claim's spec after destroying its instance)."""
         if self.stages or self.view is None or self.view.slices_taken():
             return False
-        return not any(self._stack.mig_instances(n) for n in self._stack.node_names)
+        return not any(any(_node_leftovers(self._stack, n)) for n in self._stack.node_names)
 
 
 @contextmanager
@@ -509,12 +511,17 @@ def _report_stuck(watcher: Watcher, printer: Printer) -> None:
         printer.line(f"      {key}: {stage}  {'; '.join(messages)}".rstrip())
 
 
+def _node_leftovers(stack: InstaSliceStack, node: str) -> tuple[int, int]:
+    """(MIG instances, CDI specs) on ``node``."""
+    paths = stack.node_paths(node)
+    specs = len(list(paths.cdi_root.glob("*.json"))) if paths.cdi_root.is_dir() else 0
+    return len(stack.mig_instances(node)), specs
+
+
 def _leftovers(stack: InstaSliceStack) -> str:
     parts = []
     for node in stack.node_names:
-        paths = stack.node_paths(node)
-        specs = len(list(paths.cdi_root.glob("*.json"))) if paths.cdi_root.is_dir() else 0
-        instances = len(stack.mig_instances(node))
+        instances, specs = _node_leftovers(stack, node)
         parts.append(f"{node}: {instances} MIG instances, {specs} CDI specs")
     return "   " + "; ".join(parts)
 
