@@ -75,13 +75,16 @@ class _StateCollector(Collector):
 
 class _WaitCollector(Collector):
     """Why pods wait, the oldest wait per profile and the stranded room, from one
-    ``WaitReport`` per scrape (``controller/allocation/waitreport.py``)."""
+    ``WaitReport`` per scrape (``controller/allocation/waitreport.py``). Only the leader's
+    state knows who waits for what, so the other replicas export the families without samples
+    and a ``sum`` over every replica counts each pod once."""
 
-    def __init__(self, report: Callable[[], WaitReport]) -> None:
+    def __init__(self, report: Callable[[], WaitReport], leader: Callable[[], bool]) -> None:
         self._report = report
+        self._leader = leader
 
     def collect(self) -> Iterator[Metric]:
-        report = self._report()
+        report = self._report() if self._leader() else WaitReport()
         pods = GaugeMetricFamily(
             f"{NAMESPACE}_waiting_pods",
             "Pods waiting for a MIG slice, by why (no-capacity, fragmented, node-filter, "
@@ -218,9 +221,11 @@ class ControllerMetrics:
             _StateCollector(pending=pending, free=free, leader=leader, holds=holds or (lambda: {}))
         )
 
-    def bind_wait_report(self, report: Callable[[], WaitReport]) -> None:
-        """Register the scrape-time wait figures (once)."""
-        self.registry.register(_WaitCollector(report))
+    def bind_wait_report(
+        self, report: Callable[[], WaitReport], *, leader: Callable[[], bool]
+    ) -> None:
+        """Register the scrape-time wait figures (once); ``leader``: whether to report them."""
+        self.registry.register(_WaitCollector(report, leader))
 
     def ungated(self, *, latency_seconds: float | None) -> None:
         self._ungated.inc()

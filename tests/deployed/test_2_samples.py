@@ -5,6 +5,7 @@ metrics through their Services, ``kubectl logs``, probes."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 
 import yaml
@@ -12,8 +13,11 @@ import yaml
 from api import names
 from driver.cluster.port import PODS
 from driver.cluster.views import PodView
+from tests.deploy.manifests import monitoring_generator
 from tests.deployed import checks
+from tests.deployed.conftest import logs_dir
 from tests.deployed.deploy import QUOTA_NS, SAMPLES, SAMPLES_NS, TIER_NS, Deploy, sample_path
+from tests.deployed.prometheus import SCRAPE_SECONDS, Prometheus
 
 OPAQUE_ENV = {"HF_HOME": "/models/cache", "TIER_GREETING": "hello from the claim"}
 
@@ -131,6 +135,75 @@ def test_metrics_are_scraped_through_the_services(deployed: Deploy) -> None:
         "-o", "jsonpath={.spec.clusterIP}",
     ).stdout  # fmt: skip
     assert "instaslice_kubelet_plugin_gpus" in _get(f"http://{plugin_ip}:9400/metrics")
+
+
+def _unsatisfiable_workload() -> str:
+    """A pod whose claim asks more 1g.5gb slices than any node has: it waits for good (the
+    waiting-pod panels need one)."""
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "too-many", "namespace": TIER_NS},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "mig",
+                        "exactly": {"deviceClassName": "mig-1g.5gb.instaslice.dev", "count": 64},
+                    }
+                ]
+            }
+        },
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "too-many", "namespace": TIER_NS},
+        "spec": {
+            "resourceClaims": [{"name": "mig", "resourceClaimName": "too-many"}],
+            "containers": [
+                {
+                    "name": "app",
+                    "image": "busybox:1.36",
+                    "command": ["sleep", "86400"],
+                    "resources": {"claims": [{"name": "mig"}]},
+                }
+            ],
+        },
+    }
+    return yaml.safe_dump_all([claim, pod])
+
+
+def test_prometheus_answers_every_dashboard_panel_and_keeps_the_alerts_silent(
+    deployed: Deploy,
+) -> None:
+    """A real Prometheus scraping as the ServiceMonitors do: every dashboard query returns data,
+    and no alert's expression holds on a healthy deployment."""
+    cluster = deployed.cluster
+    deployed.apply_ok("-f", "-", stdin=_unsatisfiable_workload())
+    prometheus = Prometheus(kubeconfig=cluster.paths.kubeconfig, log=logs_dir() / "prometheus.log")
+    try:
+        targets = 2 + len(cluster.node_names)  # two controller replicas, a plugin per node
+        prometheus.wait(f"count(up == 1) == {targets}", what=f"{targets} targets up")
+        prometheus.wait(
+            'sum(instaslice_controller_waiting_pods{reason="unsatisfiable"}) > 0',
+            what="the unsatisfiable pod counted",
+        )
+        time.sleep(3 * SCRAPE_SECONDS)  # rates need two samples in their window
+        generator = monitoring_generator()
+        empty = [title for title, expr in generator.queries() if not prometheus.query(expr)]
+        assert not empty, f"panels without data: {empty}"
+        rules = yaml.safe_load(generator.RULES.read_text())
+        holding = {
+            rule["alert"]: result
+            for group in rules["groups"]
+            for rule in group["rules"]
+            if (result := prometheus.query(rule["expr"]))
+        }
+        assert not holding, f"alert expressions that hold on a healthy deployment: {holding}"
+    finally:
+        prometheus.stop()
+        cluster.kubectl("-n", TIER_NS, "delete", "pod,resourceclaim", "too-many", check=False)
 
 
 def test_every_daemon_logs_json_to_kubectl_logs_and_passes_its_probes(deployed: Deploy) -> None:
