@@ -53,6 +53,8 @@ from kubeletplugin.node.events import NodeEvents, NodeWarning
 from kubeletplugin.node.publisher import SlicePublisher
 from kubeletplugin.node.waiting import backoff
 from kubeletplugin.settings import split_address
+from kubeletplugin.slicemetrics import SliceCollector
+from kubeletplugin.sliceusage import SliceUsageCache
 from kubeletplugin.sockets import UnixGrpcServer, ensure_directory
 from kubeletplugin.state.devicestate import DeviceState, StepHook, slices_in_use
 from kubeletplugin.state.devicestatus import DeviceStatusWriter, RecordingPreparer
@@ -125,6 +127,13 @@ class KubeletPlugin:
         self._own_slices = self._watch_own_slices(api)
         self.metrics.registry.register(
             InformerCollector(namespace=NAMESPACE, informers=lambda: {"slices": self._own_slices})
+        )
+        self.metrics.registry.register(
+            SliceCollector(
+                node_name=config.node_name,
+                checkpoint=self.store.load,
+                usage=SliceUsageCache(source=backend),
+            )
         )
         self.state = self._device_state(
             backend=backend, api=api, majors=majors, step_hook=step_hook
