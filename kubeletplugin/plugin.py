@@ -53,6 +53,7 @@ from kubeletplugin.node.events import NodeEvents, NodeWarning
 from kubeletplugin.node.publisher import SlicePublisher
 from kubeletplugin.node.waiting import backoff
 from kubeletplugin.settings import split_address
+from kubeletplugin.nodestatemetrics import NodeStateCollector
 from kubeletplugin.slicemetrics import SliceCollector
 from kubeletplugin.sliceusage import SliceUsageCache
 from kubeletplugin.sockets import UnixGrpcServer, ensure_directory
@@ -156,7 +157,8 @@ class KubeletPlugin:
         self._started = False
 
     def _register_scraped(self, backend: GpuBackend) -> None:
-        """The series read when scraped: the slice informer's, and each live MIG slice's."""
+        """The series read when scraped: the slice informer's, each live MIG slice's, the
+        registration and the instances no claim owns."""
         self.metrics.registry.register(
             InformerCollector(namespace=NAMESPACE, informers=lambda: {"slices": self._own_slices})
         )
@@ -165,6 +167,13 @@ class KubeletPlugin:
                 node_name=self.config.node_name,
                 checkpoint=self.store.load,
                 usage=SliceUsageCache(source=backend),
+            )
+        )
+        self.metrics.registry.register(
+            NodeStateCollector(
+                registered=lambda: self.tracker.state.registered,
+                instances=backend.instances,
+                checkpoint=self.store.load,
             )
         )
 

@@ -19,9 +19,14 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
+from api.checkpoint import Checkpoint
 from controller.allocation.waitreport import WaitReport
 from controller.metrics import ControllerMetrics, WebhookMetrics
+from driver.gpu.emulated import EmulatedGpuBackend
 from kubeletplugin.metrics import PluginMetrics
+from kubeletplugin.nodestatemetrics import NodeStateCollector
+from kubeletplugin.slicemetrics import SliceCollector
+from kubeletplugin.sliceusage import SliceUsageCache
 from tests.deploy import manifests as m
 
 MONITORING = m.DEPLOY / "components" / "monitoring"
@@ -98,14 +103,23 @@ _SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
 
 
 def _exported() -> set[str]:
-    """Every metric family name the controller, the webhook and the kubelet plugin export."""
+    """Every metric family name the controller, the webhook and the kubelet plugin export (with
+    the collectors each daemon registers for its scrape-time series)."""
     controller = ControllerMetrics()
     controller.bind_state(pending=lambda: 0, free=dict, leader=lambda: True, holds=dict)
     controller.bind_wait_report(WaitReport, leader=lambda: True)
+    plugin = PluginMetrics()
+    backend = EmulatedGpuBackend(node_name="n", spec="1xA100-40GB")
+    plugin.registry.register(
+        SliceCollector(node_name="n", checkpoint=Checkpoint, usage=SliceUsageCache(source=backend))
+    )
+    plugin.registry.register(
+        NodeStateCollector(registered=lambda: True, instances=tuple, checkpoint=Checkpoint)
+    )
     registries: list[CollectorRegistry] = [
         controller.registry,
         WebhookMetrics().registry,
-        PluginMetrics().registry,
+        plugin.registry,
     ]
     return {family.name for registry in registries for family in registry.collect()}
 

@@ -74,12 +74,35 @@ PANELS: tuple[Row, ...] = (
             ),
             Panel(
                 "Slice-hours, last 24 h, top 10 namespaces",
-                "topk(10, sum by (namespace) "
+                "topk(10, sum by (claim_namespace) "
                 "(increase(instaslice_kubelet_plugin_slice_seconds_total[24h])) / 3600)",
-                "{{namespace}}",
+                "{{claim_namespace}}",
                 kind="bargauge",
                 description="For chargeback: slice-seconds accumulated by the pods of each "
                 "namespace, in hours.",
+            ),
+        ),
+    ),
+    Row(
+        "Slices and their pods",
+        (
+            Panel(
+                "Memory used per slice, by pod",
+                "sum by (pod_namespace, pod_name, profile) ("
+                "instaslice_kubelet_plugin_slice_memory_used_bytes * on (mig_uuid) "
+                "group_left (pod_namespace, pod_name, profile) "
+                "instaslice_kubelet_plugin_slice_info)",
+                "{{pod_namespace}}/{{pod_name}} ({{profile}})",
+                unit="bytes",
+                description="Each slice's memory in use (NVML, per MIG device), attributed to "
+                "its pod through slice_info.",
+            ),
+            Panel(
+                "Slices by kind of request",
+                "count by (kind) (instaslice_kubelet_plugin_slice_info)",
+                "{{kind}}",
+                description="dra: a ResourceClaim; classic: an nvidia.com/mig-* request served "
+                "through a shadow claim.",
             ),
         ),
     ),
@@ -124,6 +147,12 @@ PANELS: tuple[Row, ...] = (
                 "Kubelet plugins answering",
                 f'sum(up{{job="{PLUGIN_JOB}"}})',
                 "up",
+                kind="stat",
+            ),
+            Panel(
+                "Kubelet plugins registered with their kubelet",
+                "sum(instaslice_kubelet_plugin_registered)",
+                "registered",
                 kind="stat",
             ),
             Panel(
