@@ -3,12 +3,13 @@ force, and do MIG instances exist that no prepared claim owns (a leak: it must b
 
 - ``registered`` — 1 while the kubelet's last ``NotifyRegistrationStatus`` said registered, 0
   after it said not (or before it ever called).
-- ``unowned_instances`` — MIG instances on the GPUs that no checkpoint entry records. The GPUs are
-  listed *before* the checkpoint is read: prepare records a claim (``PrepareStarted``, with its
-  placements) before creating its instance, so an instance being made is always owned; unprepare
-  destroys the instance before dropping the claim, so the count never shows a slice being released
-  either. Listing the GPUs costs NVML calls: the answer is kept ``max_age`` seconds. A failed listing
-  leaves the sample out (and is logged once until a listing works again): an unknown is not 0.
+- ``unowned_instances`` — MIG instances on the GPUs that no checkpoint entry records. The
+  checkpoint is read before and after the GPUs are listed, and an instance counts only if neither
+  read records it: prepare records a claim (``PrepareStarted``, with its placements) before it
+  creates the instance, so one being made is in the second read; unprepare destroys the instance
+  before it drops the claim, so one being released is in the first. Listing the GPUs costs NVML
+  calls: the answer is kept ``max_age`` seconds. A failed listing leaves the sample out (logged
+  once until a listing works again): an unknown is not 0.
 """
 
 import logging
@@ -28,9 +29,9 @@ from kubeletplugin.state.slices import owner_of
 logger = logging.getLogger(__name__)
 
 
-def unowned(instances: Sequence[MigInstance], checkpoint: Checkpoint) -> list[MigInstance]:
-    """The instances no claim of ``checkpoint`` records."""
-    return [i for i in instances if owner_of(checkpoint, i) is None]
+def unowned(instances: Sequence[MigInstance], *checkpoints: Checkpoint) -> list[MigInstance]:
+    """The instances no claim of any of ``checkpoints`` records."""
+    return [i for i in instances if all(owner_of(c, i) is None for c in checkpoints)]
 
 
 class NodeStateCollector(Collector):
@@ -74,8 +75,9 @@ class NodeStateCollector(Collector):
             if self._cached is not None and now - self._cached[0] < self._max_age:
                 return self._cached[1]
             try:
-                instances = self._instances()  # first: see the module docstring
-                count = len(unowned(instances, self._checkpoint()))
+                before = self._checkpoint()  # read around the listing: see the module docstring
+                instances = self._instances()
+                count = len(unowned(instances, before, self._checkpoint()))
             except DriverError as exc:
                 if not self._failing:
                     logger.warning("cannot count the MIG instances without a claim: %s", exc)

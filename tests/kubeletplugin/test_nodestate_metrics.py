@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -110,3 +111,19 @@ def test_the_listing_is_kept_for_max_age() -> None:
     now[0] = 10.0
     assert _samples(collector)["instaslice_kubelet_plugin_unowned_instances"] == 1.0
     assert len(listed) == 2
+
+
+@pytest.mark.parametrize("reads", ["made-meanwhile", "released-meanwhile"])
+def test_a_slice_made_or_released_while_the_gpus_are_listed_is_not_a_leak(reads: str) -> None:
+    backend = EmulatedGpuBackend(node_name=NODE, spec="1xA100-40GB")
+    instance = backend.create_slice(gpu_index=0, profile="1g.5gb", start=0)
+    empty, owning = Checkpoint(node_name=NODE), _recorded(instance)
+    answers = [empty, owning] if reads == "made-meanwhile" else [owning, empty]
+    collector = NodeStateCollector(
+        registered=lambda: True,
+        instances=backend.instances,
+        checkpoint=lambda: answers.pop(0),
+        max_age=0,
+    )
+    assert _samples(collector)["instaslice_kubelet_plugin_unowned_instances"] == 0.0
+    assert answers == []
