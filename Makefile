@@ -28,7 +28,7 @@ INSTALL_LOCKED = $(PY) -m pip install -q --require-hashes -r requirements/dev.lo
 	&& $(PY) -m pip install -q --no-deps --no-build-isolation -e . \
 	&& $(CHECKOUT_PTH) && touch $(INSTALLED)
 
-install: $(PY) ## create .venv and install the project with its dev tools, from requirements/dev.lock
+install: $(PY) ## create .venv with the project, its dev tools and matplotlib (simulate --plot), from requirements/dev.lock
 	@$(INSTALL_LOCKED)
 
 # what every target below needs when `make install` never ran (a fresh clone), or ran before
@@ -38,18 +38,24 @@ $(INSTALLED): pyproject.toml requirements/dev.lock | $(PY)
 
 # The lock's inputs: pyproject.toml's ranges. Universal: one file for every platform and
 # architecture the images are built for, each version with all its files' hashes.
+# dev.lock adds the dev tools and the plots extra (matplotlib, for `instaslice simulate --plot`);
+# the images install product.lock only.
 UV_COMPILE = $(PY) -m uv pip compile --quiet --universal --python-version 3.11 --generate-hashes \
 	--custom-compile-command 'make lock'
 lock: $(PY) ## re-resolve requirements/*.lock from pyproject.toml (newest allowed versions); then `make protos`
 	$(PY) -m pip show -q uv >/dev/null 2>&1 || $(PY) -m pip install -q uv
 	$(UV_COMPILE) --upgrade pyproject.toml -o requirements/product.lock
-	$(UV_COMPILE) --upgrade pyproject.toml --extra dev -c requirements/product.lock -o requirements/dev.lock.in-progress \
+	$(UV_COMPILE) --upgrade pyproject.toml --extra dev --extra plots -c requirements/product.lock \
+	  -o requirements/dev.lock.in-progress \
 	  requirements/tools.in
 	mv requirements/dev.lock.in-progress requirements/dev.lock
 	$(UV_COMPILE) --upgrade requirements/build.in -c requirements/dev.lock -o requirements/build.lock
 
-protos: $(INSTALLED) ## regenerate the kubelet API stubs in protos/ from the .proto files
+protos: $(INSTALLED) ## regenerate the gRPC stubs from the .proto files (protos/: the kubelet's APIs; tests/autoscale/protos/: the test cloud provider's)
 	$(PY) -m protos.generate
+
+protos-check: $(INSTALLED) ## fail, listing them, when committed gRPC stubs differ from what `make protos` writes; touches nothing
+	$(PY) -m protos.generate --check
 
 lint: $(INSTALLED) ## ruff check + format check
 	$(PY) -m ruff check .
@@ -96,8 +102,8 @@ test-deploy: $(INSTALLED) ## the deploy tier (tests/deployed): images built here
 bench: $(INSTALLED) ## run the benchmarks; figures go to stdout and bench/results/*.json
 	$(PY) -m bench
 
-demo: $(INSTALLED) ## the whole system on this machine: real controller + kubelet plugins, emulated GPUs, samples/ applied and removed (DEMO_ARGS="--nodes 3 --gpus 2xH100-80GB --fast")
-	$(PY) -m instaslice demo $(DEMO_ARGS)
+demo: $(INSTALLED) ## the whole system on this machine: real controller + kubelet plugins, emulated GPUs, samples/ applied and removed (e.g. make demo DEMO_ARGS="--nodes 4 --gpus A100-40GB,H100-80GB --fast")
+	$(PY) -m localcluster.demo $(DEMO_ARGS)
 
 check-nvml: $(INSTALLED) ## read-only NVML discovery on a real GPU host (never changes MIG state)
 	$(PY) -m pytest -m gpu tests/contract -p no:cacheprovider $(PYTEST_ARGS)

@@ -1,1 +1,2 @@
-"""Names, constants and the schemas of what users and files hand us. No I/O."""
+"""Names, constants and the schemas of what users, files and the API server exchange with us.
+No I/O."""

@@ -33,7 +33,7 @@ Errors: ``parse_opaque_config`` raises ``api.errors.ValidationFailed`` (``api/``
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Required, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -46,6 +46,14 @@ RESERVED_ENV_NAMES: Final = frozenset({"NVIDIA_VISIBLE_DEVICES"})
 RESERVED_ENV_PREFIX: Final = "INSTASLICE_"
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class MigDeviceConfigBody(TypedDict, total=False):
+    """``MigDeviceConfig`` as written in a claim or class: the JSON ``MigDeviceConfig`` reads."""
+
+    apiVersion: Required[str]
+    kind: Required[str]
+    env: dict[str, str]
 
 
 class MigDeviceConfig(BaseModel):
@@ -78,7 +86,8 @@ class MigDeviceConfig(BaseModel):
 
 def default_config() -> MigDeviceConfig:
     """The config that applies when a claim and its class give none."""
-    return MigDeviceConfig.model_validate({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND})
+    body: MigDeviceConfigBody = {"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND}
+    return MigDeviceConfig.model_validate(body)
 
 
 def parse_opaque_config(raw: Mapping[str, Any]) -> MigDeviceConfig:

@@ -39,6 +39,7 @@ from driver.cluster.port import (
     PODS,
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
+    Body,
     JsonObject,
     gate_names,
     name_of,
@@ -52,7 +53,7 @@ from driver.resourceslices import complete_pools, parse_devices
 logger = logging.getLogger("controllerstub")
 
 
-def free_devices(slices: Sequence[JsonObject]) -> list[tuple[str, str]]:
+def free_devices(slices: Sequence[Body]) -> list[tuple[str, str]]:
     """(node, device) of every published ``PROFILE`` device, keeping only devices whose memory
     slices overlap none kept before on their GPU, node by node, GPU by GPU."""
     kept: list[tuple[str, str]] = []

@@ -40,6 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from api import wire
 from api.names import SCHEDULING_GATE, profile_device_class
 from bench.controller import GPUS_PER_NODE, MODEL, PROFILE, _overlaps, _percentile
 from bench.modes_churn import ChurnSettings, make_trace, offline, play
@@ -113,7 +114,12 @@ def _setup(api: KubeClusterApi, nodes: int) -> None:
     model = CATALOG[MODEL]
     for node in ready:
         name = name_of(node)
-        owner = {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}
+        owner: wire.OwnerReference = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": name,
+            "uid": node["metadata"]["uid"],
+        }
         gpus = [
             GpuInventory(
                 index=g,

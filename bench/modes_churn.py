@@ -27,6 +27,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +35,14 @@ from typing import Any
 from api.names import ATTRIBUTE_PARENT_UUID, DRIVER_NAME, SCHEDULING_GATE, profile_device_class
 from bench.controller import _percentile
 from driver.cluster.informer import Informer, ListWatch
-from driver.cluster.port import PODS, RESOURCE_CLAIMS, RESOURCE_SLICES, JsonObject, name_of
+from driver.cluster.port import (
+    PODS,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+    Body,
+    JsonObject,
+    name_of,
+)
 from driver.errors import ApiNotFoundError, ClusterError
 from driver.resourceslices import complete_pools, parse_devices
 from instaslice.planning.fleet import Fleet
@@ -88,7 +96,7 @@ def offline(trace: tuple[TraceRequest, ...], fleet: Fleet) -> dict[str, Any]:
 class _Gpus:
     """Published devices by (pool, device) and the memory slices each GPU has."""
 
-    def __init__(self, slices: list[JsonObject]) -> None:
+    def __init__(self, slices: Sequence[Body]) -> None:
         self.mask: dict[tuple[str, str], tuple[GpuKey, int]] = {}
         self.size: dict[GpuKey, int] = {}
         for pool in complete_pools(slices).values():

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+from api import wire
 from api.names import DRIVER_NAME
 from driver.cluster.port import (
     LEASES,
@@ -190,7 +191,7 @@ def gpus_of(node: str, *, model: str = MODEL, count: int = GPUS_PER_NODE) -> lis
     ]
 
 
-def node_owner(name: str, uid: str) -> JsonObject:
+def node_owner(name: str, uid: str) -> wire.OwnerReference:
     return {"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid}
 
 

@@ -20,21 +20,18 @@ from controller.allocation.outcome import SyncConfig
 from controller.app import COMPONENT, Controller
 from controller.logs import FIELDS as LOG_FIELDS
 from controller.metrics import CONTENT_TYPE, WebhookMetrics
-from controller.settings import Settings, build_parser, parse_settings, split_address
+from controller.settings import PROG, Settings, build_parser, check_paths, parse_settings
 from controller.webhook.child import WebhookChild
 from controller.webhook.replica import WebhookRunner
-from driver.cluster.kube import KubeClusterApi, connect
 from driver.cluster.leader import LeaderElectionConfig
 from driver.cluster.port import ClusterApi
-from driver.cluster.throttle import ClientSettings
-from driver.daemon.http import HttpEndpoint, Route, endpoints_by_address, probe
-from driver.daemon.logs import configure_logging
-from driver.daemon.signals import stop_on_signals
-from driver.errors import DriverError
+from driver.daemon.http import Route, probe
+from driver.daemon.run import Daemon, Program, run_daemon
 
 __all__ = ["build_parser", "main"]
 
 logger = logging.getLogger("controller")
+PROGRAM = Program(name=PROG, logger=logger, log_fields=LOG_FIELDS)
 
 
 def build_controller(settings: Settings, api: ClusterApi) -> Controller:
@@ -67,14 +64,14 @@ def build_controller(settings: Settings, api: ClusterApi) -> Controller:
     )
 
 
-def endpoints(
+def routes(
     settings: Settings,
     controller: Controller,
     webhook: WebhookRunner | WebhookChild,
     *,
     settled: threading.Event | None = None,
-) -> list[HttpEndpoint]:
-    """The metrics and probe servers; with ``settled``, ``/readyz`` also waits for it."""
+) -> list[tuple[str, dict[str, Route]]]:
+    """``/metrics`` and the probes by address; with ``settled``, ``/readyz`` also waits for it."""
 
     def metrics() -> tuple[int, str, bytes]:
         own = controller.metrics.exposition()
@@ -92,60 +89,41 @@ def endpoints(
         "/healthz": probe(controller.healthy, what="controller"),
         "/readyz": probe(ready, what="controller"),
     }
-    served = [(settings.metrics_address, {"/metrics": metrics}), (settings.healthz_address, health)]
-    return list(endpoints_by_address(served, split=split_address).values())
+    daemon = settings.daemon
+    return [(daemon.metrics_address, {"/metrics": metrics}), (daemon.healthz_address, health)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
-    configure_logging(level=settings.log_level, log_format=settings.log_format, fields=LOG_FIELDS)
-    stop = stop_on_signals(logger=logger)
-    try:
-        api = _connect(settings)
-    except DriverError as exc:
-        logger.error("cannot configure the Kubernetes client: %s", exc)
-        return 1
-    controller = build_controller(settings, api)
-    webhook = _webhook(settings, argv=argv, api=api, controller=controller, stop=stop)
+    return run_daemon(
+        PROGRAM,
+        settings.daemon,
+        serve=lambda daemon: _serve(settings, daemon, argv=argv),
+        user_agent=COMPONENT,
+        connections=settings.workers + 16,
+    )
+
+
+def _serve(settings: Settings, daemon: Daemon, *, argv: Sequence[str] | None) -> int:
+    """Start the endpoints, the controller and the webhook; run until a signal."""
+    check_paths(settings)
+    controller = build_controller(settings, daemon.api)
+    webhook = _webhook(settings, argv=argv, api=daemon.api, controller=controller, stop=daemon.stop)
     settled = threading.Event()
     """Set once the caches as first listed are out of the collector's reach (``_run``)."""
-    servers = endpoints(settings, controller, webhook, settled=settled)
-    try:
-        for server in servers:
-            server.start()
-        controller.start()
-        webhook.start()
-        logger.info(
-            "%s running as %s (leader election %s)",
-            COMPONENT,
-            settings.identity,
-            "on" if settings.leader_elect else "off",
-        )
-        _run(controller, stop=stop, settled=settled)
-        return 0
-    except (DriverError, OSError) as exc:
-        logger.error("controller failed: %s", exc)
-        return 1
-    finally:
-        stop.set()
-        controller.stop()
-        webhook.stop()
-        for server in servers:
-            server.stop()
-        api.close()
-
-
-def _connect(settings: Settings) -> KubeClusterApi:
-    return connect(
-        kubeconfig=settings.kubeconfig,
-        url=settings.kube_api_url,
-        settings=ClientSettings(
-            qps=settings.kube_api_qps,
-            burst=settings.kube_api_burst,
-            connection_pool_maxsize=settings.workers + 16,
-            user_agent=COMPONENT,
-        ),
+    daemon.serve_http(routes(settings, controller, webhook, settled=settled))
+    daemon.on_stop(webhook.stop)
+    daemon.on_stop(controller.stop)
+    controller.start()
+    webhook.start()
+    logger.info(
+        "%s running as %s (leader election %s)",
+        COMPONENT,
+        settings.identity,
+        "on" if settings.leader_elect else "off",
     )
+    _run(controller, stop=daemon.stop, settled=settled)
+    return 0
 
 
 def _webhook(

@@ -3,6 +3,8 @@
 The Deployment sets most of these through env vars (``INSTASLICE_<FLAG>``, e.g.
 ``INSTASLICE_LEADER_ELECT=true``); a flag given on the command line wins over its env var. Bad
 values end the process with a one-line CLI error and exit status 2, before anything is started.
+The flags every daemon has (API server, ``/metrics`` and probe addresses, logging) come from
+``driver.daemon.settings``; this module declares the controller's own.
 """
 
 from __future__ import annotations
@@ -12,44 +14,57 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Final
 
 from api.names import SYSTEM_NAMESPACE
 from controller.webhook.certificates import CertMode
 from driver.daemon import flags
-from driver.daemon.flags import LOG_FORMATS, LOG_LEVELS, add_flag, env_var
+from driver.daemon.flags import add_flag, add_number_flag, env_var
+from driver.daemon.parser import DaemonParser
+from driver.daemon.paths import check_writable_directory
+from driver.daemon.settings import DaemonDefaults, DaemonSettings, add_daemon_flags, daemon_settings
 from driver.placement import DEFAULT_POLICY, POLICIES
 
+PROG: Final = "instaslice-controller"
 CERT_MODES: Final = tuple(mode.value for mode in CertMode)
 
 DEFAULT_WEBHOOK_PORT: Final = 9443
 DEFAULT_WEBHOOK_CERT_DIR: Final = "/var/run/instaslice/webhook-certs"
 DEFAULT_WEBHOOK_SERVICE: Final = "instaslice-webhook"
 DEFAULT_WEBHOOK_CONFIG_NAME: Final = "instaslice-pod-gate"
-DEFAULT_METRICS_ADDRESS: Final = ":8080"
-DEFAULT_HEALTHZ_ADDRESS: Final = ":8081"
 DEFAULT_WORKERS: Final = 48
 """Pods placed at once: each waits on API round trips most of its time (real 1.36 control plane,
 1,000-pod burst: create -> ungated p50 6.9 s / p99 13.2 s with 16 workers, 3.7 s / 4.3 s with 48)."""
-DEFAULT_KUBE_API_QPS: Final = 500.0
-"""Four writes per pod (finalizer, allocation, nominated node, gate) at well over 100 pods/s."""
-DEFAULT_KUBE_API_BURST: Final = 1000
+MAX_WORKERS: Final = 256
+"""Each worker is a thread with its own API connection (``connection_pool_maxsize``)."""
+DEFAULTS: Final = DaemonDefaults(
+    metrics_address=":8080",
+    healthz_address=":8081",
+    kube_api_qps=500.0,
+    kube_api_burst=1000,
+)
+"""The request rate: four writes per pod (finalizer, allocation, nominated node, gate) at well
+over 100 pods/s."""
 ALLOCATION_MODES: Final = ("controller", "scheduler")
 DEFAULT_HANDOFF_AFTER: Final = 120.0
+"""Seconds a DRA pod may wait for capacity (or to be bound) before kube-scheduler gets it."""
 DEFAULT_STARVATION_AFTER: Final = 60.0
 """Shorter than the hand-off, so that a large request is reserved room here before it would be
 handed to kube-scheduler, which reserves nothing."""
-"""Seconds a DRA pod may wait for capacity (or to be bound) before kube-scheduler gets it."""
+MAX_WAIT_S: Final = 86400.0
+"""The longest ``--handoff-after`` and ``--starvation-after``: a day."""
+MAX_LEADER_ELECTION_S: Final = 3600
+"""The longest lease duration, renew deadline and retry period: an hour."""
+MIN_LEADER_ELECTION_S: Final = 0.1
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
     """The validated configuration of one controller process."""
 
-    kubeconfig: str | None
-    kube_api_url: str | None
+    daemon: DaemonSettings
+    """The API server, ``/metrics`` and probe addresses, logging: the flags every daemon has."""
     namespace: str
     policy: str
     webhook_port: int
@@ -64,14 +79,6 @@ class Settings:
     retry_period: float
     identity: str
     workers: int
-    kube_api_qps: float
-    kube_api_burst: int
-    metrics_address: str
-    """``host:port`` for ``/metrics``; empty string disables the endpoint."""
-    healthz_address: str
-    """``host:port`` for ``/healthz`` and ``/readyz``; empty string disables the endpoint."""
-    log_level: str
-    log_format: str
     allocation_mode: str = "controller"
     """``controller``: we allocate (gated flow). ``scheduler``: kube-scheduler allocates; we only
     hand every gated pod over to it and release the shadow claims left from controller mode."""
@@ -92,42 +99,30 @@ class Settings:
     allocation workers)."""
 
 
-_add = partial(add_flag, show_default=True)
-"""The controller's flag help also names each built-in default."""
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every flag; defaults here are the built-in ones (env vars applied on parse)."""
-    parser = argparse.ArgumentParser(
-        prog="instaslice-controller",
+    parser = DaemonParser(
+        prog=PROG,
         description="InstaSlice controller: the single allocator of MIG slices (DRA claims and "
         "classic nvidia.com/mig-* requests), the pod-gating webhook, leader election and metrics.",
     )
+    add_daemon_flags(parser, defaults=DEFAULTS)
     _add_cluster_flags(parser)
     _add_webhook_flags(parser)
     _add_allocator_flags(parser)
-    _add_client_flags(parser)
     _add_mode_flags(parser)
-    flags.add_log_flags(parser, show_default=True)
     return parser
 
 
 def _add_cluster_flags(parser: argparse.ArgumentParser) -> None:
-    """How to reach the API server, the namespace of our own objects, the placement policy."""
-    _add(parser, "--kubeconfig", help_text="kubeconfig file (default: in-cluster)", default=None)
-    _add(
-        parser,
-        "--kube-api-url",
-        help_text="plain API server URL without auth (local API server); overrides --kubeconfig",
-        default=None,
-    )
-    _add(
+    """The namespace of our own objects and the placement policy."""
+    add_flag(
         parser,
         "--namespace",
         help_text="namespace of the lease and the webhook certificate Secret",
         default=SYSTEM_NAMESPACE,
     )
-    _add(
+    add_flag(
         parser,
         "--policy",
         help_text="placement policy",
@@ -138,32 +133,35 @@ def _add_cluster_flags(parser: argparse.ArgumentParser) -> None:
 
 def _add_webhook_flags(parser: argparse.ArgumentParser) -> None:
     """The pod webhook: port, certificate, the Service and configuration kube-apiserver uses."""
-    _add(
+    add_number_flag(
         parser,
         "--webhook-port",
         help_text="HTTPS port of the pod webhook; 0 disables it",
-        default=str(DEFAULT_WEBHOOK_PORT),
+        default=DEFAULT_WEBHOOK_PORT,
+        low=0,
+        high=65535,
+        integer=True,
     )
-    _add(
+    add_flag(
         parser,
         "--webhook-cert-dir",
         help_text="directory of tls.crt/tls.key for the webhook",
         default=DEFAULT_WEBHOOK_CERT_DIR,
     )
-    _add(
+    add_flag(
         parser,
         "--cert-mode",
         help_text="who provides the webhook certificate",
         default=CertMode.SELF.value,
         choices=CERT_MODES,
     )
-    _add(
+    add_flag(
         parser,
         "--webhook-service",
         help_text="Service name kube-apiserver calls the webhook through",
         default=DEFAULT_WEBHOOK_SERVICE,
     )
-    _add(
+    add_flag(
         parser,
         "--webhook-config-name",
         help_text="MutatingWebhookConfiguration whose caBundle is kept current (cert mode self)",
@@ -198,54 +196,52 @@ def _add_allocator_flags(parser: argparse.ArgumentParser) -> None:
         help=f"elect one allocating replica through a Lease (env {env_var('leader_elect')}; "
         "default true)",
     )
-    _add(parser, "--lease-duration", help_text="lease duration, seconds", default="15")
-    _add(parser, "--renew-deadline", help_text="renew deadline, seconds", default="10")
-    _add(parser, "--retry-period", help_text="retry period, seconds", default="2")
-    _add(
+    _add_leader_election_timing_flags(parser)
+    add_flag(
         parser,
         "--identity",
         help_text="leader-election identity (default: hostname and process id)",
         default=None,
     )
-    _add(
+    add_number_flag(
         parser,
         "--workers",
         help_text="worker threads writing allocations concurrently",
-        default=str(DEFAULT_WORKERS),
+        default=DEFAULT_WORKERS,
+        low=1,
+        high=MAX_WORKERS,
+        integer=True,
     )
 
 
-def _add_client_flags(parser: argparse.ArgumentParser) -> None:
-    """The API client's rate limits and the /metrics and /healthz endpoints."""
-    _add(
+def _add_leader_election_timing_flags(parser: argparse.ArgumentParser) -> None:
+    """Lease duration, renew deadline and retry period, in seconds."""
+    add_number_flag(
         parser,
-        "--kube-api-qps",
-        help_text="client-side API request rate limit; 0 disables it",
-        default=str(DEFAULT_KUBE_API_QPS),
+        "--lease-duration",
+        help_text="lease duration, seconds",
+        default=15,
+        low=1,
+        high=MAX_LEADER_ELECTION_S,
+        integer=True,
     )
-    _add(
-        parser,
-        "--kube-api-burst",
-        help_text="API requests allowed at once before --kube-api-qps applies",
-        default=str(DEFAULT_KUBE_API_BURST),
-    )
-    _add(
-        parser,
-        "--metrics-address",
-        help_text="host:port of /metrics; empty disables it",
-        default=DEFAULT_METRICS_ADDRESS,
-    )
-    _add(
-        parser,
-        "--healthz-address",
-        help_text="host:port of /healthz and /readyz; empty disables it",
-        default=DEFAULT_HEALTHZ_ADDRESS,
-    )
+    for flag, what, default in (
+        ("--renew-deadline", "renew deadline, seconds; less than --lease-duration", 10.0),
+        ("--retry-period", "retry period, seconds; less than --renew-deadline", 2.0),
+    ):
+        add_number_flag(
+            parser,
+            flag,
+            help_text=what,
+            default=default,
+            low=MIN_LEADER_ELECTION_S,
+            high=MAX_LEADER_ELECTION_S,
+        )
 
 
 def _add_mode_flags(parser: argparse.ArgumentParser) -> None:
     """Who allocates (this controller or kube-scheduler) and when a waiting pod is handed over."""
-    _add(
+    add_flag(
         parser,
         "--allocation-mode",
         help_text="who allocates MIG slices: 'controller' (gated pods, this controller places "
@@ -253,22 +249,26 @@ def _add_mode_flags(parser: argparse.ArgumentParser) -> None:
         default="controller",
         choices=ALLOCATION_MODES,
     )
-    _add(
+    add_number_flag(
         parser,
         "--handoff-after",
         help_text="controller mode: seconds a DRA pod waits for capacity, or to be bound once "
         "placed, before it is handed to kube-scheduler (and cluster autoscalers); 0 disables",
-        default=str(DEFAULT_HANDOFF_AFTER),
+        default=DEFAULT_HANDOFF_AFTER,
+        low=0,
+        high=MAX_WAIT_S,
     )
-    _add(
+    add_number_flag(
         parser,
         "--starvation-after",
         help_text="controller mode: seconds a pod waits, fitting nowhere, before the GPU "
         "cheapest to empty is reserved for it (nothing of equal or lower priority is placed "
         "there meanwhile); 0 disables",
-        default=str(DEFAULT_STARVATION_AFTER),
+        default=DEFAULT_STARVATION_AFTER,
+        low=0,
+        high=MAX_WAIT_S,
     )
-    _add(
+    add_flag(
         parser,
         "--preemption",
         help_text="controller mode: 'on' evicts lower-priority pods holding MIG slices for a "
@@ -276,11 +276,6 @@ def _add_mode_flags(parser: argparse.ArgumentParser) -> None:
         default="on",
         choices=("on", "off"),
     )
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``host:port`` → (host, port); ``:8080`` listens on every interface. ``ValueError`` if bad."""
-    return flags.split_address(address, example=DEFAULT_METRICS_ADDRESS)
 
 
 def parse_settings(
@@ -294,44 +289,24 @@ def parse_settings(
     return _validate(parser, args)
 
 
-def _number(parser: argparse.ArgumentParser, flag: str, text: str, *, kind: type) -> float:
-    try:
-        return float(kind(text))
-    except ValueError:
-        parser.error(f"{flag}: {text!r} is not a number")
+def check_paths(settings: Settings) -> None:
+    """``ConfigError`` unless this process can write the directories its flags name: the
+    webhook's certificate directory when the webhook serves a certificate it makes itself
+    (``--cert-mode self``); in the other modes someone else writes it, maybe later."""
+    if settings.webhook_port != 0 and settings.cert_mode is CertMode.SELF:
+        check_writable_directory(settings.webhook_cert_dir, flag="--webhook-cert-dir")
 
 
-def _leader_election_timing(
+def _check_leader_election_timing(
     parser: argparse.ArgumentParser, args: argparse.Namespace
-) -> tuple[int, float, float]:
+) -> None:
     """Lease duration, renew deadline and retry period, in that order of length."""
-    lease = int(_number(parser, "--lease-duration", args.lease_duration, kind=int))
-    renew = _number(parser, "--renew-deadline", args.renew_deadline, kind=float)
-    retry = _number(parser, "--retry-period", args.retry_period, kind=float)
-    if not 0 < retry < renew < lease:
+    lease, renew, retry = args.lease_duration, args.renew_deadline, args.retry_period
+    if not retry < renew < lease:
         parser.error(
-            "need 0 < --retry-period < --renew-deadline < --lease-duration, got "
-            f"{retry}, {renew}, {lease}"
+            "need --retry-period < --renew-deadline < --lease-duration, got "
+            f"{retry:g}, {renew:g}, {lease:g}"
         )
-    return lease, renew, retry
-
-
-def _waiting_limits(
-    parser: argparse.ArgumentParser, args: argparse.Namespace
-) -> tuple[float, float]:
-    """``--handoff-after`` and ``--starvation-after``, in seconds."""
-    handoff_after = _number(parser, "--handoff-after", args.handoff_after, kind=float)
-    if not 0 <= handoff_after < float("inf"):
-        parser.error(
-            f"--handoff-after must be a number of seconds >= 0, got {args.handoff_after!r}"
-        )
-    starvation_after = _number(parser, "--starvation-after", args.starvation_after, kind=float)
-    if not 0 <= starvation_after <= 86400:
-        parser.error(
-            "--starvation-after must be a number of seconds from 0 to 86400, got "
-            f"{args.starvation_after!r}"
-        )
-    return handoff_after, starvation_after
 
 
 def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
@@ -341,50 +316,32 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
         (
             ("policy", tuple(POLICIES)),
             ("cert_mode", CERT_MODES),
-            ("log_format", LOG_FORMATS),
-            ("log_level", LOG_LEVELS),
             ("allocation_mode", ALLOCATION_MODES),
+            ("preemption", ("on", "off")),
         ),
     )
-    handoff_after, starvation_after = _waiting_limits(parser, args)
-    port = int(_number(parser, "--webhook-port", args.webhook_port, kind=int))
-    if not 0 <= port <= 65535:
-        parser.error(f"--webhook-port must be 0..65535, got {port}")
-    lease, renew, retry = _leader_election_timing(parser, args)
-    workers = int(_number(parser, "--workers", args.workers, kind=int))
-    if workers < 1:
-        parser.error(f"--workers must be at least 1, got {workers}")
-    qps = _number(parser, "--kube-api-qps", args.kube_api_qps, kind=float)
-    burst = int(_number(parser, "--kube-api-burst", args.kube_api_burst, kind=int))
-    if qps < 0 or burst < 1:
-        parser.error(f"--kube-api-qps must be >= 0 and --kube-api-burst >= 1, got {qps}/{burst}")
-    flags.check_addresses(parser, args, ("metrics_address", "healthz_address"), split=split_address)
-    identity = args.identity or f"{socket.gethostname()}_{os.getpid()}"
+    flags.check_names(
+        parser, args, labels=("namespace", "webhook_service"), subdomains=("webhook_config_name",)
+    )
+    _check_leader_election_timing(parser, args)
     return Settings(
-        kubeconfig=args.kubeconfig,
-        kube_api_url=args.kube_api_url,
+        daemon=daemon_settings(parser, args, defaults=DEFAULTS),
         namespace=args.namespace,
         policy=args.policy,
-        webhook_port=port,
+        webhook_port=args.webhook_port,
         webhook_cert_dir=Path(args.webhook_cert_dir),
         cert_mode=CertMode(args.cert_mode),
         webhook_service=args.webhook_service,
         webhook_config_name=args.webhook_config_name,
         leader_elect=True if args.leader_elect is None else bool(args.leader_elect),
-        lease_duration=lease,
-        renew_deadline=renew,
-        retry_period=retry,
-        identity=identity,
-        workers=workers,
-        kube_api_qps=qps,
-        kube_api_burst=burst,
-        metrics_address=args.metrics_address,
-        healthz_address=args.healthz_address,
-        log_level=args.log_level,
-        log_format=args.log_format,
+        lease_duration=args.lease_duration,
+        renew_deadline=args.renew_deadline,
+        retry_period=args.retry_period,
+        identity=args.identity or f"{socket.gethostname()}_{os.getpid()}",
+        workers=args.workers,
         allocation_mode=args.allocation_mode,
-        handoff_after=handoff_after,
-        starvation_after=starvation_after,
+        handoff_after=args.handoff_after,
+        starvation_after=args.starvation_after,
         preemption=args.preemption == "on",
         webhook_process=True if args.webhook_process is None else bool(args.webhook_process),
         nominate_node=True if args.nominate_node is None else bool(args.nominate_node),

@@ -18,15 +18,17 @@ of :func:`build_pool`), which allocators honour; a device with taints also count
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from api import names
+from api import names, wire
+from driver.cluster.port import Body, as_json
 from driver.cluster.views import AttributeValue, SliceDevice, SliceView, mapping, path
 from driver.mig.model import MigProfile, Placement
 from driver.mig.naming import device_name
 from driver.taints import DeviceTaint, device_taints
 
 JsonObject = dict[str, Any]
+_Item = TypeVar("_Item")
 
 MAX_COUNTER_SETS_PER_SLICE = 8
 MAX_DEVICES_PER_SLICE = 64
@@ -78,14 +80,14 @@ def _device(
     profile: MigProfile,
     placement: Placement,
     taints: Sequence[DeviceTaint] = (),
-) -> JsonObject:
-    counters = {
+) -> wire.Device:
+    counters: dict[str, wire.Counter] = {
         f"{names.COUNTER_MEMORY_SLICE_PREFIX}{i}": {"value": "1"}
         for i in range(placement.start, placement.end)
     }
     if profile.media_extensions:
         counters[names.COUNTER_MEDIA_EXTENSIONS] = {"value": "1"}
-    device: JsonObject = {
+    device: wire.Device = {
         "name": device_name(gpu_index=gpu.index, profile=profile.name, start=placement.start),
         "attributes": {
             names.ATTRIBUTE_PROFILE: {"string": profile.name},
@@ -109,15 +111,15 @@ def _device(
     return device
 
 
-def _counter_set(gpu: GpuInventory) -> JsonObject:
-    counters = {
+def _counter_set(gpu: GpuInventory) -> wire.CounterSet:
+    counters: dict[str, wire.Counter] = {
         f"{names.COUNTER_MEMORY_SLICE_PREFIX}{i}": {"value": "1"} for i in range(gpu.memory_slices)
     }
     counters[names.COUNTER_MEDIA_EXTENSIONS] = {"value": "1"}
     return {"name": counter_set_name(gpu.index), "counters": counters}
 
 
-def _chunks(items: Sequence[JsonObject], size: int) -> list[Sequence[JsonObject]]:
+def _chunks(items: Sequence[_Item], size: int) -> list[Sequence[_Item]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
@@ -126,9 +128,9 @@ def build_pool(
     node: str,
     gpus: Iterable[GpuInventory],
     generation: int,
-    owner: JsonObject | None = None,
+    owner: wire.OwnerReference | None = None,
     taints: Mapping[int, Sequence[DeviceTaint]] | None = None,
-) -> list[JsonObject]:
+) -> list[wire.ResourceSlice]:
     """Every ResourceSlice of ``node``'s pool at ``generation``.
 
     ``owner`` is the Node's ownerReference (``apiVersion``, ``kind``, ``name``, ``uid``) so the slices
@@ -140,18 +142,18 @@ def build_pool(
     if not device_groups:
         return []
     counter_groups = _chunks([_counter_set(g) for g in ordered], MAX_COUNTER_SETS_PER_SLICE)
-    pool = {
+    pool: wire.ResourcePool = {
         "name": node,
         "generation": generation,
         "resourceSliceCount": len(counter_groups) + len(device_groups),
     }
     return [
         *(
-            _slice(node, f"counters-{i}", {"sharedCounters": list(group)}, pool=pool, owner=owner)
+            _slice(node, f"counters-{i}", pool=pool, owner=owner, shared_counters=list(group))
             for i, group in enumerate(counter_groups)
         ),
         *(
-            _slice(node, suffix, {"devices": list(group)}, pool=pool, owner=owner)
+            _slice(node, suffix, pool=pool, owner=owner, devices=list(group))
             for suffix, group in device_groups
         ),
     ]
@@ -159,10 +161,10 @@ def build_pool(
 
 def _device_groups(
     ordered: Sequence[GpuInventory], taints: Mapping[int, Sequence[DeviceTaint]]
-) -> list[tuple[str, Sequence[JsonObject]]]:
+) -> list[tuple[str, Sequence[wire.Device]]]:
     """Each GPU's devices (with its taints), in chunks of at most ``MAX_DEVICES_PER_SLICE``,
     named ``gpu-<index>-<part>``."""
-    device_groups: list[tuple[str, Sequence[JsonObject]]] = []
+    device_groups: list[tuple[str, Sequence[wire.Device]]] = []
     for gpu in ordered:
         gpu_taints = taints.get(gpu.index, ())
         devices = [_device(gpu, p, pl, gpu_taints) for p in gpu.profiles for pl in p.placements]
@@ -172,20 +174,36 @@ def _device_groups(
 
 
 def _slice(
-    node: str, suffix: str, body: JsonObject, *, pool: JsonObject, owner: JsonObject | None
-) -> JsonObject:
-    """One ResourceSlice of ``node``'s pool; the Node owns it when ``owner`` is given."""
-    meta: JsonObject = {
+    node: str,
+    suffix: str,
+    *,
+    pool: wire.ResourcePool,
+    owner: wire.OwnerReference | None,
+    shared_counters: list[wire.CounterSet] | None = None,
+    devices: list[wire.Device] | None = None,
+) -> wire.ResourceSlice:
+    """One ResourceSlice of ``node``'s pool with ``shared_counters`` or ``devices``; the Node owns
+    it when ``owner`` is given."""
+    meta: wire.ObjectMeta = {
         "name": slice_name(node, suffix),
         "labels": {"app.kubernetes.io/managed-by": "instaslice"},
     }
     if owner is not None:
         meta["ownerReferences"] = [{**owner, "controller": True}]
+    spec: wire.ResourceSliceSpec = {
+        "driver": names.DRIVER_NAME,
+        "pool": pool.copy(),
+        "nodeName": node,
+    }
+    if shared_counters is not None:
+        spec["sharedCounters"] = shared_counters
+    if devices is not None:
+        spec["devices"] = devices
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
         "metadata": meta,
-        "spec": {"driver": names.DRIVER_NAME, "pool": dict(pool), "nodeName": node, **body},
+        "spec": spec,
     }
 
 
@@ -208,12 +226,13 @@ def _quantity_int(device: SliceDevice, name: str) -> int:
     return int(value)
 
 
-def complete_pools(slices: Iterable[JsonObject]) -> dict[str, list[JsonObject]]:
-    """Our slices grouped by pool, keeping only each pool's newest generation, and only when all
-    ``resourceSliceCount`` slices of it are present (a half-published pool is not trusted yet)."""
+def complete_pools(slices: Iterable[Body]) -> dict[str, list[JsonObject]]:
+    """Our slices (as read, or as ``build_pool`` made them) grouped by pool, keeping only each
+    pool's newest generation, and only when all ``resourceSliceCount`` slices of it are present (a
+    half-published pool is not trusted yet)."""
     by_pool: dict[str, list[SliceView]] = {}
     for obj in slices:
-        view = SliceView.of(obj)
+        view = SliceView.of(as_json(obj))
         if view.driver != names.DRIVER_NAME:
             continue
         by_pool.setdefault(view.pool, []).append(view)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
+from api import wire
 from api.names import DRIVER_NAME
 from driver.cluster.port import format_time, parse_time
 from driver.cluster.views import Taint, Toleration
@@ -45,11 +46,12 @@ class DeviceTaint:
     effect: str
     time_added: datetime | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"key": self.key}
-        if self.value:
-            body["value"] = self.value
-        body["effect"] = self.effect
+    def to_json(self) -> wire.DeviceTaint:
+        body: wire.DeviceTaint = (
+            {"key": self.key, "value": self.value, "effect": self.effect}
+            if self.value
+            else {"key": self.key, "effect": self.effect}
+        )
         if self.time_added is not None:
             body["timeAdded"] = format_time(self.time_added)
         return body

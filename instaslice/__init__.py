@@ -6,5 +6,7 @@
   output, plots, and a live cluster's occupancy as the planner needs it;
 - ``planning`` — the planning code itself: traces, replay, floor, headroom, defragmentation plans.
 
-Neither daemon imports this package. ``demo`` runs the checkout's ``localcluster`` (not shipped).
+Neither daemon imports this package, and this package imports nothing of the lab
+(``localcluster``, ``bench``, ``tests``), which imports it: ``demo`` starts the checkout's
+``python -m localcluster.demo`` by name (not shipped).
 """

@@ -9,11 +9,14 @@
                        slices, or (``--drain``) evicts them and waits for their slices first.
 ``instaslice demo``    the whole system on this machine: a local API server, emulated kubelets,
                        the real controller and kubelet plugins, the samples applied and removed.
+                       The demo is the lab's (``localcluster.demo``, in a checkout only); this
+                       command only starts it, by name, and imports nothing of the lab.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import sys
@@ -33,9 +36,11 @@ from instaslice.flags import (
     add_status_parser,
 )
 from instaslice.inputs import (
+    ArgumentError,
     CommandParser,
     check_regular_file,
     connect_cluster,
+    connection_flag_problem,
     package_version,
     refuse,
 )
@@ -60,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulate_parser(sub)
     add_defrag_parser(sub)
     add_uninstall_parser(sub)
+    for command in sub.choices.values():
+        # whose refusal an argument left over is: "instaslice status: unrecognized arguments"
+        command.set_defaults(command_parser=command)
     return parser
 
 
@@ -86,8 +94,11 @@ def run_status(
     out: TextIO,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
-    """``instaslice status``: the checkpoints and the connection are checked before the first
-    read; a node named by ``--node`` that shows no GPU at the first read is an error."""
+    """``instaslice status``: the command line, then the checkpoints and the connection are
+    checked before the first read; a node named by ``--node`` that shows no GPU at the first read
+    is an error."""
+    if (problem := connection_flag_problem(args)) is not None:
+        return refuse("status", ArgumentError(problem))
     try:
         check_checkpoints(args.checkpoint)
         api = connect_cluster(args)
@@ -147,6 +158,10 @@ def missing_nodes(api: Any, view: ClusterView, nodes: Sequence[str]) -> str | No
     return "; ".join(problems) or None
 
 
+LAB_PACKAGE = "localcluster"
+DEMO_MODULE = "localcluster.demo"
+"""The demo lives in the lab, which a checkout has and the installed package does not: the product
+never imports it (docs/design.md "Components"), it only starts it by this name."""
 DEMO_NEEDS_CHECKOUT = (
     "instaslice demo: the demo runs on the local cluster emulator (localcluster/), which is part of "
     "the source repository, not of the installed package: run `make demo` in a checkout"
@@ -154,22 +169,40 @@ DEMO_NEEDS_CHECKOUT = (
 
 
 def run_demo(argv: Sequence[str]) -> int:
-    """Hand ``argv`` to ``localcluster.demo``; one clear line when it is not importable."""
+    """Become ``python -m localcluster.demo ARGV`` (the same process: the demo's output, Ctrl-C
+    and exit status are the command's), with the checkout that holds the lab first on the path;
+    one clear line where no checkout is on this interpreter's path."""
+    checkout = _checkout_with_the_lab()
+    if checkout is not None:
+        path = os.pathsep.join(p for p in (str(checkout), os.environ.get("PYTHONPATH", "")) if p)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(  # noqa: S606 - this interpreter, a fixed module, the user's own arguments
+            sys.executable,
+            [sys.executable, "-m", DEMO_MODULE, *argv],
+            {**os.environ, "PYTHONPATH": path},
+        )
+    print(DEMO_NEEDS_CHECKOUT, file=sys.stderr)
+    return 1  # nothing wrong with the arguments: the demo is not where this command runs
+
+
+def _checkout_with_the_lab() -> Path | None:
+    """The folder holding ``localcluster/`` on this interpreter's path, found without importing
+    anything of it; None where there is none (an installed package)."""
     try:
-        from localcluster import demo  # noqa: PLC0415 - a checkout's test emulator, never shipped
-    except ModuleNotFoundError as exc:
-        if exc.name != "localcluster":
-            raise
-        print(DEMO_NEEDS_CHECKOUT, file=sys.stderr)
-        return 2
-    return demo.main(argv, prog="instaslice demo")
+        spec = importlib.util.find_spec(LAB_PACKAGE)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).resolve().parent.parent
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command != "demo" and rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        args.command_parser.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

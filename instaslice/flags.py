@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from driver.placement import DEFAULT_POLICY, POLICIES
-from instaslice.inputs import integer_between, number_between
+from instaslice.inputs import api_server_url, integer_between, number_between
 from instaslice.planning.limits import (
     MAX_COUNT_PER_GPU,
     MAX_DEFRAG_REPLAY_REQUESTS,
@@ -78,6 +78,8 @@ def add_connection_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--context", help="kubeconfig context (default: the current one)")
     group.add_argument(
         "--kube-api-url",
+        type=api_server_url,
+        metavar="URL",
         help="plain API server URL without auth, http(s)://HOST[:PORT] (e.g. the demo's local "
         "API server); not with --kubeconfig or --context",
     )
@@ -123,7 +125,8 @@ def add_status_parser(sub: Any) -> None:
 
 def add_demo_parser(sub: Any) -> None:
     # The demo's arguments (and its --help) belong to localcluster.demo, which only a source
-    # checkout has: the installed package neither contains nor imports the test emulator.
+    # checkout has: the installed package neither contains nor imports the lab, and
+    # `instaslice demo` only starts it by name (cli.run_demo).
     sub.add_parser(
         "demo",
         add_help=False,

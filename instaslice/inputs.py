@@ -1,9 +1,11 @@
 """What every ``instaslice`` command checks before it starts work: arguments, files, connections.
 
-Every refusal is one line naming the problem, on stderr, with a non-zero exit: ``2`` for arguments
-argparse rejects (``CommandParser``), ``1`` for the ``ConfigError`` of a check here or of the code
-that reads an input. Files are checked for what they are before they are opened (a FIFO would block
-the open, a device could stream forever) and for their size before they are read.
+Every refusal is one line naming the problem, on stderr, with a non-zero exit status: ``2`` when the
+command line itself is wrong (what argparse rejects in ``CommandParser``, and ``ArgumentError``: a
+value out of its range, flags that do not combine or do not apply), ``1`` when what it names cannot
+be used (a file, the cluster) or the work fails. Files are checked for what they are before they
+are opened (a FIFO would block the open, a device could stream forever) and for their size before
+they are read.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
@@ -24,11 +27,36 @@ MAX_KUBECONFIG_BYTES = 4 * 1024 * 1024
 """A kubeconfig is read whole by the Kubernetes client: files larger than this are refused."""
 
 
+ARGUMENT_ERROR_STATUS = 2
+"""The exit status of a wrong command line, argparse's own."""
+
+
+class ArgumentError(ConfigError):
+    """The command line itself is wrong, whatever the files and the cluster hold: a value out of
+    its range, flags that do not combine, a flag the chosen mode ignores. Refused as argparse
+    refuses: exit status 2."""
+
+
+@contextmanager
+def command_line_checks() -> Iterator[None]:
+    """Inside, every ``ConfigError`` is about the command line alone: it leaves as an
+    ``ArgumentError``. For checks that read no file and no cluster (parsing a flag's value,
+    checking flags together)."""
+    try:
+        yield
+    except ArgumentError:
+        raise
+    except ConfigError as exc:
+        raise ArgumentError(str(exc)) from exc
+
+
 class CommandParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose refusals are one line: the problem and where help is."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {one_line(message)} (see {self.prog} --help)\n")
+        self.exit(
+            ARGUMENT_ERROR_STATUS, f"{self.prog}: {one_line(message)} (see {self.prog} --help)\n"
+        )
 
 
 def package_version() -> str:
@@ -117,6 +145,17 @@ def check_kubeconfig(kubeconfig: str | None) -> None:
         check_regular_file(path, what="kubeconfig", max_bytes=MAX_KUBECONFIG_BYTES)
 
 
+def api_server_url(text: str) -> str:
+    """An argparse ``type``: an ``http(s)://HOST[:PORT]`` URL, as the cluster client checks it."""
+    from driver.cluster.kube import check_server_url  # noqa: PLC0415 - imports kubernetes
+
+    try:
+        check_server_url(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def connection_flag_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the connection flags together (None: nothing)."""
     if args.kube_api_url is not None and (args.kubeconfig is not None or args.context is not None):
@@ -132,7 +171,7 @@ def connect_cluster(args: argparse.Namespace) -> Any:
 
     problem = connection_flag_problem(args)
     if problem is not None:
-        raise ConfigError(problem)
+        raise ArgumentError(problem)
     if args.kube_api_url is None:
         check_kubeconfig(args.kubeconfig)
     return connect(
@@ -144,8 +183,13 @@ def connect_cluster(args: argparse.Namespace) -> Any:
 
 
 def refuse(command: str, exc: Exception) -> int:
-    """Print ``exc`` as the one line of ``instaslice COMMAND``'s refusal; the exit status 1."""
-    print(f"instaslice {command}: {one_line(str(exc))}", file=sys.stderr)
+    """Print ``exc`` as the one line of ``instaslice COMMAND``'s refusal; the exit status: 2 for an
+    ``ArgumentError`` (with where help is, as argparse says it), else 1."""
+    prog = f"instaslice {command}"
+    if isinstance(exc, ArgumentError):
+        print(f"{prog}: {one_line(str(exc))} (see {prog} --help)", file=sys.stderr)
+        return ARGUMENT_ERROR_STATUS
+    print(f"{prog}: {one_line(str(exc))}", file=sys.stderr)
     return 1
 
 

@@ -15,8 +15,9 @@
                                                 evicts them through the Eviction API
 
 Every input is checked before any work starts (``instaslice.flags`` says which flag belongs to which
-mode of ``simulate``, ``instaslice.planning.limits`` how large an input may be); a refusal is one
-line on stderr and exit status 1. Output lives here; the logic is in ``instaslice.planning`` and
+mode of ``simulate``, ``instaslice.planning.limits`` how large an input may be): first the command
+line alone (a refusal exits 2), then the files and the cluster it names (a refusal exits 1); a
+refusal is one line on stderr. Output lives here; the logic is in ``instaslice.planning`` and
 ``instaslice.clusterplan``.
 """
 
@@ -26,7 +27,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
 from driver.errors import ConfigError, DriverError, TooManyRequestsError
@@ -40,7 +41,13 @@ from instaslice.flags import (
     MAX_DEFRAG_COUNT,
     simulate_flag_problem,
 )
-from instaslice.inputs import connect_cluster, connection_flag_problem, refuse
+from instaslice.inputs import (
+    ArgumentError,
+    command_line_checks,
+    connect_cluster,
+    connection_flag_problem,
+    refuse,
+)
 from instaslice.planning.defrag import DefragPlan, NoPlan, plan_defrag
 from instaslice.planning.figures import ReplayResult
 from instaslice.planning.fleet import Fleet, parse_fleet
@@ -75,9 +82,9 @@ def _policies(text: str | None) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class _Replay:
-    """A replay checked and read, before any policy runs."""
+    """A replay's settings from the command line, then (``trace``) its trace checked and read,
+    before any policy runs."""
 
-    trace: tuple[TraceRequest, ...]
     fleet: Fleet
     policies: list[str]
     defrag_moves: int
@@ -85,22 +92,24 @@ class _Replay:
     whole_gpu_reserve: float | None
     preemption: bool
     starvation_after: float | None
+    trace: tuple[TraceRequest, ...] = ()
 
 
 def run_simulate(args: argparse.Namespace, *, out: TextIO) -> int:
-    """``instaslice simulate``: every input is checked (and the trace read) before any work."""
-    problem = simulate_flag_problem(args) or connection_flag_problem(args)
-    if problem is not None:
-        return refuse("simulate", ConfigError(problem))
+    """``instaslice simulate``: the command line is checked first (a refusal exits 2), then the
+    files and the cluster it names (exit 1), all before any work."""
     try:
+        with command_line_checks():
+            _check_simulate_flags(args)
         if args.from_cluster:
             return _from_cluster(args, out=out)
-        if args.gpus is None or args.trace is None:
-            raise ConfigError("give --gpus and --trace (or --from-cluster)")
-        fleet = parse_fleet(args.gpus)
+        with command_line_checks():
+            fleet = parse_fleet(args.gpus)
         if args.synthesize:
             return _synthesize(args, fleet=fleet, out=out)
-        run = _checked_replay(args, fleet)
+        with command_line_checks():
+            settings = _replay_settings(args, fleet)
+        run = _read_replay(args, settings)
     except DriverError as exc:
         return refuse("simulate", exc)
     floor = fluid_floor(run.trace, run.fleet)
@@ -122,35 +131,46 @@ def run_simulate(args: argparse.Namespace, *, out: TextIO) -> int:
     return _plot(results, floor, args=args, fleet=fleet)
 
 
-def _checked_replay(args: argparse.Namespace, fleet: Fleet) -> _Replay:
-    policies = _policies(args.policy)
-    defrag_moves = _defrag_moves(args)
-    whole_gpu_below = _whole_gpu_below(args)
-    whole_gpu_reserve = _whole_gpu_reserve(args)
+def _check_simulate_flags(args: argparse.Namespace) -> None:
+    """``ConfigError`` unless the flags make one mode, each given flag is one of that mode, and
+    the mode has what it needs."""
+    problem = simulate_flag_problem(args) or connection_flag_problem(args)
+    if problem is not None:
+        raise ConfigError(problem)
+    if not args.from_cluster and (args.gpus is None or args.trace is None):
+        raise ConfigError("give --gpus and --trace (or --from-cluster)")
+
+
+def _replay_settings(args: argparse.Namespace, fleet: Fleet) -> _Replay:
+    """A replay's settings from the command line alone (its trace not read yet)."""
     for flag, given in (
         ("--preemption", args.preemption),
         ("--starvation-after", args.starvation_after),
     ):
         if given not in (None, False) and not args.queue:
             raise ConfigError(f"{flag} needs --queue: without it nothing waits")
+    return _Replay(
+        fleet,
+        _policies(args.policy),
+        _defrag_moves(args),
+        _whole_gpu_below(args),
+        _whole_gpu_reserve(args),
+        preemption=args.preemption,
+        starvation_after=args.starvation_after,
+    )
+
+
+def _read_replay(args: argparse.Namespace, settings: _Replay) -> _Replay:
+    """``settings`` with the trace: the plot's path, the trace and the replay's size checked."""
     if args.plot is not None:
         check_plot_target(args.plot)
     trace = read_trace(args.trace)
     if not trace:
         raise ConfigError(f"trace {args.trace} has no requests")
-    check_trace(trace, fleet, source=str(args.trace))
-    check_counts(trace, fleet, source=str(args.trace))
-    _check_replay_size(len(trace), fleet, defrag=defrag_moves > 0)
-    return _Replay(
-        trace,
-        fleet,
-        policies,
-        defrag_moves,
-        whole_gpu_below,
-        whole_gpu_reserve,
-        preemption=args.preemption,
-        starvation_after=args.starvation_after,
-    )
+    check_trace(trace, settings.fleet, source=str(args.trace))
+    check_counts(trace, settings.fleet, source=str(args.trace))
+    _check_replay_size(len(trace), settings.fleet, defrag=settings.defrag_moves > 0)
+    return replace(settings, trace=trace)
 
 
 def _check_replay_size(requests: int, fleet: Fleet, *, defrag: bool) -> None:
@@ -464,17 +484,20 @@ def _defrag_notes(results: Sequence[ReplayResult]) -> str:
 
 
 def _synthesize(args: argparse.Namespace, *, fleet: Fleet, out: TextIO) -> int:
+    """Write the trace the flags describe; every problem but writing it is the command line's."""
     load = DEFAULT_LOAD if args.load is None else args.load
     seed = DEFAULT_SEED if args.seed is None else args.seed
-    requests = synthesize(
-        fleet=fleet,
-        mix=parse_mix(DEFAULT_MIX if args.mix is None else args.mix),
-        load=load,
-        events=DEFAULT_EVENTS if args.events is None else args.events,
-        seed=seed,
-        mean_duration=DEFAULT_MEAN_DURATION if args.mean_duration is None else args.mean_duration,
-        priorities=parse_priorities(args.priorities) if args.priorities is not None else (),
-    )
+    mean_duration = DEFAULT_MEAN_DURATION if args.mean_duration is None else args.mean_duration
+    with command_line_checks():
+        requests = synthesize(
+            fleet=fleet,
+            mix=parse_mix(DEFAULT_MIX if args.mix is None else args.mix),
+            load=load,
+            events=DEFAULT_EVENTS if args.events is None else args.events,
+            seed=seed,
+            mean_duration=mean_duration,
+            priorities=parse_priorities(args.priorities) if args.priorities is not None else (),
+        )
     if str(args.trace) == "-":
         write_trace(requests, out)
         return 0
@@ -493,9 +516,10 @@ def _from_cluster(args: argparse.Namespace, *, out: TextIO) -> int:
     """How much more fits the cluster now; status 1 when ``--add`` does not fit."""
     from instaslice.clusterplan import read_snapshot  # noqa: PLC0415
 
-    chosen = _policies(args.policy)
+    with command_line_checks():
+        chosen = _policies(args.policy)
+        batch = parse_batch(args.add) if args.add else None
     policy = chosen[0] if len(chosen) == 1 else DEFAULT_POLICY
-    batch = parse_batch(args.add) if args.add else None
     with connect_cluster(args) as api:
         try:
             snapshot = read_snapshot(api, policy=policy)
@@ -553,9 +577,11 @@ def run_defrag(
 
     try:
         if args.yes and not args.apply:
-            raise ConfigError("--yes applies with --apply only (it answers the eviction question)")
+            raise ArgumentError(
+                "--yes applies with --apply only (it answers the eviction question)"
+            )
         if not 1 <= args.count <= MAX_DEFRAG_COUNT:
-            raise ConfigError(f"--count must be from 1 to {MAX_DEFRAG_COUNT:,}, got {args.count}")
+            raise ArgumentError(f"--count must be from 1 to {MAX_DEFRAG_COUNT:,}, got {args.count}")
         api = (connect or connect_cluster)(args)
     except DriverError as exc:
         return refuse("defrag", exc)

@@ -1,7 +1,8 @@
 """``instaslice simulate --plot``: utilization and rejections over time per policy, as a PNG.
 
-matplotlib is an optional extra (``pip install 'instaslice[plots]'``), imported only here and only
-when a plot is asked for; without it the command says how to get it. ``check_plot_target`` checks
+matplotlib is the optional extra ``plots``: ``make install`` installs it (it is in the dev lock), the
+images do not. It is imported only here and only when a plot is asked for; without it the command
+says how to get it. ``check_plot_target`` checks
 the image's path before the replay starts, so that a path the plot cannot be written to is refused
 before any work.
 
@@ -53,7 +54,8 @@ def plot_results(
         from matplotlib import pyplot  # noqa: PLC0415
     except ImportError as exc:
         raise ConfigError(
-            "--plot needs matplotlib: pip install 'instaslice[plots]' (or pip install matplotlib)"
+            "--plot needs matplotlib: run `make install` in the checkout (it installs the locked "
+            "matplotlib), or pip install matplotlib where instaslice is installed"
         ) from exc
     figure, (top, bottom) = pyplot.subplots(2, 1, sharex=True, figsize=(10, 7))
     for result in results:

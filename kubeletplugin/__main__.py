@@ -9,32 +9,28 @@ kept (a restarted plugin answers for them again).
 
 import logging
 import sys
-import threading
 from collections.abc import Sequence
 
 from driver import cdi
 from driver.cdi_common import CommonEdits
 from driver.cluster.events import EventRecorder
-from driver.cluster.kube import KubeClusterApi, connect
-from driver.cluster.throttle import ClientSettings
-from driver.daemon.logs import configure_logging
-from driver.daemon.signals import stop_on_signals
-from driver.errors import DriverError
-from driver.gpu.backend import GpuBackend
+from driver.cluster.kube import KubeClusterApi
+from driver.daemon.run import Daemon, Program, run_daemon
 from kubeletplugin.deviceplugin import Shim, ShimConfig
 from kubeletplugin.deviceplugin.podresources import PodResourcesClient
 from kubeletplugin.logs import FIELDS as LOG_FIELDS
 from kubeletplugin.node.capacity import KUBELET_CHECKPOINT, StaleCapacityCleaner
 from kubeletplugin.node.events import NodeEvents, NodeWarning
-from kubeletplugin.node.setup import prepare_node
+from kubeletplugin.node.setup import check_paths, prepare_node
 from kubeletplugin.node.waiting import REASON_GPU_BACKEND_UNAVAILABLE, BackendWait
 from kubeletplugin.plugin import KubeletPlugin, PluginConfig
-from kubeletplugin.settings import REGISTRATION_WAIT_S, Settings, parse_settings
+from kubeletplugin.settings import PROG, REGISTRATION_WAIT_S, Settings, parse_settings
 from kubeletplugin.state.recovery import read_boot_id
 
 logger = logging.getLogger("kubeletplugin")
 
 COMPONENT = "instaslice-kubelet-plugin"
+PROGRAM = Program(name=PROG, logger=logger, log_fields=LOG_FIELDS)
 REGISTRATION_GRACE_SECONDS = 30.0
 """The kubelet registers a plugin within seconds of its socket appearing; after this long without
 it, a Warning on the Node says the host paths are not this kubelet's."""
@@ -47,63 +43,46 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return check_main(args[1:])
     settings = parse_settings(args)
-    configure_logging(level=settings.log_level, log_format=settings.log_format, fields=LOG_FIELDS)
-    stop = stop_on_signals(logger=logger)
-    try:
-        api = _connect(settings)
-    except DriverError as exc:
-        logger.error("cannot configure the Kubernetes client: %s", exc)
-        return 1
+    return run_daemon(
+        PROGRAM,
+        settings.daemon,
+        serve=lambda daemon: _serve(settings, daemon),
+        user_agent=COMPONENT,
+    )
+
+
+def _serve(settings: Settings, daemon: Daemon) -> int:
+    """Wait for the GPU backend, prepare the node, then serve the kubelet until a signal."""
+    check_paths(settings)
+    api = daemon.api
     events = EventRecorder(api=api, component=COMPONENT, host=settings.node_name)
     node_events = NodeEvents(api=api, events=events, node_name=settings.node_name)
     # A node without a usable backend (no NVIDIA driver) is waited for, said on the Node.
     report = NodeWarning(node_events, reason=REASON_GPU_BACKEND_UNAVAILABLE)
-    backend = BackendWait(settings=settings, report=report, stop=stop).run()
+    backend = BackendWait(settings=settings, report=report, stop=daemon.stop).run()
     if backend is None:
-        api.close()
         return 0
-    try:
-        cdi_common = prepare_node(settings, backend=backend, node_events=node_events)
-    except DriverError as exc:
-        logger.error("cannot set up the common CDI edits: %s", exc)
-        backend.close()
-        api.close()
-        return 1
-    try:
-        plugin = KubeletPlugin(
-            config=_plugin_config(settings, cdi_common),
-            backend=backend,
-            api=api,
-            boot_id=read_boot_id(),
-            events=events,
-            majors=None if settings.gpu_backend == "emulated" else cdi.read_device_majors(),
-        )
-    except DriverError as exc:
-        logger.error("cannot set up the kubelet plugin: %s", exc)
-        backend.close()
-        api.close()
-        return 1
-    return _serve(
-        settings,
-        stop=stop,
-        plugin=plugin,
-        shim=_shim(settings, plugin=plugin, api=api, events=events),
-        cleaner=_stale_capacity_cleaner(settings, api=api),
+    daemon.on_stop(backend.close)
+    cdi_common = prepare_node(settings, backend=backend, node_events=node_events)
+    plugin = KubeletPlugin(
+        config=_plugin_config(settings, cdi_common),
         backend=backend,
         api=api,
+        boot_id=read_boot_id(),
+        events=events,
+        majors=None if settings.gpu_backend == "emulated" else cdi.read_device_majors(),
     )
-
-
-def _connect(settings: Settings) -> KubeClusterApi:
-    return connect(
-        kubeconfig=settings.kubeconfig,
-        url=settings.kube_api_url,
-        settings=ClientSettings(
-            qps=settings.kube_api_qps,
-            burst=settings.kube_api_burst,
-            user_agent=COMPONENT,
-        ),
-    )
+    daemon.on_stop(plugin.stop)
+    shim = _shim(settings, plugin=plugin, api=api, events=events)
+    cleaner = _stale_capacity_cleaner(settings, api=api)
+    if cleaner is not None:
+        daemon.on_stop(cleaner.stop)
+        cleaner.start()
+    daemon.on_stop(shim.stop)
+    plugin.start()
+    shim.start(serve=settings.classic_shim)
+    logger.info("kubelet plugin running on node %s", settings.node_name)
+    return daemon.wait()
 
 
 def _plugin_config(settings: Settings, cdi_common: CommonEdits) -> PluginConfig:
@@ -114,8 +93,8 @@ def _plugin_config(settings: Settings, cdi_common: CommonEdits) -> PluginConfig:
         cdi_root=settings.cdi_root,
         state_dir=settings.state_dir,
         emulated=settings.gpu_backend == "emulated",
-        healthz_address=settings.healthz_address,
-        metrics_address=settings.metrics_address,
+        healthz_address=settings.daemon.healthz_address,
+        metrics_address=settings.daemon.metrics_address,
         inventory_poll_seconds=settings.inventory_poll_seconds,
         unhealthy_taint_effect=settings.health.taint_effect,
         xid_policy=settings.health.xids,
@@ -161,38 +140,6 @@ def _stale_capacity_cleaner(
         kubelet_checkpoint=settings.device_plugin_dir / KUBELET_CHECKPOINT,
         pod_resources=PodResourcesClient(settings.pod_resources_socket),
     )
-
-
-def _serve(
-    settings: Settings,
-    *,
-    stop: threading.Event,
-    plugin: KubeletPlugin,
-    shim: Shim,
-    cleaner: StaleCapacityCleaner | None,
-    backend: GpuBackend,
-    api: KubeClusterApi,
-) -> int:
-    """Start everything, run until SIGTERM or SIGINT, then stop everything and close the backend
-    and the API client."""
-    try:
-        if cleaner is not None:
-            cleaner.start()
-        plugin.start()
-        shim.start(serve=settings.classic_shim)
-        logger.info("kubelet plugin running on node %s", settings.node_name)
-        stop.wait()
-        return 0
-    except DriverError as exc:
-        logger.error("kubelet plugin failed: %s", exc)
-        return 1
-    finally:
-        shim.stop()
-        if cleaner is not None:
-            cleaner.stop()
-        plugin.stop()
-        backend.close()
-        api.close()
 
 
 if __name__ == "__main__":

@@ -52,7 +52,6 @@ from kubeletplugin.metrics import NAMESPACE, PluginMetrics
 from kubeletplugin.node.events import NodeEvents, NodeWarning
 from kubeletplugin.node.publisher import SlicePublisher
 from kubeletplugin.node.waiting import backoff
-from kubeletplugin.settings import split_address
 from kubeletplugin.nodestatemetrics import NodeStateCollector
 from kubeletplugin.slicemetrics import SliceCollector
 from kubeletplugin.sliceusage import SliceUsageCache
@@ -241,7 +240,7 @@ class KubeletPlugin:
             (self.config.healthz_address, health),
             (self.config.metrics_address, {"/metrics": self._metrics_route}),
         ]
-        return list(endpoints_by_address(served, split=split_address).values())
+        return list(endpoints_by_address(served).values())
 
     def _watch_own_slices(self, api: ClusterApi) -> Informer:
         """The kubelet deletes every ResourceSlice of its node when it starts (no driver is

@@ -3,7 +3,8 @@
 A DaemonSet sets most of these through env vars (``INSTASLICE_<FLAG>``, e.g. ``INSTASLICE_NODE_NAME``;
 the node name is also read from ``NODE_NAME``, the downward-API name most charts use). A flag given on
 the command line wins over its env var. Bad values end the process with a one-line CLI error and exit
-status 2, before anything is started.
+status 2, before anything is started. The flags every daemon has (API server, ``/metrics`` and probe
+addresses, logging) come from ``driver.daemon.settings``; this module declares the plugin's own.
 """
 
 import argparse
@@ -16,9 +17,14 @@ from typing import Final
 
 from driver.cdi_common import CommonEditsChoice, parse_common_edits_flag
 from driver.daemon import flags
-from driver.daemon.flags import LOG_FORMATS, LOG_LEVELS, add_flag, env_var
+from driver.daemon.flags import add_flag, add_number_flag, env_var
+from driver.daemon.parser import DaemonParser
+from driver.daemon.settings import DaemonDefaults, DaemonSettings, add_daemon_flags, daemon_settings
+from driver.errors import ConfigError
+from driver.gpu.emulated import parse_gpu_spec
 from kubeletplugin.health.settings import HealthSettings, add_health_flags, health_settings
 
+PROG: Final = "instaslice-kubelet-plugin"
 NODE_NAME_FALLBACK_ENV: Final = "NODE_NAME"
 
 GPU_BACKENDS: Final = ("nvml", "emulated")
@@ -29,14 +35,18 @@ DEFAULT_DEVICE_PLUGIN_DIR: Final = "/var/lib/kubelet/device-plugins"
 DEFAULT_POD_RESOURCES_SOCKET: Final = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_CDI_ROOT: Final = "/var/run/cdi"
 DEFAULT_STATE_DIR: Final = "/var/lib/instaslice"
-DEFAULT_METRICS_ADDRESS: Final = ":9400"
-DEFAULT_HEALTHZ_ADDRESS: Final = ":9401"
+DEFAULTS: Final = DaemonDefaults(
+    metrics_address=":9400",
+    healthz_address=":9401",
+    kube_api_qps=50.0,
+    kube_api_burst=100,
+)
 DEFAULT_INVENTORY_POLL_SECONDS: Final = 30.0
+MIN_INVENTORY_POLL_SECONDS: Final = 0.1
+MAX_INVENTORY_POLL_SECONDS: Final = 3600.0
 REGISTRATION_WAIT_S: Final = 10.0
 """How long the plugin waits for the kubelet to register it before publishing its ResourceSlices
 (``kubeletplugin.plugin``): the kubelet's plugin watcher registers a new socket within a second."""
-DEFAULT_KUBE_API_QPS: Final = 50.0
-DEFAULT_KUBE_API_BURST: Final = 100
 EMULATED_STATE_FILE_NAME: Final = "emulated-gpus.json"
 CLASSIC_SHIM_MODES: Final = ("on", "off")
 MIG_MODES: Final = ("never", "when-idle")
@@ -54,27 +64,18 @@ class Settings:
     gpu_backend: str
     emulated_gpus: str | None
     emulated_state_file: Path
-    kubeconfig: str | None
-    kube_api_url: str | None
+    daemon: DaemonSettings
+    """The API server, ``/metrics`` and probe addresses, logging: the flags every daemon has."""
     plugin_registry_dir: Path
     plugin_dir: Path
     device_plugin_dir: Path
     pod_resources_socket: Path
     cdi_root: Path
     state_dir: Path
-    metrics_address: str
-    """``host:port`` for ``/metrics``; empty string disables the endpoint."""
-    healthz_address: str
-    """``host:port`` for ``/healthz``; empty string disables the endpoint."""
     inventory_poll_seconds: float
-    kube_api_qps: float
-    """Client-side request rate limit to the API server (0: unlimited), with ``kube_api_burst``."""
-    kube_api_burst: int
     classic_shim: bool
     """Serve classic ``<prefix><profile>`` extended resources through the device-plugin API."""
     classic_resource_prefix: str
-    log_level: str
-    log_format: str
     health: HealthSettings = field(default_factory=HealthSettings)
     """Unhealthy-GPU taint effect and which XIDs count (``health_settings``)."""
     cdi_common_edits: CommonEditsChoice = AUTO_COMMON_EDITS
@@ -86,22 +87,21 @@ class Settings:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every flag; defaults here are the built-in ones (env vars applied on parse)."""
-    parser = argparse.ArgumentParser(
-        prog="instaslice-kubelet-plugin",
+    parser = DaemonParser(
+        prog=PROG,
         description="InstaSlice node agent: DRA kubelet plugin that creates MIG slices on demand.",
     )
+    add_daemon_flags(parser, defaults=DEFAULTS)
     _add_node_flags(parser)
     _add_path_flags(parser)
-    _add_service_flags(parser)
     _add_classic_flags(parser)
     add_health_flags(parser)
     _add_setup_flags(parser)
-    flags.add_log_flags(parser)
     return parser
 
 
 def _add_node_flags(parser: argparse.ArgumentParser) -> None:
-    """This node, its GPU backend, and how to reach the API server."""
+    """This node, its GPU backend, and how often its GPUs are read."""
     add_flag(
         parser,
         "--node-name",
@@ -121,17 +121,13 @@ def _add_node_flags(parser: argparse.ArgumentParser) -> None:
         help_text=f"file holding emulated MIG state (default <state-dir>/{EMULATED_STATE_FILE_NAME})",
         default=None,
     )
-    add_flag(
+    add_number_flag(
         parser,
-        "--kubeconfig",
-        help_text="kubeconfig file (default: in-cluster config)",
-        default=None,
-    )
-    add_flag(
-        parser,
-        "--kube-api-url",
-        help_text="plain API server URL without auth (local API server); overrides --kubeconfig",
-        default=None,
+        "--inventory-poll-seconds",
+        help_text="how often the GPU inventory is re-read and republished",
+        default=DEFAULT_INVENTORY_POLL_SECONDS,
+        low=MIN_INVENTORY_POLL_SECONDS,
+        high=MAX_INVENTORY_POLL_SECONDS,
     )
 
 
@@ -166,40 +162,6 @@ def _add_path_flags(parser: argparse.ArgumentParser) -> None:
     )
     add_flag(
         parser, "--state-dir", help_text="directory for node-local state", default=DEFAULT_STATE_DIR
-    )
-
-
-def _add_service_flags(parser: argparse.ArgumentParser) -> None:
-    """The /metrics and /healthz endpoints, the inventory poll and the API client's rate limits."""
-    add_flag(
-        parser,
-        "--metrics-address",
-        help_text="host:port of the Prometheus /metrics endpoint; empty disables it",
-        default=DEFAULT_METRICS_ADDRESS,
-    )
-    add_flag(
-        parser,
-        "--healthz-address",
-        help_text="host:port of the /healthz endpoint; empty disables it",
-        default=DEFAULT_HEALTHZ_ADDRESS,
-    )
-    add_flag(
-        parser,
-        "--inventory-poll-seconds",
-        help_text="how often the GPU inventory is re-read and republished",
-        default=str(DEFAULT_INVENTORY_POLL_SECONDS),
-    )
-    add_flag(
-        parser,
-        "--kube-api-qps",
-        help_text="client-side API request rate limit; 0 disables it",
-        default=str(DEFAULT_KUBE_API_QPS),
-    )
-    add_flag(
-        parser,
-        "--kube-api-burst",
-        help_text="API requests allowed at once before --kube-api-qps applies",
-        default=str(DEFAULT_KUBE_API_BURST),
     )
 
 
@@ -242,11 +204,6 @@ def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def split_address(address: str) -> tuple[str, int]:
-    """``host:port`` → (host, port); ``:9400`` listens on every interface. ``ValueError`` if bad."""
-    return flags.split_address(address, example=DEFAULT_METRICS_ADDRESS)
-
-
 def parse_settings(
     argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None = None
 ) -> Settings:
@@ -265,41 +222,20 @@ def _check_node_flags(parser: argparse.ArgumentParser, args: argparse.Namespace)
     """The node's name, the classic shim's resource prefix, and the emulated backend's GPUs."""
     if not args.node_name:
         parser.error(f"--node-name is required (or env {env_var('node_name')} / NODE_NAME)")
+    flags.check_names(parser, args, subdomains=("node_name",))
     if not _RESOURCE_PREFIX.match(args.classic_resource_prefix):
         parser.error(
             f"--classic-resource-prefix {args.classic_resource_prefix!r} is not '<domain>/<name-prefix>' "
             "(e.g. nvidia.com/mig-)"
         )
-    if args.gpu_backend == "emulated" and not args.emulated_gpus:
+    if args.gpu_backend != "emulated":
+        return
+    if not args.emulated_gpus:
         parser.error("--gpu-backend emulated needs --emulated-gpus, e.g. 2xA100-40GB")
-
-
-def _inventory_poll_seconds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> float:
     try:
-        poll = float(args.inventory_poll_seconds)
-    except ValueError:
-        poll = -1.0
-    if not poll > 0:
-        parser.error(
-            f"--inventory-poll-seconds must be a positive number, got {args.inventory_poll_seconds!r}"
-        )
-    return poll
-
-
-def _api_rate_limits(
-    parser: argparse.ArgumentParser, args: argparse.Namespace
-) -> tuple[float, int]:
-    try:
-        qps = float(args.kube_api_qps)
-        burst = int(args.kube_api_burst)
-    except ValueError:
-        qps, burst = -1.0, 0
-    if qps < 0 or burst < 1:
-        parser.error(
-            f"--kube-api-qps must be >= 0 and --kube-api-burst >= 1, "
-            f"got {args.kube_api_qps!r} / {args.kube_api_burst!r}"
-        )
-    return qps, burst
+        parse_gpu_spec(args.emulated_gpus)
+    except ConfigError as exc:
+        parser.error(f"--emulated-gpus: {exc}")
 
 
 def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
@@ -308,7 +244,6 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
         args,
         (
             ("gpu_backend", GPU_BACKENDS),
-            ("log_format", LOG_FORMATS),
             ("classic_shim", CLASSIC_SHIM_MODES),
             ("mig_mode", MIG_MODES),
         ),
@@ -317,13 +252,7 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
         common_edits = parse_common_edits_flag(str(args.cdi_common_edits))
     except ValueError as exc:
         parser.error(str(exc))
-    log_level = str(args.log_level).upper()
-    if log_level not in LOG_LEVELS:
-        parser.error(f"log level {args.log_level!r} is not one of {LOG_LEVELS}")
     _check_node_flags(parser, args)
-    flags.check_addresses(parser, args, ("metrics_address", "healthz_address"), split=split_address)
-    poll = _inventory_poll_seconds(parser, args)
-    qps, burst = _api_rate_limits(parser, args)
     state_dir = Path(args.state_dir)
     emulated_state = (
         Path(args.emulated_state_file)
@@ -335,23 +264,16 @@ def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
         gpu_backend=str(args.gpu_backend),
         emulated_gpus=args.emulated_gpus or None,
         emulated_state_file=emulated_state,
-        kubeconfig=args.kubeconfig or None,
-        kube_api_url=args.kube_api_url or None,
+        daemon=daemon_settings(parser, args, defaults=DEFAULTS),
         plugin_registry_dir=Path(args.plugin_registry_dir),
         plugin_dir=Path(args.plugin_dir),
         device_plugin_dir=Path(args.device_plugin_dir),
         pod_resources_socket=Path(args.pod_resources_socket),
         cdi_root=Path(args.cdi_root),
         state_dir=state_dir,
-        metrics_address=str(args.metrics_address),
-        healthz_address=str(args.healthz_address),
-        inventory_poll_seconds=poll,
-        kube_api_qps=qps,
-        kube_api_burst=burst,
+        inventory_poll_seconds=float(args.inventory_poll_seconds),
         classic_shim=args.classic_shim == "on",
         classic_resource_prefix=str(args.classic_resource_prefix),
-        log_level=log_level,
-        log_format=str(args.log_format),
         health=health_settings(parser, args),
         cdi_common_edits=common_edits,
         mig_mode=str(args.mig_mode),

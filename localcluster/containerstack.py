@@ -28,7 +28,6 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -37,7 +36,7 @@ from driver.cluster.port import JsonObject
 from driver.errors import ConfigError
 from driver.gpu.backend import MigInstance
 from driver.gpu.emulated import EmulatedGpuBackend
-from localcluster.realstack import stack_path
+from localcluster.realstack import StackPaths, not_built
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STATE_DIR = Path("/var/lib/instaslice")
@@ -46,57 +45,30 @@ IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class ContainerStackPaths:
-    control_plane: Path
-    nodes: Path
-
-    @classmethod
-    def from_environment(cls) -> ContainerStackPaths:
-        return cls(
-            control_plane=stack_path("INSTASLICE_REAL_K8S", "k8s"),
-            nodes=stack_path("INSTASLICE_REAL_NODES", "k8s-node"),
-        )
-
-    @property
-    def kubeconfig(self) -> Path:
-        return self.control_plane / "kubeconfig"
-
-    @property
-    def kubectl(self) -> Path:
-        return self.control_plane / "bin" / "kubectl"
-
-    def missing(self) -> list[str]:
-        """What is not built (empty when the tier can run), as paths or commands."""
-        wanted = [
-            self.control_plane / "start.sh",
-            self.control_plane / "stop.sh",
-            self.control_plane / "bin" / "kube-apiserver",
-            self.kubectl,
-            self.kubeconfig,
-            self.nodes / "run-containerd-node.sh",
-            self.nodes / "stop-containerd-node.sh",
-            self.nodes / "kube-proxy.sh",
-            self.nodes / "bin" / "containerd",
-            self.nodes / "bin" / "ctr",
-            self.nodes / "bin" / "kubelet",
-            self.nodes / "images" / "pause.tar",
-            self.nodes / "images" / "busybox.tar",
-        ]
-        found = [str(p) for p in wanted if not p.exists()]
-        found += [tool for tool in ("buildah", "runc", "nsenter") if shutil.which(tool) is None]
-        return found
+CONTAINERD_NODE = (
+    "run-containerd-node.sh",
+    "stop-containerd-node.sh",
+    "kube-proxy.sh",
+    "bin/containerd",
+    "bin/ctr",
+    "bin/kubelet",
+    "images/pause.tar",
+    "images/busybox.tar",
+)
+"""What a node of this tier needs under ``StackPaths.nodes``: containerd, its kubelet, the images."""
+HOST_TOOLS = ("buildah", "runc", "nsenter")
 
 
-def describe_missing(paths: ContainerStackPaths | None = None) -> str | None:
+def _missing(paths: StackPaths) -> list[str]:
+    return paths.missing(CONTAINERD_NODE, tools=HOST_TOOLS)
+
+
+def describe_missing(paths: StackPaths | None = None) -> str | None:
     """One line saying why the deploy tier cannot run here, or None when it can."""
-    missing = (paths or ContainerStackPaths.from_environment()).missing()
-    if not missing:
-        return None
-    more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-    return (
-        f"containerd nodes not built ({missing[0]} missing{more}): see ../shared/realstack/"
-        "README.md 'Real containers' and docs/deploy.md 'Where it ran'"
+    return not_built(
+        "containerd nodes",
+        _missing(paths or StackPaths.from_environment()),
+        see="../shared/realstack/README.md 'Real containers' and docs/deploy.md 'Where it ran'",
     )
 
 
@@ -118,10 +90,10 @@ class ContainerCluster:
         self,
         *,
         nodes: Sequence[str] = ("deploy-a", "deploy-b"),
-        paths: ContainerStackPaths | None = None,
+        paths: StackPaths | None = None,
         logs_dir: Path,
     ) -> None:
-        self.paths = paths or ContainerStackPaths.from_environment()
+        self.paths = paths or StackPaths.from_environment()
         self.node_names = list(nodes)
         self.logs_dir = logs_dir
         self._api: KubeClusterApi | None = None
@@ -131,7 +103,7 @@ class ContainerCluster:
     # --- life cycle -----------------------------------------------------------------------------
 
     def start(self) -> ContainerCluster:
-        missing = self.paths.missing()
+        missing = _missing(self.paths)
         if missing:
             raise ConfigError(f"the containerd nodes are not built: missing {', '.join(missing)}")
         self.logs_dir.mkdir(parents=True, exist_ok=True)

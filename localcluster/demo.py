@@ -35,6 +35,9 @@ from localcluster.podstages import StageChange
 if TYPE_CHECKING:
     from localcluster.stack import InstaSliceStack
 
+DEMO_COMMAND = "instaslice demo"
+"""The demo's name in its usage and messages, however it was started: ``instaslice demo`` is the
+name users know; it starts ``python -m localcluster.demo``, which ``make demo`` runs directly."""
 DEFAULT_NODES = 2
 DEFAULT_GPUS = "2xA100-40GB"
 DEFAULT_SAMPLES = Path(__file__).resolve().parent.parent / "samples"
@@ -46,6 +49,21 @@ MAX_PAUSE_S = 600.0
 MAX_TIMEOUT_S = 3600.0
 POD_COLUMN = 52
 CLEANUP_TIMEOUT_S = 30.0
+DESCRIPTION = (
+    "The whole InstaSlice system on this machine, with no GPU and no cluster: a local API server, "
+    "emulated kubelets and scheduler, the real controller and one real kubelet plugin per node on "
+    "emulated GPUs. It applies samples/ as 'kubectl apply -k samples/' would, follows every pod "
+    "(Pending -> gated -> placed -> bound -> Running) and each GPU's memory-slice bar, prints the "
+    "slice map, deletes the samples, shows every slice gone and stops everything. Ctrl-C at any "
+    "point stops every process and removes every socket and temporary file."
+)
+EPILOG = (
+    "The samples ask for A100-40GB profiles: all of them run when the nodes hold at least four "
+    "A100-40GB in all, as the default does; with fewer, those that do not fit stay gated until "
+    "--timeout and the demo exits 1. Exit status: 0 when every sample ran and every slice was "
+    "released, 1 when a step did not finish in time or --samples cannot be read, 2 for a "
+    "malformed argument, 130 on Ctrl-C."
+)
 
 _RESET = "\x1b[0m"
 _STAGE_COLORS = {
@@ -368,7 +386,7 @@ def run_demo(args: argparse.Namespace, *, out: TextIO) -> int:
     try:
         plan = demo_plan(args.samples)
     except ConfigError as exc:
-        print(f"instaslice demo: {exc}", file=sys.stderr)
+        print(f"{DEMO_COMMAND}: {exc}", file=sys.stderr)
         return 1
     color = not (args.no_color or os.environ.get("NO_COLOR")) and out.isatty()
     printer = Printer(out, color=color)
@@ -501,17 +519,15 @@ def _leftovers(stack: InstaSliceStack) -> str:
     return "   " + "; ".join(parts)
 
 
-def build_parser(prog: str = "python -m localcluster.demo") -> argparse.ArgumentParser:
-    parser = CommandParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def build_parser() -> argparse.ArgumentParser:
+    parser = CommandParser(prog=DEMO_COMMAND, description=DESCRIPTION, epilog=EPILOG)
     add_demo_arguments(parser)
     return parser
 
 
-def main(argv: Sequence[str] | None = None, *, prog: str = "python -m localcluster.demo") -> int:
-    """``python -m localcluster.demo`` and ``instaslice demo`` (which hands its arguments here)."""
-    args = build_parser(prog).parse_args(argv)
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m localcluster.demo`` (``make demo``), which ``instaslice demo`` becomes."""
+    args = build_parser().parse_args(argv)
     try:
         return run_demo(args, out=sys.stdout)
     except KeyboardInterrupt:

@@ -95,16 +95,22 @@ def stack_path(env: str, *parts: str) -> Path:
     return Path(os.environ.get("TMPDIR") or "/tmp").joinpath(*parts)
 
 
+FAKE_RUNTIME_NODE = ("run-node.sh", "stop-node.sh", "bin/kubelet", "bin/fake-cri")
+"""What a node of this tier needs under ``StackPaths.nodes``: kubelets with the fake runtime."""
+
+
 @dataclass(frozen=True, slots=True)
-class RealStackPaths:
-    """Where ``../shared/realstack/`` put the control plane, the kubelet and the CDI validator."""
+class StackPaths:
+    """Where ``../shared/realstack/`` put the control plane, the nodes and the CDI validator; both
+    tiers on it (this one, and the deploy tier's containerd nodes) read it, each asking
+    ``missing`` for the node pieces it runs on."""
 
     control_plane: Path
     nodes: Path
     cdi_validate: Path
 
     @classmethod
-    def from_environment(cls) -> RealStackPaths:
+    def from_environment(cls) -> StackPaths:
         return cls(
             control_plane=stack_path("INSTASLICE_REAL_K8S", "k8s"),
             nodes=stack_path("INSTASLICE_REAL_NODES", "k8s-node"),
@@ -119,21 +125,34 @@ class RealStackPaths:
     def kubectl(self) -> Path:
         return self.control_plane / "bin" / "kubectl"
 
-    def missing(self) -> list[str]:
-        """What is not built (empty when the stack can run), as paths."""
+    def missing(
+        self, node_pieces: Sequence[str], *, more: Sequence[Path] = (), tools: Sequence[str] = ()
+    ) -> list[str]:
+        """What is not built (empty when the tier can run), as paths or commands: of the control
+        plane, ``node_pieces`` under ``nodes``, the paths ``more`` and the commands ``tools``."""
         wanted = [
             self.control_plane / "start.sh",
             self.control_plane / "stop.sh",
             self.control_plane / "bin" / "kube-apiserver",
             self.kubectl,
             self.kubeconfig,
-            self.nodes / "run-node.sh",
-            self.nodes / "stop-node.sh",
-            self.nodes / "bin" / "kubelet",
-            self.nodes / "bin" / "fake-cri",
-            self.cdi_validate,
+            *(self.nodes / piece for piece in node_pieces),
+            *more,
         ]
-        return [str(p) for p in wanted if not p.exists()]
+        found = [str(p) for p in wanted if not p.exists()]
+        return found + [tool for tool in tools if shutil.which(tool) is None]
+
+
+def _missing(paths: StackPaths) -> list[str]:
+    return paths.missing(FAKE_RUNTIME_NODE, more=(paths.cdi_validate,))
+
+
+def not_built(what: str, missing: Sequence[str], *, see: str) -> str | None:
+    """One line saying that ``what`` cannot run for ``missing``, or None when nothing is."""
+    if not missing:
+        return None
+    more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+    return f"{what} not built ({missing[0]} missing{more}): see {see}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +251,7 @@ class CdiValidator:
 class RealKubelet:
     """One real kubelet (``run-node.sh``) and what its fake runtime recorded."""
 
-    def __init__(self, *, name: str, paths: RealStackPaths, cdi: CdiValidator, cdi_root: Path):
+    def __init__(self, *, name: str, paths: StackPaths, cdi: CdiValidator, cdi_root: Path):
         self.name = name
         self.dir = paths.nodes / name
         self._paths = paths
@@ -316,11 +335,11 @@ class RealStack(DaemonStack):
         self,
         config: RealStackConfig | None = None,
         *,
-        paths: RealStackPaths | None = None,
+        paths: StackPaths | None = None,
         root: Path | None = None,
     ) -> None:
         self.config = config or RealStackConfig()
-        self.paths = paths or RealStackPaths.from_environment()
+        self.paths = paths or StackPaths.from_environment()
         self._owns_root = root is None
         self.root = Path(tempfile.mkdtemp(prefix="instaslice-real-")) if root is None else root
         self.cdi = CdiValidator(self.paths.cdi_validate)
@@ -399,7 +418,7 @@ class RealStack(DaemonStack):
     # --- life cycle -----------------------------------------------------------------------------
 
     def start(self, *, timeout: float = READY_TIMEOUT_S) -> RealStack:
-        missing = self.paths.missing()
+        missing = _missing(self.paths)
         if missing:
             raise ConfigError(f"the real stack is not built: missing {', '.join(missing)}")
         try:
@@ -916,13 +935,10 @@ class RealStack(DaemonStack):
         return {f"{EXIT_ANNOTATION_PREFIX}{container}": f"{seconds:g}"}
 
 
-def describe_missing(paths: RealStackPaths | None = None) -> str | None:
+def describe_missing(paths: StackPaths | None = None) -> str | None:
     """One line saying why the real stack cannot run here, or None when it can."""
-    missing = (paths or RealStackPaths.from_environment()).missing()
-    if not missing:
-        return None
-    return (
-        f"real stack not built ({missing[0]} missing"
-        f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}): "
-        "see ../shared/realstack/README.md and docs/design.md, the real-stack tier"
+    return not_built(
+        "real stack",
+        _missing(paths or StackPaths.from_environment()),
+        see="../shared/realstack/README.md and docs/design.md, the real-stack tier",
     )

@@ -1,11 +1,16 @@
-"""Regenerate the Python stubs of the kubelet gRPC APIs from the .proto files in this package.
+"""Regenerate the Python stubs of the repository's gRPC APIs from their .proto files.
+
+The .proto files live in two places (``PROTO_ROOTS``): this package, the kubelet APIs the daemons
+serve and call; and ``tests/autoscale/protos``, the APIs only the test cloud provider of
+``make test-autoscale`` speaks (cluster-autoscaler's externalgrpc, Kubernetes' ``Node``), kept
+beside that provider so that the product holds none of them.
 
 The generated modules are committed because the code imports them at run time and CI does not
 run protoc; this module is the only way they are produced (`make protos`), and
 `python -m protos.generate --check` reports stubs that no longer match their .proto files.
 
 The protoc include root is the repository root, so a file `protos/dra/v1/api.proto` becomes the
-module `protos.dra.v1.api_pb2` and the generated imports are absolute `protos.…` imports. The
+module `protos.dra.v1.api_pb2` and the generated imports are absolute imports from there. The
 .proto file paths also name the files in the protobuf descriptor pool: being distinct, they let
 the two APIs whose proto package is plain `v1beta1` / `v1` live in one process with the others.
 """
@@ -28,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 PROTOS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PROTOS_DIR.parent
+PROTO_ROOTS = ("protos", "tests/autoscale/protos")
+"""The folders, relative to the repository root, whose .proto files have committed stubs."""
 
 # Every file name protoc + its plugins write for one `x.proto`; also what counts as generated
 # when looking for stubs whose .proto is gone.
@@ -50,9 +57,11 @@ class StaleFile:
 
 
 def proto_files(*, repo_root: Path = REPO_ROOT) -> list[str]:
-    """The .proto files under protos/, relative to the include root, sorted."""
+    """The .proto files under ``PROTO_ROOTS``, relative to the include root, sorted."""
     return sorted(
-        path.relative_to(repo_root).as_posix() for path in (repo_root / "protos").rglob("*.proto")
+        path.relative_to(repo_root).as_posix()
+        for root in PROTO_ROOTS
+        for path in (repo_root / root).rglob("*.proto")
     )
 
 
@@ -68,13 +77,13 @@ def _plugin(name: str) -> str:
 
 
 def generate(out_dir: Path, *, repo_root: Path = REPO_ROOT) -> list[str]:
-    """Run protoc over every .proto under protos/, writing the stubs below `out_dir`.
+    """Run protoc over every .proto under ``PROTO_ROOTS``, writing the stubs below `out_dir`.
 
     Returns the generated files, relative to `out_dir` (which mirrors the repository root).
     """
     sources = proto_files(repo_root=repo_root)
     if not sources:
-        raise GenerationError(f"no .proto files under {repo_root / 'protos'}")
+        raise GenerationError(f"no .proto files under {', '.join(PROTO_ROOTS)} in {repo_root}")
     well_known = Path(protoc.__file__).parent / "_proto"  # google/protobuf/*.proto
     args = [
         "grpc_tools.protoc",
@@ -102,7 +111,8 @@ def generate(out_dir: Path, *, repo_root: Path = REPO_ROOT) -> list[str]:
 def _existing_generated(repo_root: Path) -> set[str]:
     return {
         path.relative_to(repo_root).as_posix()
-        for path in (repo_root / "protos").rglob("*")
+        for root in PROTO_ROOTS
+        for path in (repo_root / root).rglob("*")
         if path.is_file() and path.name.endswith(GENERATED_SUFFIXES)
     }
 
@@ -149,7 +159,8 @@ def write_stubs(*, repo_root: Path = REPO_ROOT) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m protos.generate",
-        description="Regenerate the kubelet API stubs in protos/ from the .proto files.",
+        description="Regenerate the gRPC stubs in protos/ and tests/autoscale/protos/ from their "
+        ".proto files.",
     )
     parser.add_argument(
         "--check",

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+from api import wire
 from driver.cluster.port import JsonObject
 from driver.cluster.views import PodView
 
@@ -54,7 +55,8 @@ class Budget:
     allowed: int
 
     @classmethod
-    def of(cls, pdb: JsonObject) -> Budget:
+    def of(cls, obj: JsonObject) -> Budget:
+        pdb = cast(wire.PodDisruptionBudget, obj)  # as the API server validated it
         meta = pdb.get("metadata") or {}
         namespace = str(meta.get("namespace") or "default")
         status = pdb.get("status") or {}

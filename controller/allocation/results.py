@@ -7,18 +7,19 @@ allocated — drivers apply them in that order, later entries overriding earlier
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
+from api import wire
 from api.names import DRIVER_NAME
 from controller.allocation.conditions import PlacementProblem, Reason
 from controller.allocation.inventory import SliceInventory
 from controller.allocation.requests import Alternative, ClassLookup, RequestSlot
-from driver.cluster.port import JsonObject
 from driver.cluster.views import ClaimView, DeviceClassView, DeviceConfigEntry
 from driver.placement import Placed
 
 
-def node_selector(node: str) -> JsonObject:
+def node_selector(node: str) -> wire.NodeSelector:
     """An allocation's ``nodeSelector``: the node by ``metadata.name``, as kube-scheduler writes."""
     return {
         "nodeSelectorTerms": [
@@ -34,10 +35,10 @@ def allocations(
     *,
     inventory: SliceInventory,
     classes: ClassLookup,
-) -> list[JsonObject]:
+) -> list[wire.AllocationResult]:
     """``status.allocation`` (without the timestamp) of each claim, in ``claims`` order."""
     by_engine = {slot.engine_name: slot for slot in alternative.slots}
-    results: list[list[JsonObject]] = [[] for _ in claims]
+    results: list[list[wire.DeviceRequestAllocationResult]] = [[] for _ in claims]
     for assignment in placed.assignments:
         slot = by_engine[assignment.request]
         device = inventory.device_name(
@@ -57,25 +58,24 @@ def allocations(
                 "device": device,
             }
         )
-    out = []
+    out: list[wire.AllocationResult] = []
     for index, claim in enumerate(claims):
         mine = [s for s in alternative.slots if s.claim_index == index]
         config = _config(claim, mine, classes=classes)
-        allocation: JsonObject = {
-            "devices": {"results": results[index], **({"config": config} if config else {})},
-            "nodeSelector": node_selector(placed.node),
-        }
-        out.append(allocation)
+        devices: wire.DeviceAllocationResult = {"results": results[index]}
+        if config:
+            devices["config"] = config
+        out.append({"devices": devices, "nodeSelector": node_selector(placed.node)})
     return out
 
 
 def _config(
     claim: ClaimView, mine: Sequence[RequestSlot], *, classes: ClassLookup
-) -> list[JsonObject]:
+) -> list[wire.DeviceAllocationConfiguration]:
     """The allocation's ``config`` for one claim: the opaque config of the DeviceClasses its
     slots were allocated from, then the claim's own entries that name one of its selected
     requests or name none."""
-    config: list[JsonObject] = []
+    config: list[wire.DeviceAllocationConfiguration] = []
     for slot in mine:
         device_class = classes(slot.class_name)
         class_config = DeviceClassView.of(device_class).config if device_class else ()
@@ -90,20 +90,19 @@ def _config(
         named = entry.requests
         opaque = _opaque(entry)
         if opaque and (not named or selected.intersection(named)):
-            config.append(
-                {
-                    "source": "FromClaim",
-                    **({"requests": list(named)} if named else {}),
-                    "opaque": opaque,
-                }
-            )
+            from_claim: wire.DeviceAllocationConfiguration = {"source": "FromClaim"}
+            if named:
+                from_claim["requests"] = list(named)
+            from_claim["opaque"] = opaque
+            config.append(from_claim)
     return config
 
 
-def _opaque(entry: DeviceConfigEntry) -> JsonObject | None:
+def _opaque(entry: DeviceConfigEntry) -> wire.OpaqueDeviceConfiguration | None:
     """The entry's ``opaque`` object as written (copied into the allocation); None if absent or
     empty."""
     if not entry.opaque:
         return None
-    opaque: JsonObject = entry.raw["opaque"]
-    return opaque or None
+    opaque: Mapping[str, Any] = entry.raw["opaque"]
+    # copied as the API server validated it in the claim or class: an OpaqueDeviceConfiguration
+    return cast(wire.OpaqueDeviceConfiguration, opaque) if opaque else None

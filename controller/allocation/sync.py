@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from api import wire
 from api.names import CLASSIC_RESOURCE_PREFIX, DRIVER_NAME, SCHEDULING_GATE, classic_resource_name
 from controller.allocation import handoff
 from controller.allocation.arbiter import Arbiter, NoPreemption, Preemption
@@ -59,7 +60,7 @@ from controller.informers import ClusterInformers
 from controller.metrics import ControllerMetrics
 from driver.cluster import ops
 from driver.cluster.clock import Clock
-from driver.cluster.port import ClusterApi, JsonObject
+from driver.cluster.port import ClusterApi, JsonObject, as_json
 from driver.cluster.views import Allocation, ClaimView, PodView
 from driver.errors import ApiNotFoundError, ClusterError, ConflictError, ForbiddenError
 from driver.mig.catalog import CATALOG
@@ -75,7 +76,7 @@ _REMEMBERED_UNGATES = 10_000
 @dataclass(slots=True)
 class _Decision:
     node: str
-    allocations: list[JsonObject]
+    allocations: list[wire.AllocationResult]
     generation: int
 
 
@@ -247,6 +248,7 @@ class PodSync:
         """The pod's claims (its DRA claims and the shadow claims of its classic ``requests``)
         decided, written and checked, then the pod ungated. What stops it raises, and
         :meth:`sync` turns that into the outcome."""
+        # 1. collect
         shadow_claims = (
             [
                 ClaimView.of(c)
@@ -265,12 +267,14 @@ class PodSync:
         if claims.pinned and not set.intersection(*(set(n) for n in claims.pinned)):
             return self._writer.split(pod, claims)
         if claims.to_allocate:
-            decision = self._decide(pod, claims)
+            decision = self._decide(pod, claims)  # 2. decide
             node = decision.node
+            # 3. write
             written = self._writer.write(pod, claims, decision.allocations, node=decision.node)
-        verdict = self._writer.verify(pod, claims, written)
+        verdict = self._writer.verify(pod, claims, written)  # 4. check
         if verdict is not None:
             return verdict
+        # 5. ungate
         node = node or self._node_of(claims)
         self._ungate(pod, node=node, classic=bool(claims.shadow))
         return Result(Outcome.DONE)
@@ -425,7 +429,7 @@ class PodSync:
         for index, request in enumerate(self._classic_requests(pod)):
             body = shadow.shadow_claim(pod, request)
             body["metadata"]["uid"] = f"{pod.uid}-classic-{index}"
-            claims.append(ClaimView.of(body))
+            claims.append(ClaimView.of(as_json(body)))
         return claims
 
     def unbound(self, pod: PodView) -> Result:
@@ -779,9 +783,7 @@ class PodSync:
             permanent=not nodes,
         )
 
-    # -- 3. write ------------------------------------------------------------------------------
-
-    # -- 5. ungate -----------------------------------------------------------------------------
+    # -- 5. ungate (3. write and 4. check are ``AllocationWriter``'s, in ``writes``) -----------
 
     def _node_of(self, claims: PodClaims) -> str | None:
         if not claims.pinned:
@@ -832,7 +834,7 @@ class PodSync:
                 self._ungated.popitem(last=False)
 
 
-def _devices(allocation: JsonObject) -> tuple[tuple[str, str], ...]:
+def _devices(allocation: wire.AllocationResult) -> tuple[tuple[str, str], ...]:
     """(pool, device) of the results of an allocation we are about to write."""
     parsed = Allocation.parse(allocation)
     return parsed.devices_of(DRIVER_NAME) if parsed is not None else ()

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from api.names import DRIVER_NAME, SCHEDULING_GATE
+from api.wire import AllocationResult
 from controller.allocation.conditions import PlacementProblem, Reason
 from controller.allocation.handoff import unreserved
 from controller.allocation.occupancy import parse_rv
@@ -35,7 +36,7 @@ from controller.informers import ClusterInformers
 from controller.metrics import ControllerMetrics
 from driver.cluster import ops
 from driver.cluster.clock import Clock
-from driver.cluster.port import PODS, ClusterApi, JsonObject
+from driver.cluster.port import PODS, ClusterApi
 from driver.cluster.views import ClaimView, PodView
 from driver.errors import ApiNotFoundError, ClusterError, DriverError
 
@@ -83,7 +84,7 @@ class AllocationWriter:
             raise NotLeaderError("not the leader")
 
     def write(
-        self, pod: PodView, claims: PodClaims, allocations: list[JsonObject], *, node: str
+        self, pod: PodView, claims: PodClaims, allocations: list[AllocationResult], *, node: str
     ) -> Written:
         """Finalizer, then allocation, claim by claim; on any failure nothing of this attempt
         stays reserved or written (as far as we can withdraw it)."""

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
+from api import wire
 from api.names import (
     CLASSIC_RESOURCE_PREFIX,
     DELETE_PROTECTION_FINALIZER,
@@ -118,7 +119,7 @@ def shadow_claim_name(pod: JsonObject | PodView, request: ClassicRequest) -> str
     return name
 
 
-def shadow_claim(pod: JsonObject | PodView, request: ClassicRequest) -> JsonObject:
+def shadow_claim(pod: JsonObject | PodView, request: ClassicRequest) -> wire.ResourceClaim:
     """The claim to create for one classic request of ``pod``."""
     view = _pod(pod)
     return {
@@ -126,7 +127,7 @@ def shadow_claim(pod: JsonObject | PodView, request: ClassicRequest) -> JsonObje
         "kind": RESOURCE_CLAIMS.kind,
         "metadata": {
             "name": shadow_claim_name(view, request),
-            "namespace": view.meta.namespace,
+            "namespace": view.namespace,
             "labels": {
                 SHADOW_CLAIM_LABEL: view.uid,
                 SHADOW_CLAIM_PROFILE_LABEL: request.profile.replace("+", "_"),

@@ -52,6 +52,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
+from api import wire
 from api.names import (
     CLASSIC_RESOURCE_PREFIX,
     DELETE_PROTECTION_FINALIZER,
@@ -110,12 +111,12 @@ def device_classes_of_claim_spec(spec: Mapping[str, Any]) -> list[str]:
 @dataclass(frozen=True, slots=True)
 class AdmissionDecision:
     allowed: bool
-    patch: list[dict[str, Any]] | None = None
+    patch: list[wire.JsonPatchOperation] | None = None
     message: str = ""
     warnings: tuple[str, ...] = field(default=())
 
 
-def review_pod(review: Mapping[str, Any], context: AdmissionContext) -> dict[str, Any]:
+def review_pod(review: Mapping[str, Any], context: AdmissionContext) -> wire.AdmissionReview:
     """Answer one ``AdmissionReview`` (v1) for a pod or a ResourceClaim; ``MalformedReviewError``
     if it is not one."""
     request = views.path(review, "request")
@@ -123,7 +124,7 @@ def review_pod(review: Mapping[str, Any], context: AdmissionContext) -> dict[str
     if not isinstance(request, Mapping) or not isinstance(uid, str):
         raise MalformedReviewError("body is not an AdmissionReview with request.uid")
     decision = decide(request, context)
-    response: dict[str, Any] = {"uid": uid, "allowed": decision.allowed}
+    response: wire.AdmissionResponse = {"uid": uid, "allowed": decision.allowed}
     if decision.patch:
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(json.dumps(decision.patch).encode()).decode()
@@ -159,15 +160,12 @@ def decide(request: Mapping[str, Any], context: AdmissionContext) -> AdmissionDe
     if not (classic or ours):
         return AdmissionDecision(allowed=True)
     # JSONPatch appends to an array that exists; otherwise it must create the array
-    patch: list[dict[str, Any]]
+    gate: wire.PodSchedulingGate = {"name": SCHEDULING_GATE}
+    patch: list[wire.JsonPatchOperation]
     if isinstance(views.path(obj, "spec", "schedulingGates"), list):
-        patch = [
-            {"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": SCHEDULING_GATE}}
-        ]
+        patch = [{"op": "add", "path": "/spec/schedulingGates/-", "value": gate}]
     else:
-        patch = [
-            {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": SCHEDULING_GATE}]}
-        ]
+        patch = [{"op": "add", "path": "/spec/schedulingGates", "value": [gate]}]
     _log.debug("gating pod %s/%s", namespace, pod.name or "<generated>")
     return AdmissionDecision(allowed=True, patch=patch, warnings=tuple(warnings))
 
@@ -188,7 +186,7 @@ def _protect_claim(
         return AdmissionDecision(allowed=True)
     if not _names_our_class(device_classes_of_claim_spec(spec), context.our_device_classes()):
         return AdmissionDecision(allowed=True)
-    patch: list[dict[str, Any]]
+    patch: list[wire.JsonPatchOperation]
     if isinstance(finalizers, list):
         patch = [
             {"op": "add", "path": "/metadata/finalizers/-", "value": DELETE_PROTECTION_FINALIZER}

@@ -47,6 +47,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from api import wire
 from driver.cluster import views
 from driver.cluster.clock import Clock
 from driver.cluster.port import ClusterApi, Resource
@@ -85,7 +86,7 @@ class CertificateStore(Protocol):
 
     def get_secret(self, *, namespace: str, name: str) -> dict[str, Any] | None: ...
 
-    def create_secret(self, secret: dict[str, Any]) -> dict[str, Any]: ...
+    def create_secret(self, secret: wire.Secret) -> dict[str, Any]: ...
 
     def update_secret(self, secret: dict[str, Any]) -> dict[str, Any]: ...
 
@@ -304,7 +305,7 @@ class ClusterCertificateStore:
         except ApiNotFoundError:
             return None
 
-    def create_secret(self, secret: dict[str, Any]) -> dict[str, Any]:
+    def create_secret(self, secret: wire.Secret) -> dict[str, Any]:
         return self._api.create(SECRETS, secret)
 
     def update_secret(self, secret: dict[str, Any]) -> dict[str, Any]:
@@ -393,7 +394,7 @@ class CertificateManager:
             if secret is None:
                 fresh = self._build(previous=None)
                 try:
-                    self._store.create_secret(self._secret_object(fresh, base=None))
+                    self._store.create_secret(self._new_secret(fresh))
                 except AlreadyExistsError:
                     _log.info("webhook Secret created by another replica; adopting it")
                     continue
@@ -406,7 +407,7 @@ class CertificateManager:
             _log.info("renewing the webhook certificate: %s", reason)
             fresh = self._build(previous=stored)
             try:
-                self._store.update_secret(self._secret_object(fresh, base=secret))
+                self._store.update_secret(self._renewed_secret(fresh, base=secret))
             except ConflictError:
                 _log.info("webhook Secret changed by another replica; re-reading it")
                 continue
@@ -472,19 +473,7 @@ class CertificateManager:
             cert=x509.load_pem_x509_certificate(cert_pem),
         )
 
-    def _secret_object(self, stored: _Stored, *, base: dict[str, Any] | None) -> dict[str, Any]:
-        data = {
-            CERT_FILE: stored.cert_pem,
-            KEY_FILE: stored.key_pem,
-            CA_FILE: stored.ca_bundle_pem,
-            CA_KEY: stored.ca_key_pem,
-        }
-        encoded = {key: base64.b64encode(value).decode() for key, value in data.items()}
-        if base is not None:
-            secret = copy.deepcopy(base)
-            secret.pop("stringData", None)
-            secret["data"] = {**views.mapping(views.path(base, "data")), **encoded}
-            return secret
+    def _new_secret(self, stored: _Stored) -> wire.Secret:
         return {
             "apiVersion": "v1",
             "kind": "Secret",
@@ -494,8 +483,16 @@ class CertificateManager:
                 "labels": dict(_LABELS),
             },
             "type": "kubernetes.io/tls",
-            "data": encoded,
+            "data": _encoded(stored),
         }
+
+    @staticmethod
+    def _renewed_secret(stored: _Stored, *, base: dict[str, Any]) -> dict[str, Any]:
+        """``base`` (the Secret as read) holding ``stored``; its other keys are kept."""
+        secret = copy.deepcopy(base)
+        secret.pop("stringData", None)
+        secret["data"] = {**views.mapping(views.path(base, "data")), **_encoded(stored)}
+        return secret
 
     def _ensure_ca_bundle(self, bundle_pem: bytes) -> None:
         name = self._settings.webhook_configuration
@@ -526,6 +523,17 @@ class CertificateManager:
             _log.info("caBundle of MutatingWebhookConfiguration %s updated", name)
             return
         raise ConflictError(f"MutatingWebhookConfiguration {name} kept changing under us")
+
+
+def _encoded(stored: _Stored) -> dict[str, str]:
+    """A Secret's ``data``: the certificates and keys, base64-encoded."""
+    data = {
+        CERT_FILE: stored.cert_pem,
+        KEY_FILE: stored.key_pem,
+        CA_FILE: stored.ca_bundle_pem,
+        CA_KEY: stored.ca_key_pem,
+    }
+    return {key: base64.b64encode(value).decode() for key, value in data.items()}
 
 
 def _decode(secret: dict[str, Any]) -> _Stored | None:

@@ -38,22 +38,20 @@ from controller.allocation.state import SliceState
 from controller.informers import WebhookInformers
 from controller.logs import FIELDS as LOG_FIELDS
 from controller.metrics import CONTENT_TYPE, WEBHOOK_NAMESPACE, WebhookMetrics
-from controller.settings import Settings, parse_settings, split_address
+from controller.settings import PROG, Settings, check_paths, parse_settings
 from controller.webhook.context import CacheAdmissionContext
 from controller.webhook.replica import WebhookRunner
 from driver.cluster.informer_metrics import InformerCollector
-from driver.cluster.kube import connect
 from driver.cluster.port import ClusterApi, JsonObject
-from driver.cluster.throttle import ClientSettings
-from driver.daemon.http import HttpEndpoint, Route, endpoints_by_address, probe
+from driver.daemon.http import Route, probe
 from driver.daemon.lifeline import die_with_parent
-from driver.daemon.logs import configure_logging
-from driver.daemon.signals import stop_on_signals
-from driver.errors import DriverError
+from driver.daemon.parser import refuse
+from driver.daemon.run import Daemon, Program, run_daemon
 
 __all__ = ["METRICS_LINE", "PARENT_PID_ENV", "READY_LINE", "WebhookProcess", "main"]
 
 logger = logging.getLogger("controller.webhook.process")
+PROGRAM = Program(name=PROG, logger=logger, log_fields=LOG_FIELDS)
 
 COMPONENT: Final = "instaslice-webhook"
 USER_AGENT: Final = "instaslice-controller/webhook"
@@ -147,60 +145,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     if child_of_controller and not die_with_parent(PARENT_PID_ENV):
         return 1
     settings = parse_settings(argv)
-    configure_logging(level=settings.log_level, log_format=settings.log_format, fields=LOG_FIELDS)
     if settings.webhook_port == 0:
-        logger.error("--webhook-port 0: there is no webhook to serve")
-        return 2
+        return refuse(PROG, "--webhook-port 0: there is no webhook to serve")
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    stop = stop_on_signals(logger=logger)
-    try:
-        api = connect(
-            kubeconfig=settings.kubeconfig,
-            url=settings.kube_api_url,
-            settings=ClientSettings(
-                qps=settings.kube_api_qps,
-                burst=settings.kube_api_burst,
-                connection_pool_maxsize=8,
-                user_agent=USER_AGENT,
-            ),
-        )
-    except DriverError as exc:
-        logger.error("cannot configure the Kubernetes client: %s", exc)
-        return 1
-    process = WebhookProcess(settings=settings, api=api, stop=stop)
-    endpoints = _endpoints(settings, process, stop)
-    try:
-        for endpoint in endpoints.values():
-            endpoint.start()
-        metrics = endpoints.get(settings.metrics_address)
-        if child_of_controller and metrics is not None:
-            _announce(f"{METRICS_LINE}{metrics.port}")
-        if process.start() and process.wait_serving():
-            logger.info("%s serving on port %d", COMPONENT, settings.webhook_port)
-            if child_of_controller:
-                _announce(READY_LINE)
-        stop.wait()
-        return 0
-    except (DriverError, OSError) as exc:
-        logger.error("webhook process failed: %s", exc)
-        return 1
-    finally:
-        # A graceful stop joins connection and informer threads; bounded, so the process surely
-        # ends soon after its controller (kubelet would kill it after the grace period anyway).
-        deadline = threading.Timer(SHUTDOWN_GRACE_S, _exit_now)
-        deadline.daemon = True
-        deadline.start()
-        process.stop()
-        for endpoint in endpoints.values():
-            endpoint.stop()
-        api.close()
+    return run_daemon(
+        PROGRAM,
+        settings.daemon,
+        serve=lambda daemon: _serve(settings, daemon, child_of_controller=child_of_controller),
+        user_agent=USER_AGENT,
+        connections=8,
+    )
 
 
-def _endpoints(
+def _serve(settings: Settings, daemon: Daemon, *, child_of_controller: bool) -> int:
+    """Serve the probes and ``/metrics``, then the webhook once its caches are synced; run until
+    a signal."""
+    check_paths(settings)
+    process = WebhookProcess(settings=settings, api=daemon.api, stop=daemon.stop)
+    endpoints = daemon.serve_http(_routes(settings, process, daemon.stop))
+    daemon.on_stop(process.stop)
+    # A graceful stop joins connection and informer threads; bounded, so the process surely ends
+    # soon after its controller (kubelet would kill it after the grace period anyway).
+    daemon.on_stop(_exit_if_not_stopped_in_time)
+    metrics = endpoints.get(settings.daemon.metrics_address)
+    if child_of_controller and metrics is not None:
+        _announce(f"{METRICS_LINE}{metrics.port}")
+    if process.start() and process.wait_serving():
+        logger.info("%s serving on port %d", COMPONENT, settings.webhook_port)
+        if child_of_controller:
+            _announce(READY_LINE)
+    return daemon.wait()
+
+
+def _routes(
     settings: Settings, process: WebhookProcess, stop: threading.Event
-) -> dict[str, HttpEndpoint]:
+) -> list[tuple[str, dict[str, Route]]]:
     """``/metrics`` on ``--metrics-address`` and the probes on ``--healthz-address`` (one server
-    when they are the same), by address."""
+    when they are the same)."""
 
     def metrics() -> tuple[int, str, bytes]:
         return 200, CONTENT_TYPE, process.metrics.exposition()
@@ -209,8 +190,14 @@ def _endpoints(
         "/healthz": probe(lambda: not stop.is_set(), what="webhook"),
         "/readyz": probe(process.ready, what="webhook"),
     }
-    served = [(settings.metrics_address, {"/metrics": metrics}), (settings.healthz_address, health)]
-    return endpoints_by_address(served, split=split_address)
+    daemon = settings.daemon
+    return [(daemon.metrics_address, {"/metrics": metrics}), (daemon.healthz_address, health)]
+
+
+def _exit_if_not_stopped_in_time() -> None:
+    deadline = threading.Timer(SHUTDOWN_GRACE_S, _exit_now)
+    deadline.daemon = True
+    deadline.start()
 
 
 def _announce(line: str) -> None:

@@ -38,13 +38,14 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from api import wire
 from controller.webhook.admission import MalformedReviewError
 from driver.daemon.connguard import BodyBudget, ConnectionGuard, handle_guarded
 from driver.errors import ConfigError
 
 _log = logging.getLogger(__name__)
 
-ReviewHandler = Callable[[Mapping[str, Any]], dict[str, Any]]
+ReviewHandler = Callable[[Mapping[str, Any]], wire.AdmissionReview]
 """An ``AdmissionReview`` in, the answering ``AdmissionReview`` out (``admission.review_pod``)."""
 AnswerObserver = Callable[[int, float, "Mapping[str, Any] | None"], None]
 """Told of every answered POST: HTTP status, seconds from headers read to answer written, and the
@@ -241,7 +242,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.server.observe is not None:
             self.server.observe(int(code), time.perf_counter() - started, answer)
 
-    def _answer_post(self) -> tuple[HTTPStatus, dict[str, Any] | None]:
+    def _answer_post(self) -> tuple[HTTPStatus, wire.AdmissionReview | None]:
         """Answer the POST; what was sent: its status and, for a 200, the AdmissionReview."""
         # kube-apiserver appends ?timeout=<n>s to the configured path
         if urlsplit(self.path).path not in self.server.paths:
@@ -263,7 +264,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._refuse(HTTPStatus.BAD_REQUEST, "body shorter than Content-Length")
             return self._answer_review(body)
 
-    def _answer_review(self, body: bytes) -> tuple[HTTPStatus, dict[str, Any] | None]:
+    def _answer_review(self, body: bytes) -> tuple[HTTPStatus, wire.AdmissionReview | None]:
         try:
             review = orjson.loads(body)
             if not isinstance(review, dict):
@@ -286,7 +287,7 @@ class _Handler(BaseHTTPRequestHandler):
         return self._status(code, message)
 
     def _status(self, code: HTTPStatus, message: str) -> tuple[HTTPStatus, None]:
-        status = {
+        status: wire.Status = {
             "apiVersion": "v1",
             "kind": "Status",
             "status": "Failure",

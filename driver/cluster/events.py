@@ -15,9 +15,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Final
 
+from api import wire
 from driver.cluster.clock import Clock, SystemClock
 from driver.cluster.port import (
     EVENTS,
+    Body,
     ClusterApi,
     JsonObject,
     PatchType,
@@ -67,7 +69,7 @@ class EventRecorder:
         self._lock = threading.Lock()
         self._posted: OrderedDict[_Key, _Posted] = OrderedDict()
 
-    def record(self, obj: JsonObject, *, event_type: str, reason: str, message: str) -> None:
+    def record(self, obj: Body, *, event_type: str, reason: str, message: str) -> None:
         """Post (or count again) an event about ``obj``, which carries its ``kind``/``apiVersion``
         as every object from the ``ClusterApi`` does. Never raises."""
         if event_type not in (NORMAL, WARNING):
@@ -114,12 +116,13 @@ class EventRecorder:
 
     def _bump(self, posted: _Posted, now: str) -> bool:
         count = posted.count + 1
+        repeat: wire.EventRepeat = {"count": count, "lastTimestamp": now}
         try:
             self._api.patch(
                 EVENTS,
                 name=posted.name,
                 namespace=posted.namespace,
-                patch={"count": count, "lastTimestamp": now},
+                patch=repeat,
                 patch_type=PatchType.MERGE,
             )
         except ApiNotFoundError:
@@ -129,7 +132,7 @@ class EventRecorder:
 
     def _create(
         self,
-        obj: JsonObject,
+        obj: Body,
         *,
         namespace: str,
         event_type: str,
@@ -137,16 +140,20 @@ class EventRecorder:
         message: str,
         now: str,
     ) -> JsonObject:
-        involved: JsonObject = {
+        involved: wire.ObjectReference = {
             "apiVersion": text(path(obj, "apiVersion")),
             "kind": text(path(obj, "kind")),
             "name": name_of(obj),
             "uid": uid_of(obj),
             "resourceVersion": resource_version_of(obj),
         }
-        if namespace_of(obj):
-            involved["namespace"] = namespace_of(obj)
-        event: JsonObject = {
+        object_namespace = namespace_of(obj)
+        if object_namespace:
+            involved["namespace"] = object_namespace
+        source: wire.EventSource = {"component": self._component}
+        if self._host:
+            source["host"] = self._host
+        event: wire.Event = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"name": f"{name_of(obj)}.{secrets.token_hex(8)}", "namespace": namespace},
@@ -157,10 +164,7 @@ class EventRecorder:
             "count": 1,
             "firstTimestamp": now,
             "lastTimestamp": now,
-            "source": {
-                "component": self._component,
-                **({"host": self._host} if self._host else {}),
-            },
+            "source": source,
             "reportingComponent": self._component,
             "reportingInstance": self._instance,
         }

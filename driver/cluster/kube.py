@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlencode, urlsplit
 
 import orjson
@@ -35,12 +35,14 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
+from api import wire
 from driver.closing import ClosedOnExit
 from driver.cluster.clock import Clock, SystemClock
 from driver.cluster.kube_watch import KubeWatchStream
 from driver.cluster.kube_wire import status_error, with_kind
 from driver.cluster.port import (
     PODS,
+    Body,
     JsonObject,
     ObjectList,
     ObjectTransform,
@@ -203,7 +205,8 @@ class KubeClusterApi(ClosedOnExit):
             query.append(("limit", str(page_size or self._settings.page_size)))
             if continue_token:
                 query.append(("continue", continue_token))
-            page = self._json("GET", path, query=query)
+            # the API server's own list envelope: typed as it sends it
+            page = cast(wire.ObjectListBody, self._json("GET", path, query=query))
             list_meta = page.get("metadata") or {}
             if not list_version:
                 list_version = str(list_meta.get("resourceVersion", ""))
@@ -248,17 +251,15 @@ class KubeClusterApi(ClosedOnExit):
             raise status_error("GET", path, response.status, _read_whole(response, path))
         return KubeWatchStream(resource=resource, response=response, path=path)
 
-    def create(
-        self, resource: Resource, obj: JsonObject, *, namespace: str | None = None
-    ) -> JsonObject:
+    def create(self, resource: Resource, obj: Body, *, namespace: str | None = None) -> JsonObject:
         namespace = namespace if namespace is not None else _namespace_for(resource, obj)
         path = resource.path(namespace=namespace)
         return with_kind(resource, self._json("POST", path, body=with_kind(resource, obj)))
 
-    def update(self, resource: Resource, obj: JsonObject) -> JsonObject:
+    def update(self, resource: Resource, obj: Body) -> JsonObject:
         return self._put(resource, obj, subresource=None)
 
-    def update_status(self, resource: Resource, obj: JsonObject) -> JsonObject:
+    def update_status(self, resource: Resource, obj: Body) -> JsonObject:
         return self._put(resource, obj, subresource="status")
 
     def patch(
@@ -267,7 +268,7 @@ class KubeClusterApi(ClosedOnExit):
         *,
         name: str,
         namespace: str | None = None,
-        patch: JsonObject | list[JsonObject],
+        patch: Body | list[wire.JsonPatchOperation],
         patch_type: PatchType,
         subresource: str | None = None,
     ) -> JsonObject:
@@ -287,12 +288,12 @@ class KubeClusterApi(ClosedOnExit):
         resource_version: str | None = None,
         propagation_policy: str | None = None,
     ) -> None:
-        options: JsonObject = {"kind": "DeleteOptions", "apiVersion": "v1"}
-        preconditions = {
-            key: value
-            for key, value in (("uid", uid), ("resourceVersion", resource_version))
-            if value is not None
-        }
+        options: wire.DeleteOptions = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        preconditions: wire.Preconditions = {}
+        if uid is not None:
+            preconditions["uid"] = uid
+        if resource_version is not None:
+            preconditions["resourceVersion"] = resource_version
         if preconditions:
             options["preconditions"] = preconditions
         if propagation_policy is not None:
@@ -300,7 +301,7 @@ class KubeClusterApi(ClosedOnExit):
         self._json("DELETE", resource.path(namespace=namespace, name=name), body=options)
 
     def evict(self, *, name: str, namespace: str, uid: str | None = None) -> None:
-        eviction: JsonObject = {
+        eviction: wire.Eviction = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
             "metadata": {"name": name, "namespace": namespace},
@@ -330,7 +331,7 @@ class KubeClusterApi(ClosedOnExit):
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    def _put(self, resource: Resource, obj: JsonObject, *, subresource: str | None) -> JsonObject:
+    def _put(self, resource: Resource, obj: Body, *, subresource: str | None) -> JsonObject:
         if not resource_version_of(obj):
             raise ValueError("an update needs metadata.resourceVersion (optimistic concurrency)")
         path = resource.path(
@@ -446,7 +447,7 @@ def _selectors(label_selector: str | None, field_selector: str | None) -> list[t
     return query
 
 
-def _namespace_for(resource: Resource, obj: JsonObject) -> str | None:
+def _namespace_for(resource: Resource, obj: Body) -> str | None:
     if not resource.namespaced:
         return None
     namespace = namespace_of(obj)

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from api import wire
 from driver.closing import ClosedOnExit
 from driver.cluster.kube_wire import status_error, with_kind
 from driver.cluster.port import Resource, WatchEvent, WatchEventType
@@ -74,7 +75,7 @@ class KubeWatchStream(ClosedOnExit):
         if not line.strip():
             return None
         try:
-            frame = orjson.loads(line)
+            frame: wire.WatchEventBody = orjson.loads(line)
             kind = str(frame["type"])
             obj = frame["object"]
         except (ValueError, KeyError, TypeError) as exc:

@@ -7,8 +7,10 @@ and no ``kubernetes`` import.
 from __future__ import annotations
 
 import json
+from typing import overload
 
-from driver.cluster.port import JsonObject, Resource
+from api import wire
+from driver.cluster.port import Body, JsonObject, Resource
 from driver.errors import (
     AlreadyExistsError,
     ApiNotFoundError,
@@ -26,7 +28,7 @@ def status_error(method: str, path: str, code: int, body: bytes) -> ClusterError
     reason = ""
     message = body.decode("utf-8", "replace")[:500]
     try:
-        status = json.loads(body)
+        status: wire.Status = json.loads(body)
         if isinstance(status, dict):
             reason = str(status.get("reason") or "")
             message = str(status.get("message") or message)
@@ -53,10 +55,20 @@ def status_error(method: str, path: str, code: int, body: bytes) -> ClusterError
     return error
 
 
-def with_kind(resource: Resource, obj: JsonObject) -> JsonObject:
-    """List items come without ``kind``/``apiVersion``; give every object both, as watches do."""
+@overload
+def with_kind(resource: Resource, obj: JsonObject) -> JsonObject: ...
+
+
+@overload
+def with_kind(resource: Resource, obj: Body) -> Body: ...
+
+
+def with_kind(resource: Resource, obj: Body) -> Body:
+    """List items come without ``kind``/``apiVersion``; give every object both, as watches do
+    (and every body we send, which may leave them out)."""
     if obj.get("kind") != resource.kind or obj.get("apiVersion") != resource.api_version:
-        obj = {"apiVersion": resource.api_version, "kind": resource.kind, **obj}
-        obj["apiVersion"] = resource.api_version
-        obj["kind"] = resource.kind
+        kinded = {"apiVersion": resource.api_version, "kind": resource.kind, **obj}
+        kinded["apiVersion"] = resource.api_version
+        kinded["kind"] = resource.kind
+        return kinded
     return obj

@@ -26,9 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from api import wire
 from api.names import LEADER_LEASE_NAME, SYSTEM_NAMESPACE
 from driver.cluster.clock import Clock, SystemClock
-from driver.cluster.port import LEASES, JsonObject, Resource, format_micro_time
+from driver.cluster.port import LEASES, Body, JsonObject, Resource, format_micro_time
 from driver.cluster.views import LeaseView
 from driver.errors import ApiNotFoundError, ClusterError
 
@@ -67,10 +68,10 @@ class LeaseClient(Protocol):
     def get(self, resource: Resource, *, name: str, namespace: str | None = None) -> JsonObject: ...
 
     def create(
-        self, resource: Resource, obj: JsonObject, *, namespace: str | None = None
+        self, resource: Resource, obj: Body, *, namespace: str | None = None
     ) -> JsonObject: ...
 
-    def update(self, resource: Resource, obj: JsonObject) -> JsonObject: ...
+    def update(self, resource: Resource, obj: Body) -> JsonObject: ...
 
 
 class LeaderElector:
@@ -146,15 +147,15 @@ class LeaderElector:
         now = format_micro_time(self._clock.now())
         renewing = holder == config.identity
         transitions = view.lease_transitions
-        updated = copy.deepcopy(lease)
-        updated["spec"] = {
-            **view.spec,
+        taken: wire.LeaseSpec = {
             "holderIdentity": config.identity,
             "leaseDurationSeconds": config.lease_duration,
             "acquireTime": (view.acquire_time or None) if renewing else now,
             "renewTime": now,
             "leaseTransitions": transitions if renewing else transitions + 1,
         }
+        updated = copy.deepcopy(lease)
+        updated["spec"] = {**view.spec, **taken}
         try:
             written = self._api.update(LEASES, updated)
         except ClusterError as exc:
@@ -173,13 +174,13 @@ class LeaderElector:
             return False
         updated = copy.deepcopy(lease)
         now = format_micro_time(self._clock.now())
-        updated["spec"] = {
-            **LeaseView.of(lease).spec,
+        given_back: wire.LeaseSpec = {
             "holderIdentity": "",
             "leaseDurationSeconds": 1,
             "acquireTime": now,
             "renewTime": now,
         }
+        updated["spec"] = {**LeaseView.of(lease).spec, **given_back}
         try:
             self._api.update(LEASES, updated)
         except ClusterError as exc:
@@ -262,7 +263,7 @@ class LeaderElector:
     def _create(self, attempt_started: float) -> bool:
         config = self.config
         now = format_micro_time(self._clock.now())
-        lease: JsonObject = {
+        lease: wire.Lease = {
             "apiVersion": LEASES.api_version,
             "kind": LEASES.kind,
             "metadata": {"name": config.name, "namespace": config.namespace},

@@ -13,10 +13,12 @@ import copy
 import logging
 from datetime import datetime
 
+from api import wire
 from api.names import DELETE_PROTECTION_FINALIZER, SCHEDULING_GATE
 from driver.cluster.port import (
     PODS,
     RESOURCE_CLAIMS,
+    Body,
     ClusterApi,
     JsonObject,
     PatchType,
@@ -51,7 +53,7 @@ def remove_scheduling_gate(
             return pod
         # the wire list itself: the ``test`` must match what the API server holds
         gates = path(pod, "spec", "schedulingGates") or []
-        ops: list[JsonObject] = [
+        ops: list[wire.JsonPatchOperation] = [
             {"op": "test", "path": "/metadata/uid", "value": uid},
             {"op": "test", "path": "/spec/schedulingGates", "value": gates},
             {
@@ -83,7 +85,7 @@ def set_pod_node_selector(
     if not gates:
         raise InvalidError(f"pod {namespace_of(pod)}/{name_of(pod)} is not gated")
     merged = {**PodView.of(pod).node_selector, **node_selector}
-    ops: list[JsonObject] = [
+    ops: list[wire.JsonPatchOperation] = [
         {"op": "test", "path": "/metadata/uid", "value": uid_of(pod)},
         {"op": "test", "path": "/spec/schedulingGates", "value": gates},
         {"op": "add", "path": "/spec/nodeSelector", "value": merged},
@@ -105,7 +107,7 @@ def nominate_node(api: ClusterApi, *, pod: JsonObject, node: str) -> JsonObject:
     """
     if path(pod, "status", "nominatedNodeName") == node:
         return pod
-    ops: list[JsonObject] = [
+    ops: list[wire.JsonPatchOperation] = [
         {"op": "test", "path": "/metadata/uid", "value": uid_of(pod)},
         {"op": "add", "path": "/status/nominatedNodeName", "value": node},
     ]
@@ -122,7 +124,9 @@ def nominate_node(api: ClusterApi, *, pod: JsonObject, node: str) -> JsonObject:
 def set_pod_annotation(api: ClusterApi, *, pod: JsonObject, key: str, value: str) -> JsonObject:
     """Set one annotation of the pod (a JSON patch guarded by a ``test`` of the UID, so a pod
     re-created under the same name is never annotated for the one it replaced)."""
-    ops: list[JsonObject] = [{"op": "test", "path": "/metadata/uid", "value": uid_of(pod)}]
+    ops: list[wire.JsonPatchOperation] = [
+        {"op": "test", "path": "/metadata/uid", "value": uid_of(pod)}
+    ]
     if isinstance(path(pod, "metadata", "annotations"), dict):
         # one member, so that annotations others add meanwhile are kept (RFC 6901 escapes)
         member = key.replace("~", "~0").replace("/", "~1")
@@ -159,7 +163,7 @@ def set_pod_condition(
             message,
         ):
             return pod
-        condition: JsonObject = {
+        condition: wire.PodCondition = {
             "type": condition_type,
             "status": status,
             "reason": reason,
@@ -204,9 +208,9 @@ def write_claim_allocation(
     api: ClusterApi,
     *,
     claim: JsonObject,
-    allocation: JsonObject,
+    allocation: wire.AllocationResult,
     allocated_at: datetime,
-    reserved_for: list[JsonObject] | None = None,
+    reserved_for: list[wire.ResourceClaimConsumerReference] | None = None,
 ) -> JsonObject:
     """Write ``status.allocation`` (with ``allocationTimestamp``, docs/design.md F2) through
     ``/status`` with the claim's resourceVersion. ``reserved_for`` is set too when given (the
@@ -220,12 +224,12 @@ def write_claim_allocation(
         )
     if view.allocated:
         raise ConflictError(f"claim {namespace_of(claim)}/{name_of(claim)} is already allocated")
-    status = {
-        **mapping(path(claim, "status")),
-        "allocation": {**allocation, "allocationTimestamp": format_time(allocated_at)},
+    written: wire.ResourceClaimStatus = {
+        "allocation": {**allocation, "allocationTimestamp": format_time(allocated_at)}
     }
     if reserved_for is not None:
-        status["reservedFor"] = [dict(entry) for entry in reserved_for]
+        written["reservedFor"] = [entry.copy() for entry in reserved_for]
+    status = {**mapping(path(claim, "status")), **written}
     return api.update_status(RESOURCE_CLAIMS, {**claim, "status": status})
 
 
@@ -240,8 +244,8 @@ def clear_claim_allocation(api: ClusterApi, *, claim: JsonObject) -> JsonObject:
 
 
 def owner_reference(
-    resource: Resource, owner: JsonObject, *, controller: bool = True, block_deletion: bool = True
-) -> JsonObject:
+    resource: Resource, owner: Body, *, controller: bool = True, block_deletion: bool = True
+) -> wire.OwnerReference:
     """An ``ownerReferences`` entry pointing at ``owner`` (garbage collection follows it)."""
     return {
         "apiVersion": resource.api_version,
@@ -253,6 +257,6 @@ def owner_reference(
     }
 
 
-def pod_reference(pod: JsonObject) -> JsonObject:
+def pod_reference(pod: Body) -> wire.ResourceClaimConsumerReference:
     """A ``status.reservedFor`` entry for a pod."""
     return {"resource": "pods", "name": name_of(pod), "uid": uid_of(pod)}

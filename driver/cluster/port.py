@@ -1,11 +1,12 @@
 """The ``ClusterApi`` port: how InstaSlice talks to the Kubernetes API server.
 
 Objects cross the port as ``JsonObject`` — exactly the wire JSON (camelCase keys), the same dicts the
-informers cache — so no layer converts between typed models and the API's own shape. The port is
-generic over a ``Resource`` (group, version, plural): eight operations cover every kind our daemons
-touch, a fake is one small class, and the domain operations (lift a gate, write an allocation, post
-an event) are functions over the port in ``ops`` and ``events`` with the same wire semantics for
-every adapter.
+informers cache — so no layer converts between typed models and the API's own shape. What we send is
+a ``Body``: one of ``api.wire``'s ``TypedDict``s (plain dicts whose keys mypy checks where they are
+built), or a cached object changed for a write. The port is generic over a ``Resource`` (group,
+version, plural): eight operations cover every kind our daemons touch, a fake is one small class,
+and the domain operations (lift a gate, write an allocation, post an event) are functions over the
+port in ``ops`` and ``events`` with the same wire semantics for every adapter.
 
 Errors are ``driver.errors``: 409 → ``ConflictError`` (create of an existing name →
 ``AlreadyExistsError``), 404 → ``ApiNotFoundError``, 400/422 → ``InvalidError``, 410 → ``GoneError``,
@@ -15,16 +16,20 @@ anything else (5xx, 429, network) → a retryable ``ClusterError``.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, Protocol, Self, TypeAlias
+from typing import Any, Protocol, Self, TypeAlias, cast
+
+from api import wire
 
 JsonObject: TypeAlias = dict[str, Any]
+"""A Kubernetes object (or part of one) as its wire JSON: camelCase keys, RFC 3339 strings."""
+Body: TypeAlias = Mapping[str, Any]
+"""An object or merge patch to send: an ``api.wire`` ``TypedDict`` or a ``JsonObject``."""
 ObjectTransform: TypeAlias = Callable[[JsonObject], JsonObject]
 """What an informer keeps of each object it lists or watches (client-go's ``SetTransform``)."""
-"""A Kubernetes object (or part of one) as its wire JSON: camelCase keys, RFC 3339 strings."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,17 +209,15 @@ class ClusterApi(Protocol):
         """Changes after ``resource_version`` (from a list, the last event, or a bookmark)."""
         ...
 
-    def create(
-        self, resource: Resource, obj: JsonObject, *, namespace: str | None = None
-    ) -> JsonObject:
+    def create(self, resource: Resource, obj: Body, *, namespace: str | None = None) -> JsonObject:
         """Create ``obj``; the namespace defaults to ``obj``'s ``metadata.namespace``."""
         ...
 
-    def update(self, resource: Resource, obj: JsonObject) -> JsonObject:
+    def update(self, resource: Resource, obj: Body) -> JsonObject:
         """Replace the object (PUT) if its ``metadata.resourceVersion`` is still current."""
         ...
 
-    def update_status(self, resource: Resource, obj: JsonObject) -> JsonObject:
+    def update_status(self, resource: Resource, obj: Body) -> JsonObject:
         """Replace the ``status`` subresource (PUT ``…/status``), resourceVersion-checked."""
         ...
 
@@ -224,10 +227,12 @@ class ClusterApi(Protocol):
         *,
         name: str,
         namespace: str | None = None,
-        patch: JsonObject | list[JsonObject],
+        patch: Body | list[wire.JsonPatchOperation],
         patch_type: PatchType,
         subresource: str | None = None,
-    ) -> JsonObject: ...
+    ) -> JsonObject:
+        """Patch the object: a merge patch is a ``Body``, a JSON patch a list of operations."""
+        ...
 
     def delete(
         self,
@@ -249,12 +254,12 @@ class ClusterApi(Protocol):
         ...
 
 
-def metadata(obj: JsonObject) -> JsonObject:
+def metadata(obj: Body) -> JsonObject:
     meta = obj.get("metadata")
     return meta if isinstance(meta, dict) else {}
 
 
-def _metadata_text(obj: JsonObject, key: str) -> str:
+def _metadata_text(obj: Body, key: str) -> str:
     """A string field of ``metadata``, read as ``views.text`` reads one (``""`` when absent)."""
     value = metadata(obj).get(key)
     if type(value) is str:  # the common case, without the other checks
@@ -262,23 +267,29 @@ def _metadata_text(obj: JsonObject, key: str) -> str:
     return "" if value is None or isinstance(value, dict | list) else str(value)
 
 
-def name_of(obj: JsonObject) -> str:
+def name_of(obj: Body) -> str:
     return _metadata_text(obj, "name")
 
 
-def namespace_of(obj: JsonObject) -> str | None:
+def namespace_of(obj: Body) -> str | None:
     return _metadata_text(obj, "namespace") or None
 
 
-def uid_of(obj: JsonObject) -> str:
+def uid_of(obj: Body) -> str:
     return _metadata_text(obj, "uid")
 
 
-def resource_version_of(obj: JsonObject) -> str:
+def resource_version_of(obj: Body) -> str:
     return _metadata_text(obj, "resourceVersion")
 
 
-def object_key(obj: JsonObject) -> str:
+def as_json(body: Body) -> JsonObject:
+    """A body we built, seen as the wire JSON the views and caches read: the same dict, untyped
+    (a ``TypedDict`` is a ``dict`` at run time; mypy alone tells the two apart)."""
+    return cast(JsonObject, body)
+
+
+def object_key(obj: Body) -> str:
     """Cache key: ``namespace/name`` for namespaced objects, ``name`` for cluster-scoped ones."""
     return key_for(name=name_of(obj), namespace=namespace_of(obj))
 
@@ -288,8 +299,8 @@ def key_for(*, name: str, namespace: str | None) -> str:
 
 
 def gate_names(pod: JsonObject) -> list[str]:
-    """Names of the pod's scheduling gates, in order."""
-    gates = pod.get("spec", {}).get("schedulingGates") or []
+    """Names of the pod's scheduling gates, in order (the API server validated the pod)."""
+    gates = cast(wire.Pod, pod).get("spec", {}).get("schedulingGates") or []
     return [str(gate.get("name", "")) for gate in gates]
 
 

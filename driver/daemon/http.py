@@ -21,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final
 
 from driver.daemon.connguard import ConnectionGuard, handle_guarded
+from driver.daemon.flags import split_address
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +93,7 @@ class _Handler(BaseHTTPRequestHandler):
 class HttpEndpoint:
     """Serves ``routes`` (path → route) on ``address`` (host, port) from its own thread.
 
-    The address comes split already (each daemon's ``settings.split_address``), so a bad one is
-    reported in that daemon's own words.
+    The address comes split already (``flags.split_address``; the flags were checked with it).
     """
 
     def __init__(
@@ -150,7 +150,9 @@ class HttpEndpoint:
 
 
 def endpoints_by_address(
-    routes: Iterable[tuple[str, Mapping[str, Route]]], *, split: Callable[[str], tuple[str, int]]
+    routes: Iterable[tuple[str, Mapping[str, Route]]],
+    *,
+    split: Callable[[str], tuple[str, int]] = split_address,
 ) -> dict[str, HttpEndpoint]:
     """One endpoint per distinct ``host:port`` (``split`` parses it; an empty address is off)
     serving every route given for that address: e.g. ``/metrics`` and the probes share a port

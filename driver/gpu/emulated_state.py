@@ -130,6 +130,8 @@ class FileStateStore:
             text = self._path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return [], {}
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"corrupt {self.where}: not UTF-8 JSON ({exc.reason})") from exc
         except OSError as exc:
             raise BackendError(f"cannot read {self.where}: {exc}") from exc
         try:

@@ -10,11 +10,20 @@ import yaml
 
 from driver.errors import ConfigError, DriverError
 from instaslice.flags import add_connection_flags
-from instaslice.inputs import check_regular_file, connect_cluster, refuse
+from instaslice.inputs import (
+    ArgumentError,
+    check_regular_file,
+    connect_cluster,
+    connection_flag_problem,
+    number_between,
+    refuse,
+)
 from instaslice.uninstall.run import DEFAULT_TIMEOUT_S, Uninstaller
 
 MAX_MANIFESTS_BYTES = 16 * 1024 * 1024
 """A rendered overlay is tens of kilobytes."""
+MAX_TIMEOUT_S = 86_400.0
+"""``--timeout``: a day; a wait longer than that is a hang, not a drain."""
 
 
 def add_uninstall_parser(sub: Any) -> None:
@@ -44,15 +53,18 @@ def add_uninstall_parser(sub: Any) -> None:
     )
     uninstall.add_argument(
         "--timeout",
-        type=float,
+        type=number_between(0, MAX_TIMEOUT_S, low_included=False, what="seconds"),
         default=DEFAULT_TIMEOUT_S,
         metavar="SECONDS",
         help=f"how long each wait may take (pods ending, nodes releasing slices, plugins going; "
-        f"default {DEFAULT_TIMEOUT_S:g})",
+        f"default {DEFAULT_TIMEOUT_S:g}, at most {MAX_TIMEOUT_S:g})",
     )
 
 
 def run_uninstall(args: argparse.Namespace, *, out: TextIO, stdin: TextIO) -> int:
+    """The command line is checked before the manifests are read, those before the cluster."""
+    if (problem := connection_flag_problem(args)) is not None:
+        return refuse("uninstall", ArgumentError(problem))
     try:
         objects = _read_manifests(args.filename, stdin=stdin)
         api = connect_cluster(args)

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import TextIO
+from typing import TextIO, cast
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from api import wire
 from api.names import CLASSIC_RESOURCE_PREFIX, DRIVER_NAME, SCHEDULING_GATE
 from driver.cluster.ops import remove_scheduling_gate
 from driver.cluster.port import (
@@ -215,7 +216,8 @@ class Uninstaller:
             daemonset = self._api.get(target.resource, name=target.name, namespace=target.namespace)
         except ApiNotFoundError:
             return []
-        labels = ((daemonset.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        owned = cast(wire.DaemonSet, daemonset)  # as the API server validated it
+        labels = ((owned.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
         selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
         return self._api.list_objects(
             PODS, namespace=target.namespace, label_selector=selector
@@ -335,7 +337,8 @@ def slices_in_use(metrics: str) -> float:
     )
 
 
-def _metrics_port(pod: JsonObject) -> int | None:
+def _metrics_port(obj: JsonObject) -> int | None:
+    pod = cast(wire.Pod, obj)  # as the API server validated it
     for container in (pod.get("spec") or {}).get("containers") or []:
         for port in container.get("ports") or []:
             if port.get("name") == "metrics":

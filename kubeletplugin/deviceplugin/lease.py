@@ -22,13 +22,14 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from api import wire
 from api.names import (
     SHIM_LEASE_LABEL,
     SHIM_LEASE_NODE_ANNOTATION,
     SYSTEM_NAMESPACE,
     shim_lease_name,
 )
-from driver.cluster.port import LEASES, ClusterApi, JsonObject, format_micro_time
+from driver.cluster.port import LEASES, ClusterApi, format_micro_time
 from driver.cluster.views import LeaseView
 from driver.errors import ApiNotFoundError, ClusterError, ConflictError
 
@@ -60,7 +61,11 @@ class ShimLease:
         if self.held:
             return True
         now = format_micro_time(self._now())
-        spec: JsonObject = {"holderIdentity": self._identity, "acquireTime": now, "renewTime": now}
+        spec: wire.LeaseSpec = {
+            "holderIdentity": self._identity,
+            "acquireTime": now,
+            "renewTime": now,
+        }
         try:
             self._write(spec)
         except ClusterError as exc:
@@ -85,7 +90,7 @@ class ShimLease:
             return
         logger.info("shim lease %s/%s given back", self._namespace, self.name)
 
-    def _write(self, spec: JsonObject) -> None:
+    def _write(self, spec: wire.LeaseSpec) -> None:
         for _ in range(3):
             try:
                 current = self._api.get(LEASES, name=self.name, namespace=self._namespace)
@@ -104,7 +109,7 @@ class ShimLease:
                 continue
         raise ClusterError(f"lease {self._namespace}/{self.name} kept changing")
 
-    def _new(self, spec: JsonObject) -> JsonObject:
+    def _new(self, spec: wire.LeaseSpec) -> wire.Lease:
         label = self._node if len(self._node) <= _LABEL_VALUE_MAX else "true"
         return {
             "apiVersion": LEASES.api_version,

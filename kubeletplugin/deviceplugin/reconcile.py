@@ -34,9 +34,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from api import wire
 from api.checkpoint import PreparedClaim, PrepareState, ShimBinding
 from driver.cluster.events import WARNING, EventRecorder
-from driver.cluster.port import PODS, ClusterApi, JsonObject
+from driver.cluster.port import PODS, ClusterApi
 from driver.daemon.wakeable import WakeableThread
 from driver.errors import ClusterError, DriverError
 from driver.ids import ClaimUid, PodUid
@@ -409,7 +410,7 @@ class Reconciler:
         return True
 
 
-def _pod_ref(slot: Slot) -> JsonObject:
+def _pod_ref(slot: Slot) -> wire.ObjectStub:
     """Enough of a pod for an event's ``involvedObject``."""
     return {
         "apiVersion": PODS.api_version,

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from api import wire
 from api.names import (
     DRIVER_NAME,
     SHADOW_CLAIM_CONTAINER_ANNOTATION,
@@ -140,7 +141,7 @@ def list_shadow_claims(
     return sorted((c for c in parsed if c is not None), key=lambda c: (c.created, c.name))
 
 
-def _owner_reference(slot: Slot) -> JsonObject:
+def _owner_reference(slot: Slot) -> wire.OwnerReference:
     return {
         "apiVersion": PODS.api_version,
         "kind": PODS.kind,
@@ -167,7 +168,12 @@ def moved_reservations(reserved: Sequence[Mapping[str, Any]], to: Slot) -> list[
     others = [r for r in reserved if path(r, "resource") != "pods"]
     if len(others) == len(reserved):
         return list(reserved)
-    return [*others, {"resource": "pods", "name": to.pod_name, "uid": to.pod_uid}]
+    pod: wire.ResourceClaimConsumerReference = {
+        "resource": "pods",
+        "name": to.pod_name,
+        "uid": to.pod_uid,
+    }
+    return [*others, pod]
 
 
 def move_claim(api: ClusterApi, claim: ShadowClaim, to: Slot) -> JsonObject:

@@ -16,6 +16,7 @@ from typing import Final
 
 import grpc
 
+from driver.daemon.wakeable import WakeableThread
 from protos.pluginregistration import api_pb2, api_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -135,19 +136,13 @@ class RegistrationWatchdog:
         self._report = report
         self._grace_s = grace_s
         self._delays = delays
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = WakeableThread(self._run, name="registration-watchdog")
 
     def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="registration-watchdog", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join()
+        self._thread.stop()
 
     def message(self) -> str:
         state = self._tracker.state
@@ -163,8 +158,9 @@ class RegistrationWatchdog:
 
     def _run(self) -> None:
         delay = self._grace_s
-        while not self._stop.wait(delay):
-            if self._tracker.state.registered is True:
+        while True:
+            self._thread.sleep(delay)
+            if self._thread.stopping() or self._tracker.state.registered is True:
                 return
             message = self.message()
             logger.error("%s", message)

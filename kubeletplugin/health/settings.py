@@ -17,13 +17,15 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Final
 
-from driver.daemon.flags import add_flag
+from driver.daemon.flags import add_flag, shown
 from driver.taints import EFFECT_NO_EXECUTE, EFFECT_NO_SCHEDULE
 
 APPLICATION_ERROR_XIDS: Final = frozenset({13, 31, 43, 45, 68, 109})
 """XIDs that follow an application's fault; the GPU stays usable (NVIDIA's device plugin list)."""
 UNHEALTHY_TAINT_EFFECTS: Final = (EFFECT_NO_SCHEDULE, EFFECT_NO_EXECUTE)
 ALL_XIDS: Final = "all"
+MAX_XID: Final = 65535
+"""The largest XID a flag may name (NVIDIA's documented XIDs are below 200)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +58,7 @@ class HealthSettings:
 
 def parse_xids(text: str, *, flag: str, allow_all: bool) -> tuple[frozenset[int], bool]:
     """``"48,79"`` → ({48, 79}, False); ``"all"`` → (∅, True) where allowed. ``ValueError`` names
-    the bad part."""
+    the bad part; an XID is from 1 to ``MAX_XID``."""
     numbers: set[int] = set()
     everything = False
     for part in (p.strip() for p in text.split(",")):
@@ -65,8 +67,10 @@ def parse_xids(text: str, *, flag: str, allow_all: bool) -> tuple[frozenset[int]
         if part.lower() == ALL_XIDS and allow_all:
             everything = True
             continue
-        if not part.isdigit():
-            raise ValueError(f"{flag}: {part!r} is not an XID number (e.g. {flag} 48,79)")
+        if not part.isascii() or not part.isdigit():
+            raise ValueError(f"{flag}: {shown(part)} is not an XID number (e.g. {flag} 48,79)")
+        if len(part) > len(str(MAX_XID)) or not 1 <= int(part) <= MAX_XID:
+            raise ValueError(f"{flag}: XID {shown(part)} is not between 1 and {MAX_XID}")
         numbers.add(int(part))
     return frozenset(numbers), everything
 
@@ -83,14 +87,14 @@ def add_health_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(
         parser,
         "--ignore-xids",
-        help_text="XIDs that do not make a GPU unhealthy, besides the application errors "
-        "13,31,43,45,68,109; 'all' turns XID health checks off",
+        help_text=f"XIDs (1 to {MAX_XID}) that do not make a GPU unhealthy, besides the application "
+        "errors 13,31,43,45,68,109; 'all' turns XID health checks off",
         default="",
     )
     add_flag(
         parser,
         "--critical-xids",
-        help_text="XIDs that make a GPU unhealthy even if ignored otherwise",
+        help_text=f"XIDs (1 to {MAX_XID}) that make a GPU unhealthy even if ignored otherwise",
         default="",
     )
 

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
+from driver.daemon.wakeable import WakeableThread
 from driver.errors import DriverError
 from driver.gpu.backend import GpuBackend, GpuInfo, XidEvent
 from kubeletplugin.health.settings import XidPolicy
@@ -56,8 +57,7 @@ class XidHealth:
         self._retry_seconds = retry_seconds
         self._lock = threading.Lock()
         self._marks: dict[str, XidMark] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = WakeableThread(self._run, name="xid-health")
 
     @property
     def marks(self) -> dict[str, XidMark]:
@@ -115,30 +115,25 @@ class XidHealth:
         if self._policy.ignore_all and not self._policy.critical:
             logger.info("XID health checks are off (every XID ignored)")
             return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="xid-health", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join()
+        self._thread.stop()
 
     def _run(self) -> None:
         failing = False
-        while not self._stop.is_set():
+        while not self._thread.stopping():
             try:
                 event = self._backend.next_xid_event(timeout_seconds=self._wait_seconds)
             except DriverError as exc:
                 if not failing:
                     logger.warning("waiting for XID events failed (retrying): %s", exc)
                 failing = True
-                self._stop.wait(self._retry_seconds)
+                self._thread.sleep(self._retry_seconds)
                 continue
             except Exception:
                 logger.exception("waiting for XID events failed unexpectedly (retrying)")
-                self._stop.wait(self._retry_seconds)
+                self._thread.sleep(self._retry_seconds)
                 continue
             if failing:
                 logger.info("watching XID events again")

@@ -38,6 +38,7 @@ import threading
 from pathlib import Path
 from typing import Final
 
+from api import wire
 from driver.cluster.informer import Backoff, Informer, ListWatch
 from driver.cluster.port import NODES, ClusterApi, JsonObject, PatchType
 from driver.cluster.views import NodeView
@@ -82,10 +83,11 @@ def stale_resources(node: JsonObject, *, prefix: str) -> list[str]:
     return sorted(names)
 
 
-def removal_patch(names: list[str]) -> JsonObject:
-    """Merge patch of ``nodes/status`` that deletes ``names`` from capacity and allocatable."""
-    gone = dict.fromkeys(names)
-    return {"status": {field: dict(gone) for field in STATUS_LISTS}}
+def removal_patch(names: list[str]) -> wire.Node:
+    """Merge patch of ``nodes/status`` that deletes ``names`` from capacity and allocatable
+    (``STATUS_LISTS``)."""
+    gone: dict[str, str | None] = dict.fromkeys(names)
+    return {"status": {"capacity": dict(gone), "allocatable": dict(gone)}}
 
 
 class StaleCapacityCleaner:

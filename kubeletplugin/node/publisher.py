@@ -41,12 +41,14 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
+from api import wire
 from driver.cluster.events import NORMAL, WARNING, EventRecorder
 from driver.cluster.port import (
     NODES,
     RESOURCE_SLICES,
     ClusterApi,
     JsonObject,
+    as_json,
     name_of,
     parse_time,
     resource_version_of,
@@ -282,24 +284,24 @@ class SlicePublisher:
             if SliceView.of(obj).driver == self._driver
         ]
 
-    def _write(self, existing: Sequence[JsonObject], desired: Sequence[JsonObject]) -> bool:
+    def _write(self, existing: Sequence[JsonObject], desired: Sequence[wire.ResourceSlice]) -> bool:
         """Delete the slices no longer desired, create or update the others; True when the API
         server dropped the device taints of some slice written."""
         wanted = {name_of(obj) for obj in desired}
         by_name = {name_of(obj): obj for obj in existing}
-        for name, obj in by_name.items():
+        for name, old in by_name.items():
             if name not in wanted:
                 with contextlib.suppress(ApiNotFoundError):
-                    self._api.delete(RESOURCE_SLICES, name=name, uid=uid_of(obj))
+                    self._api.delete(RESOURCE_SLICES, name=name, uid=uid_of(old))
         dropped = False
         for obj in desired:
-            old = by_name.get(name_of(obj))
-            if old is None:
+            current = by_name.get(name_of(obj))
+            if current is None:
                 written = self._api.create(RESOURCE_SLICES, obj)
             else:
-                obj["metadata"]["resourceVersion"] = resource_version_of(old)
+                obj["metadata"]["resourceVersion"] = resource_version_of(current)
                 written = self._api.update(RESOURCE_SLICES, obj)
-            dropped = dropped or _taints_dropped(obj, written)
+            dropped = dropped or _taints_dropped(as_json(obj), written)
         return dropped
 
     def _taints(
@@ -369,16 +371,16 @@ class SlicePublisher:
                 logger.exception("publishing ResourceSlices failed unexpectedly (retrying)")
 
     @staticmethod
-    def _unchanged(existing: Sequence[JsonObject], desired: Sequence[JsonObject]) -> bool:
+    def _unchanged(existing: Sequence[JsonObject], desired: Sequence[wire.ResourceSlice]) -> bool:
         if len(existing) != len(desired):
             return False
         generations = {SliceView.of(o).pool_generation for o in existing}
         if len(generations) > 1:
             return False
         old = {name_of(o): _content(o) for o in existing}
-        return all(old.get(name_of(o)) == _content(o) for o in desired)
+        return all(old.get(name_of(o)) == _content(as_json(o)) for o in desired)
 
-    def _node_owner(self) -> JsonObject | None:
+    def _node_owner(self) -> wire.OwnerReference | None:
         try:
             node = self._api.get(NODES, name=self._node)
         except ApiNotFoundError:

@@ -9,6 +9,8 @@ from collections.abc import Callable
 
 from driver.cdi_common import CommonEdits, resolve_common_edits
 from driver.cluster.events import WARNING
+from driver.daemon.paths import check_file, check_writable_directory
+from driver.errors import ConfigError
 from driver.gpu.backend import MigModeBackend
 from kubeletplugin.node.events import NodeEvents
 from kubeletplugin.node.migmode import enable_mig_when_idle
@@ -17,11 +19,33 @@ from kubeletplugin.settings import Settings
 logger = logging.getLogger(__name__)
 
 
+def check_paths(settings: Settings) -> None:
+    """``ConfigError`` naming the flag unless every directory the plugin writes can be written
+    (or made) and the emulated backend's state file, if there is one, is a file it can read."""
+    for flag, directory in (
+        ("--state-dir", settings.state_dir),
+        ("--cdi-root", settings.cdi_root),
+        ("--plugin-dir", settings.plugin_dir),
+        ("--plugin-registry-dir", settings.plugin_registry_dir),
+    ):
+        check_writable_directory(directory, flag=flag)
+    if settings.gpu_backend == "emulated":
+        state_file = settings.emulated_state_file
+        check_file(state_file, flag="--emulated-state-file", may_be_missing=True)
+        check_writable_directory(state_file.parent, flag="--emulated-state-file")
+
+
 def build_backend(settings: Settings) -> MigModeBackend:
+    """The backend ``--gpu-backend`` names: ``BackendError`` while it cannot start yet (no NVML),
+    ``ConfigError`` when it never can (the emulated GPUs or their state file)."""
     if settings.gpu_backend == "emulated":
         from driver.gpu.emulated import EmulatedGpuBackend  # noqa: PLC0415 - chosen at run time
 
-        settings.emulated_state_file.parent.mkdir(parents=True, exist_ok=True)
+        directory = settings.emulated_state_file.parent
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"--emulated-state-file: cannot make {directory}: {exc}") from exc
         return EmulatedGpuBackend(
             node_name=settings.node_name,
             spec=settings.emulated_gpus or "",

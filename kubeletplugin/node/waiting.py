@@ -7,7 +7,9 @@ its Node (a Warning event, ``kubectl describe node``; ``make deploy`` prints it)
 (the DaemonSet's rollout does not count the node as served), and stops at once on SIGTERM.
 
 What it waits for here: the GPU backend — NVML that cannot be loaded means no NVIDIA driver on the
-node, or a container that was not given the library (RuntimeClass ``nvidia``). The kubelet's
+node, or a container that was not given the library (RuntimeClass ``nvidia``). A backend that can
+never start (``ConfigError``: emulated GPUs the catalog does not know, a state file that is not
+one) is not waited for: the error ends the plugin at start (``driver.daemon.run``). The kubelet's
 registration is watched once the plugin serves (``kubeletplugin.dra.registration``).
 """
 
@@ -18,11 +20,12 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Final
 
+from driver.daemon.flags import split_address
 from driver.daemon.http import HttpEndpoint
-from driver.errors import DriverError
+from driver.errors import ConfigError, DriverError
 from driver.gpu.backend import MigModeBackend
 from kubeletplugin.node.setup import build_backend
-from kubeletplugin.settings import Settings, split_address
+from kubeletplugin.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -80,11 +83,14 @@ class BackendWait:
         self._endpoint: HttpEndpoint | None = None
 
     def run(self) -> MigModeBackend | None:
-        """The backend, or None when stopped (SIGTERM) before it could be built."""
+        """The backend, or None when stopped (SIGTERM) before it could be built; a
+        ``ConfigError`` is raised at once."""
         try:
             while True:
                 try:
                     return self._build(self._settings)
+                except ConfigError:
+                    raise
                 except DriverError as exc:
                     self._reason = self._explain(exc)
                 delay = next(self._delays)
@@ -103,10 +109,11 @@ class BackendWait:
         return f"cannot start the {backend} GPU backend ({exc}){hint}"
 
     def _serve_probes(self) -> None:
-        if self._endpoint is not None or not self._settings.healthz_address:
+        address = self._settings.daemon.healthz_address
+        if self._endpoint is not None or not address:
             return
         endpoint = HttpEndpoint(
-            address=split_address(self._settings.healthz_address),
+            address=split_address(address),
             routes=waiting_routes(lambda: self._reason),
             name="http /healthz+/readyz (waiting)",
         )

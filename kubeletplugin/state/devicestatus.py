@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Final, Protocol
 
+from api import wire
 from api.checkpoint import PreparedClaim, PrepareState
 from driver.cluster.port import RESOURCE_CLAIMS, ClusterApi, JsonObject
 from driver.cluster.views import ClaimView, DeviceStatus, mapping, path
@@ -71,9 +72,13 @@ def desired_device_statuses(
         wanted.append(_with_uuid(status, uuids.get(status.device)))
     for device, uuid in uuids.items():
         if device not in seen:
-            wanted.append(
-                {"driver": driver, "pool": pool, "device": device, "data": {MIG_UUID_KEY: uuid}}
-            )
+            added: wire.AllocatedDeviceStatus = {
+                "driver": driver,
+                "pool": pool,
+                "device": device,
+                "data": {MIG_UUID_KEY: uuid},
+            }
+            wanted.append(added)
     return None if wanted == current else wanted
 
 

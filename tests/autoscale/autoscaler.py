@@ -15,7 +15,6 @@ after 15 s instead of 5 min).
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 from dataclasses import dataclass
@@ -24,15 +23,13 @@ from typing import IO
 
 from localcluster.daemonstack import free_port
 from localcluster.realstack import describe_missing as describe_missing_stack
+from localcluster.realstack import not_built, stack_path
 
 STOP_TIMEOUT_S = 10.0
 
 
 def binary_path() -> Path:
-    configured = os.environ.get("INSTASLICE_CLUSTER_AUTOSCALER")
-    if configured:
-        return Path(configured)
-    return Path(os.environ.get("TMPDIR") or "/tmp", "ca-build", "bin", "cluster-autoscaler")
+    return stack_path("INSTASLICE_CLUSTER_AUTOSCALER", "ca-build", "bin", "cluster-autoscaler")
 
 
 def describe_missing() -> str | None:
@@ -40,12 +37,11 @@ def describe_missing() -> str | None:
     stack = describe_missing_stack()
     if stack is not None:
         return stack
-    if not binary_path().is_file():
-        return (
-            f"cluster-autoscaler not built ({binary_path()} missing): see "
-            "../shared/realstack/README.md 'A real cluster-autoscaler'"
-        )
-    return None
+    return not_built(
+        "cluster-autoscaler",
+        [] if binary_path().is_file() else [str(binary_path())],
+        see="../shared/realstack/README.md 'A real cluster-autoscaler'",
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,8 +32,6 @@ from typing import NoReturn, Protocol
 
 import grpc
 
-from protos.externalgrpc import externalgrpc_pb2 as pb
-from protos.externalgrpc import externalgrpc_pb2_grpc as pb_grpc
 from tests.autoscale.groups import (
     Instance,
     InstanceState,
@@ -41,6 +39,8 @@ from tests.autoscale.groups import (
     NodeGroups,
     NodeGroupSpec,
 )
+from tests.autoscale.protos.externalgrpc import externalgrpc_pb2 as pb
+from tests.autoscale.protos.externalgrpc import externalgrpc_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 

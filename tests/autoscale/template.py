@@ -26,8 +26,8 @@ from api import names
 from driver.gpu.emulated import EmulatedGpuBackend
 from kubeletplugin.deviceplugin.advertise import advertised_counts
 from kubeletplugin.node.inventory import build_inventory
-from protos.k8s.api.core.v1 import generated_pb2 as core
 from tests.autoscale.groups import NodeGroupSpec, provider_id
+from tests.autoscale.protos.k8s.api.core.v1 import generated_pb2 as core
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 OS_LABEL = "kubernetes.io/os"

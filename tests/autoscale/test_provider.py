@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 
-from protos.externalgrpc import externalgrpc_pb2 as pb
-from protos.externalgrpc import externalgrpc_pb2_grpc as pb_grpc
-from protos.k8s.api.core.v1 import generated_pb2 as core
 from tests.autoscale.groups import NodeGroups, NodeGroupSpec, provider_id
+from tests.autoscale.protos.externalgrpc import externalgrpc_pb2 as pb
+from tests.autoscale.protos.externalgrpc import externalgrpc_pb2_grpc as pb_grpc
+from tests.autoscale.protos.k8s.api.core.v1 import generated_pb2 as core
 from tests.autoscale.provider import START_FAILED, CloudProvider, ProviderServer
 from tests.autoscale.template import node_bytes, template_node
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from google.protobuf import json_format
 
-from protos.k8s.api.core.v1 import generated_pb2 as core
 from tests.autoscale.groups import NodeGroupSpec
+from tests.autoscale.protos.k8s.api.core.v1 import generated_pb2 as core
 from tests.autoscale.template import classic_capacity, node_bytes, template_node
 
 GROUP_LABEL = "autoscale.instaslice.dev/node-group"

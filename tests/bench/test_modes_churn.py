@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from api import wire
 from bench.modes_churn import ChurnSettings, _claim, _Gpus, make_trace, offline
 from driver.cluster.port import JsonObject
 from driver.mig.catalog import CATALOG
@@ -27,7 +28,7 @@ def _gpus() -> _Gpus:
         )
         for i in range(2)
     ]
-    owner = {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "u"}
+    owner: wire.OwnerReference = {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "u"}
     return _Gpus(build_pool(node=NODE, gpus=inventory, generation=1, owner=owner))
 
 

@@ -7,7 +7,9 @@ try many inputs quickly). It gets ``RLIMIT_AS`` set to the parent's address spac
 the child reports as a traceback. A child still running after ``guard_s`` is killed and reported as
 ``hung``; the guard is generous (it catches an endless loop or a runaway input, it does not time
 anything). The child reads stdin from ``/dev/null`` and sees only ``env`` changes given here (no
-cluster is reachable: ``$KUBECONFIG`` names a missing file).
+cluster is reachable: ``$KUBECONFIG`` names a missing file). It runs in a temporary folder of its
+own, removed afterwards: an argument that happens to be a relative path (``--trace 1e309`` with
+``--synthesize``) writes there, never into the checkout the tests run from.
 """
 
 from __future__ import annotations
@@ -59,14 +61,15 @@ def run_bounded(
     """``instaslice ARGV`` in a forked child limited to ``memory_bytes`` more address space."""
     limit = _address_space_bytes() + memory_bytes
     with tempfile.TemporaryDirectory(prefix="instaslice-bounded-") as folder:
-        out_path, err_path = Path(folder, "out"), Path(folder, "err")
+        out_path, err_path, cwd = Path(folder, "out"), Path(folder, "err"), Path(folder, "cwd")
+        cwd.mkdir()
         with warnings.catch_warnings():
             # Python 3.12+ warns about forking a process with threads: the child runs only the
             # command and exits, it never touches another thread's locks.
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
         if pid == 0:  # pragma: no cover - the child never returns
-            _child(argv, limit=limit, out=out_path, err=err_path, env=env or {})
+            _child(argv, limit=limit, out=out_path, err=err_path, cwd=cwd, env=env or {})
         status, hung = _wait(pid, guard_s=guard_s)
         return Outcome(
             status=status,
@@ -77,7 +80,7 @@ def run_bounded(
 
 
 def _child(
-    argv: Sequence[str], *, limit: int, out: Path, err: Path, env: Mapping[str, str]
+    argv: Sequence[str], *, limit: int, out: Path, err: Path, cwd: Path, env: Mapping[str, str]
 ) -> None:
     status = CRASHED
     try:
@@ -89,6 +92,7 @@ def _child(
         sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the child's whole life
         sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+        os.chdir(cwd)
         os.environ.pop("KUBERNETES_SERVICE_HOST", None)
         os.environ["KUBECONFIG"] = str(out.parent / "no-kubeconfig")
         os.environ.update(env)

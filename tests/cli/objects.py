@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from api import names
+from driver.cluster.port import as_json
 from driver.mig.catalog import gpu_model
 from driver.resourceslices import GpuInventory, build_pool
 
@@ -25,7 +26,7 @@ def pool(
         )
         for i in range(gpus)
     ]
-    return build_pool(node=node, gpus=inventory, generation=generation)
+    return [as_json(s) for s in build_pool(node=node, gpus=inventory, generation=generation)]
 
 
 def claim(

@@ -179,14 +179,14 @@ def test_synthesize_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_bad_flags_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["simulate", "--gpus", "1x8xA100-40GB"]) == 1
+    assert cli.main(["simulate", "--gpus", "1x8xA100-40GB"]) == 2
     assert "give --gpus and --trace (or --from-cluster)" in capsys.readouterr().err
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"t": 1, "profile": "1g.5gb", "duration": 1}\n')
-    assert cli.main(["simulate", "--gpus", "8xA100", "--trace", str(trace)]) == 1
+    assert cli.main(["simulate", "--gpus", "8xA100", "--trace", str(trace)]) == 2
     assert "GPU group '8xA100' is not NODESxGPUSxMODEL" in capsys.readouterr().err
     argv = ["simulate", "--gpus", "1x8xA100-40GB", "--trace", str(trace), "--policy", "nope"]
-    assert cli.main(argv) == 1
+    assert cli.main(argv) == 2
     assert "unknown placement policy nope" in capsys.readouterr().err
 
 

@@ -1,5 +1,6 @@
 """Every input ``instaslice`` cannot use is refused before any work, in one line naming the problem,
-with a non-zero exit status: 2 for what argparse refuses, 1 for the rest.
+with a non-zero exit status: 2 when the command line itself is wrong, 1 when a file or the cluster
+it names cannot be used.
 
 Each table row is one input a user tried (or one close to it); ``{name}`` in an argument stands for
 a file the ``files`` fixture made. The cases that need a cluster talk to a local API server."""
@@ -10,9 +11,9 @@ import gzip
 import io
 import json
 import os
-from collections.abc import Iterator, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata
-from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -23,13 +24,13 @@ from driver.cluster.port import NODES
 from instaslice import cli, plancli
 from instaslice.planning.defrag import DefragPlan, plan_defrag
 from instaslice.planning.fleet import parse_fleet
+from localcluster import demo
 from localcluster.apiserver import LocalApiServer
 from tests.cli.planningcluster import populate
 from tests.planning.test_defrag import _engine, _hold
 
 OK_LINE = '{"t": 0, "profile": "1g.5gb", "duration": 1}\n'
 GPUS = ["--gpus", "1x8xA100-40GB"]
-HAS_MATPLOTLIB = find_spec("matplotlib") is not None
 
 # -------------------------------------------------------------------------------------- files
 
@@ -110,9 +111,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return made
 
 
-def _run(argv: Sequence[str]) -> int:
+def _run(argv: Sequence[str], *, main: Callable[[list[str]], int] = cli.main) -> int:
     try:
-        return cli.main(list(argv))
+        return main(list(argv))
     except SystemExit as exc:  # argparse's refusals
         return exc.code if isinstance(exc.code, int) else 1
 
@@ -195,28 +196,28 @@ def test_a_file_without_read_permission_is_refused(
 # ------------------------------------------------------------------------------ simulate: flags
 
 SIMULATE_FLAG_CASES = [
-    ("nodes-past-limit", ["--gpus", "99999999999x8xA100-40GB"], 1, "nodes must be from 1 to 10,000"),
-    ("nodes-5000-digits", ["--gpus", "9" * 5000 + "x8xA100-40GB"], 1, "(5000 digits)"),
-    ("gpus-per-node", ["--gpus", "1x99xA100-40GB"], 1, "GPUs per node must be from 1 to 16"),
-    ("gpus-in-all", ["--gpus", "9000x16xA100-40GB"], 1, "the fleet has 144,000 GPUs"),
-    ("add-without-from-cluster", ["--add", "1g.5gb=1"], 1,
+    ("nodes-past-limit", ["--gpus", "99999999999x8xA100-40GB"], 2, "nodes must be from 1 to 10,000"),
+    ("nodes-5000-digits", ["--gpus", "9" * 5000 + "x8xA100-40GB"], 2, "(5000 digits)"),
+    ("gpus-per-node", ["--gpus", "1x99xA100-40GB"], 2, "GPUs per node must be from 1 to 16"),
+    ("gpus-in-all", ["--gpus", "9000x16xA100-40GB"], 2, "the fleet has 144,000 GPUs"),
+    ("add-without-from-cluster", ["--add", "1g.5gb=1"], 2,
      "--add applies with --from-cluster, not when replaying a trace"),
-    ("mix-without-synthesize", ["--mix", "1g.5gb=1"], 1,
+    ("mix-without-synthesize", ["--mix", "1g.5gb=1"], 2,
      "--mix applies with --synthesize, not when replaying a trace"),
-    ("events-without-synthesize", ["--events", "10"], 1, "--events applies with --synthesize"),
-    ("url-without-from-cluster", ["--kube-api-url", "http://127.0.0.1:1"], 1,
+    ("events-without-synthesize", ["--events", "10"], 2, "--events applies with --synthesize"),
+    ("url-without-from-cluster", ["--kube-api-url", "http://127.0.0.1:1"], 2,
      "--kube-api-url applies with --from-cluster"),
-    ("two-modes", ["--synthesize", "--from-cluster"], 1, "two modes; give one"),
-    ("defrag-moves-past-limit", ["--defrag-on-reject", "99999"], 1, "at most 10,000"),
+    ("two-modes", ["--synthesize", "--from-cluster"], 2, "two modes; give one"),
+    ("defrag-moves-past-limit", ["--defrag-on-reject", "99999"], 2, "at most 10,000"),
     ("plot-in-a-missing-folder", ["--plot", "{missing-dir/plot.png}"], 1, "does not exist"),
     ("plot-onto-a-folder", ["--plot", "{folder}"], 1, "is a directory"),
-    ("preemption-without-queue", ["--preemption"], 1, "--preemption needs --queue"),
-    ("starvation-without-queue", ["--starvation-after", "60"], 1,
+    ("preemption-without-queue", ["--preemption"], 2, "--preemption needs --queue"),
+    ("starvation-without-queue", ["--starvation-after", "60"], 2,
      "--starvation-after needs --queue"),
     ("starvation-after-zero", ["--queue", "--starvation-after", "0"], 2,
      "--starvation-after: must be more than 0 and at most 1e+12"),
     ("starvation-after-nan", ["--queue", "--starvation-after", "nan"], 2, "must be more than 0"),
-    ("priorities-without-synthesize", ["--priorities", "1=1"], 1,
+    ("priorities-without-synthesize", ["--priorities", "1=1"], 2,
      "--priorities applies with --synthesize, not when replaying a trace"),
 ]  # fmt: skip
 
@@ -248,15 +249,15 @@ SYNTHESIS_CASES = [
     ("load-zero", ["--load", "0"], 2, "--load: must be more than 0 and at most 10"),
     ("load-nan", ["--load", "nan"], 2, "--load: must be more than 0 and at most 10"),
     ("duration-inf", ["--mean-duration", "inf"], 2, "--mean-duration: must be more than 0"),
-    ("mix-count-past-any-gpu", ["--mix", "8*1g.5gb=1"], 1, "N from 1 to 7"),
-    ("mix-count-past-the-fleet", ["--mix", "4*2g.10gb=1"], 1, "a GPU of the fleet holds at most 3"),
-    ("mix-weight-inf", ["--mix", "1g.5gb=inf"], 1, "the weight must be a number > 0"),
-    ("queue-with-synthesize", ["--queue"], 1, "--queue applies when replaying a trace, not with --synthesize"),
-    ("preemption-with-synthesize", ["--preemption"], 1, "--preemption applies when replaying a trace"),
-    ("priority-past-int32", ["--priorities", "2147483648=1"], 1, "an integer PRIORITY from -2147483648"),
-    ("priority-weight-zero", ["--priorities", "0=0"], 1, "the weight must be a number > 0"),
+    ("mix-count-past-any-gpu", ["--mix", "8*1g.5gb=1"], 2, "N from 1 to 7"),
+    ("mix-count-past-the-fleet", ["--mix", "4*2g.10gb=1"], 2, "a GPU of the fleet holds at most 3"),
+    ("mix-weight-inf", ["--mix", "1g.5gb=inf"], 2, "the weight must be a number > 0"),
+    ("queue-with-synthesize", ["--queue"], 2, "--queue applies when replaying a trace, not with --synthesize"),
+    ("preemption-with-synthesize", ["--preemption"], 2, "--preemption applies when replaying a trace"),
+    ("priority-past-int32", ["--priorities", "2147483648=1"], 2, "an integer PRIORITY from -2147483648"),
+    ("priority-weight-zero", ["--priorities", "0=0"], 2, "the weight must be a number > 0"),
     ("to-a-fifo-nobody-reads", ["--trace", "{fifo}"], 1, "nothing reads that FIFO"),
-    ("load-too-low-for-the-limits", ["--load", "1e-300"], 1, "would arrive over more than 1e+12 s"),
+    ("load-too-low-for-the-limits", ["--load", "1e-300"], 2, "would arrive over more than 1e+12 s"),
 ]  # fmt: skip
 
 
@@ -300,15 +301,19 @@ def test_a_replay_that_would_run_for_hours_is_refused(
 
 
 def test_plot_without_matplotlib_keeps_the_table_and_says_so_in_one_line(
-    files: dict[str, str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+    files: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    if HAS_MATPLOTLIB:
-        pytest.skip("matplotlib is installed here")
+    # make install installs matplotlib; None in sys.modules is how Python spells "not installed"
+    # for find_spec and import alike.
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
     code = _run(
         ["simulate", "--trace", files["ok.jsonl"], *GPUS, "--plot", str(tmp_path / "p.png")]
     )
     captured = capsys.readouterr()
-    _assert_refused(captured, code, 1, "--plot needs matplotlib", work=True)
+    _assert_refused(captured, code, 1, "--plot needs matplotlib: run `make install`", work=True)
     assert captured.out.splitlines()[1].startswith("policy ")
 
 
@@ -372,11 +377,11 @@ STATUS_CASES = [
     ("watch-zero-busy-loop", ["--watch", "0"], 2, "--watch: must be from 0.5 to 3600, got 0"),
     ("watch-nan", ["--watch", "nan"], 2, "--watch: must be from 0.5"),
     ("watch-inf", ["--watch", "inf"], 2, "--watch: must be from 0.5"),
-    ("url-not-a-url", ["--kube-api-url", "notaurl"], 1, "API server URL 'notaurl' is not http(s)"),
-    ("url-other-scheme", ["--kube-api-url", "ftp://x"], 1, "is not http(s)://HOST[:PORT]"),
-    ("url-bad-port", ["--kube-api-url", "http://127.0.0.1:99999"], 1, "is not valid"),
-    ("url-no-host", ["--kube-api-url", "http://"], 1, "is not http(s)://HOST[:PORT]"),
-    ("url-and-kubeconfig", ["--kube-api-url", "http://x", "--kubeconfig", "{ok.jsonl}"], 1,
+    ("url-not-a-url", ["--kube-api-url", "notaurl"], 2, "API server URL 'notaurl' is not http(s)"),
+    ("url-other-scheme", ["--kube-api-url", "ftp://x"], 2, "is not http(s)://HOST[:PORT]"),
+    ("url-bad-port", ["--kube-api-url", "http://127.0.0.1:99999"], 2, "is not valid"),
+    ("url-no-host", ["--kube-api-url", "http://"], 2, "is not http(s)://HOST[:PORT]"),
+    ("url-and-kubeconfig", ["--kube-api-url", "http://x", "--kubeconfig", "{ok.jsonl}"], 2,
      "do not combine"),
     ("kubeconfig-a-list", ["--kubeconfig", "{kubeconfig-list.yaml}"], 1, "malformed kubeconfig"),
     ("kubeconfig-broken-yaml", ["--kubeconfig", "{kubeconfig-broken.yaml}"], 1,
@@ -456,11 +461,11 @@ def test_a_batch_that_does_not_fit_exits_1_naming_what_is_left(
 # ------------------------------------------------------------------------------------ defrag
 
 DEFRAG_CASES = [
-    ("yes-without-apply", ["--profile", "7g.40gb", "--yes"], 1, "--yes applies with --apply only"),
+    ("yes-without-apply", ["--profile", "7g.40gb", "--yes"], 2, "--yes applies with --apply only"),
     ("count-zero", ["--profile", "7g.40gb", "--count", "0"], 2, "--count: must be from 1"),
     ("count-past-limit", ["--profile", "7g.40gb", "--count", "10" * 30], 2, "(60 characters)"),
     ("no-profile", [], 2, "the following arguments are required: --profile"),
-    ("url-not-a-url", ["--profile", "7g.40gb", "--kube-api-url", "x"], 1, "API server URL 'x'"),
+    ("url-not-a-url", ["--profile", "7g.40gb", "--kube-api-url", "x"], 2, "API server URL 'x'"),
 ]  # fmt: skip
 
 
@@ -548,6 +553,7 @@ def test_demo_checks_every_argument_before_any_daemon_starts(
     status: int,
     words: str,
 ) -> None:
-    code = _run(["demo", "--fast", *_filled(argv, files)])
+    # The demo's own command: ``instaslice demo`` becomes it (exec), so it is called here.
+    code = _run(["--fast", *_filled(argv, files)], main=demo.main)
     # Nothing on stdout: the demo's first heading, printed before the stack starts, never came.
     _assert_refused(capsys.readouterr(), code, status, words)

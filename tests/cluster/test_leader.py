@@ -14,7 +14,7 @@ import pytest
 
 from driver.cluster.kube import KubeClusterApi
 from driver.cluster.leader import LeaderElectionConfig, LeaderElector, LeaseClient
-from driver.cluster.port import LEASES, JsonObject, Resource
+from driver.cluster.port import LEASES, Body, JsonObject, Resource
 from driver.errors import ClusterError
 from tests.cluster.fakes import FakeClock
 
@@ -122,12 +122,10 @@ class RacingApi:
         self._between()
         return found
 
-    def create(
-        self, resource: Resource, obj: JsonObject, *, namespace: str | None = None
-    ) -> JsonObject:
+    def create(self, resource: Resource, obj: Body, *, namespace: str | None = None) -> JsonObject:
         return self._inner.create(resource, obj, namespace=namespace)
 
-    def update(self, resource: Resource, obj: JsonObject) -> JsonObject:
+    def update(self, resource: Resource, obj: Body) -> JsonObject:
         return self._inner.update(resource, obj)
 
 
@@ -238,13 +236,11 @@ class PartitionableApi:
         self._check()
         return self._inner.get(resource, name=name, namespace=namespace)
 
-    def create(
-        self, resource: Resource, obj: JsonObject, *, namespace: str | None = None
-    ) -> JsonObject:
+    def create(self, resource: Resource, obj: Body, *, namespace: str | None = None) -> JsonObject:
         self._check()
         return self._inner.create(resource, obj, namespace=namespace)
 
-    def update(self, resource: Resource, obj: JsonObject) -> JsonObject:
+    def update(self, resource: Resource, obj: Body) -> JsonObject:
         self._check()
         return self._inner.update(resource, obj)
 

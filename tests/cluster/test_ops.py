@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from api import wire
 from api.names import DELETE_PROTECTION_FINALIZER, PLACEMENT_CONDITION, SCHEDULING_GATE
 from driver.cluster import ops
 from driver.cluster.events import NORMAL, WARNING, EventRecorder
@@ -16,7 +17,6 @@ from driver.cluster.port import (
     NODES,
     PODS,
     RESOURCE_CLAIMS,
-    JsonObject,
     PatchType,
     gate_names,
     resource_version_of,
@@ -147,7 +147,7 @@ def test_pod_condition_is_set_kept_and_not_rewritten(api: KubeClusterApi) -> Non
     assert placement["lastTransitionTime"] == "2026-05-09T07:00:00Z"
 
 
-def _allocation(node: str) -> JsonObject:
+def _allocation(node: str) -> wire.AllocationResult:
     return {
         "devices": {
             "results": [

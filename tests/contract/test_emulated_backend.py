@@ -160,6 +160,13 @@ def test_a_bad_state_file_is_a_config_error_naming_it(
     assert str(state) in str(caught.value)
 
 
+def test_a_binary_state_file_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    state = tmp_path / "gpus.json"
+    state.write_bytes(b"\x93\xff\x00 not text")
+    with pytest.raises(ConfigError, match=f"corrupt state file {state}: not UTF-8 JSON"):
+        EmulatedGpuBackend(node_name="n", spec="A100-40GB", state_file=state)
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
 def test_a_state_file_that_cannot_be_written_is_a_backend_error(tmp_path: Path) -> None:
     state = tmp_path / "gpus.json"

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from api import wire
+from driver.cluster.port import as_json
 from driver.errors import AlreadyExistsError, ConflictError
 
 WEBHOOK_CONFIGURATION = "instaslice-pod-gate"
@@ -71,12 +73,12 @@ class InMemoryCertificateStore:
         found = self.secrets.get((namespace, name))
         return copy.deepcopy(found) if found is not None else None
 
-    def create_secret(self, secret: dict[str, Any]) -> dict[str, Any]:
+    def create_secret(self, secret: wire.Secret) -> dict[str, Any]:
         self._hook("create_secret")
         key = (secret["metadata"]["namespace"], secret["metadata"]["name"])
         if key in self.secrets:
             raise AlreadyExistsError(f"secrets {key[1]!r} already exists")
-        stored = copy.deepcopy(secret)
+        stored = copy.deepcopy(as_json(secret))
         stored["metadata"]["resourceVersion"] = self._next()
         self.secrets[key] = stored
         self.writes.append("create_secret")

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from typing import Any
 
+from api import wire
 from api.names import (
     DEVICE_CLASS_ANY,
     DRIVER_NAME,
@@ -94,7 +95,12 @@ def publish_node(
         {classic_resource_name(p.name): str(p.max_count * gpus) for p in gpu_model.profiles}
     )
     created = api.create(NODES, node_obj)
-    owner = {"apiVersion": "v1", "kind": "Node", "name": name, "uid": created["metadata"]["uid"]}
+    owner: wire.OwnerReference = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": name,
+        "uid": created["metadata"]["uid"],
+    }
     inventory = [
         GpuInventory(
             index=i,

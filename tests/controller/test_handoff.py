@@ -197,11 +197,11 @@ def test_scheduler_mode_hands_every_gated_pod_over_and_drops_shadow_claims(
     profile_resource = classic_resource_name("1g.5gb")
     pod = api.create(PODS, pod_object("classic", classic={profile_resource: 1}), namespace=NS)
     # A shadow claim left from controller mode (created, protected, allocated) before the switch.
-    left = shadow.shadow_claim(
+    body = shadow.shadow_claim(
         pod, shadow.ClassicRequest(container="main", profile="1g.5gb", count=1)
     )
-    left["metadata"]["finalizers"] = [DELETE_PROTECTION_FINALIZER]
-    left = api.create(RESOURCE_CLAIMS, left, namespace=NS)
+    body["metadata"]["finalizers"] = [DELETE_PROTECTION_FINALIZER]
+    left = api.create(RESOURCE_CLAIMS, body, namespace=NS)
     device = next(
         d["name"]
         for s in api.list_objects(RESOURCE_SLICES).items

@@ -1,9 +1,11 @@
-"""``instaslice-controller`` as a process: flags and env, and the whole daemon against the local
-API server — its webhook (self-managed certificate, caBundle patched) gates a pod at creation, the
-allocator places it, /readyz and /metrics answer, SIGTERM stops it cleanly."""
+"""``instaslice-controller`` as a process: flags and env (every number bounded, every refusal one
+line with exit status 2, ``--version``), and the whole daemon against the local API server — its
+webhook (self-managed certificate, caBundle patched) gates a pod at creation, the allocator places
+it, /readyz and /metrics answer, SIGTERM stops it cleanly."""
 
 from __future__ import annotations
 
+import functools
 import signal
 import subprocess
 import sys
@@ -34,6 +36,13 @@ from tests.controller.harness import (
     ungated,
     wait_for,
 )
+from tests.daemon.flagchecks import (
+    NumericFlag,
+    assert_bounded,
+    assert_refused_in_one_line,
+    assert_version,
+    run_module,
+)
 
 
 def test_help_lists_every_flag() -> None:
@@ -62,45 +71,98 @@ def test_settings_come_from_env_and_flags_win() -> None:
     settings = parse_settings(["--workers", "7"], environ=env)
     assert settings.leader_elect is False
     assert settings.workers == 7
-    assert settings.log_level == "INFO"
+    assert settings.daemon.log_level == "INFO"
     assert settings.cert_mode is CertMode.CERT_MANAGER
     assert settings.policy == "bestfit"
     defaults = parse_settings([], environ={})
     assert defaults.namespace == "instaslice-system"
     assert defaults.leader_elect is True
-    assert (defaults.webhook_port, defaults.metrics_address, defaults.healthz_address) == (
-        9443,
-        ":8080",
-        ":8081",
-    )
+    assert (
+        defaults.webhook_port,
+        defaults.daemon.metrics_address,
+        defaults.daemon.healthz_address,
+    ) == (9443, ":8080", ":8081")
     assert build_parser().prog == "instaslice-controller"
 
 
 @pytest.mark.parametrize(
-    ("argv", "env"),
+    ("argv", "env", "message"),
     [
-        (["--policy", "worstfit"], {}),
-        ([], {"INSTASLICE_POLICY": "worstfit"}),
-        ([], {"INSTASLICE_LEADER_ELECT": "maybe"}),
-        (["--workers", "0"], {}),
-        (["--lease-duration", "5", "--renew-deadline", "6"], {}),
-        (["--metrics-address", "nonsense"], {}),
-        (["--webhook-port", "70000"], {}),
+        (["--policy", "worstfit"], {}, "argument --policy: invalid choice: 'worstfit'"),
+        ([], {"INSTASLICE_POLICY": "worstfit"}, "INSTASLICE_POLICY: 'worstfit' is not one of"),
+        ([], {"INSTASLICE_LEADER_ELECT": "maybe"}, "INSTASLICE_LEADER_ELECT: 'maybe' is not true"),
+        ([], {"INSTASLICE_PREEMPTION": "maybe"}, "INSTASLICE_PREEMPTION: 'maybe' is not one of"),
+        (
+            ["--lease-duration", "5", "--renew-deadline", "6"],
+            {},
+            "need --retry-period < --renew-deadline < --lease-duration, got 2, 6, 5",
+        ),
+        (["--metrics-address", "nonsense"], {}, "--metrics-address: address nonsense must look"),
+        (["--namespace", "Instaslice"], {}, "--namespace: Instaslice is not a Kubernetes name"),
+        (["--webhook-service", "a.b"], {}, "--webhook-service: a.b is not a Kubernetes name"),
+        (["--webhook-config-name", "Gate"], {}, "--webhook-config-name: Gate is not"),
+        (["--kube-api-url", "localhost"], {}, "--kube-api-url: API server URL 'localhost'"),
     ],
-    ids=[
-        "bad-policy",
-        "bad-policy-env",
-        "bad-bool-env",
-        "no-workers",
-        "renew-after-lease",
-        "bad-address",
-        "bad-port",
-    ],
-)
-def test_bad_settings_exit_with_status_2(argv: list[str], env: dict[str, str]) -> None:
+    ids=["bad-policy", "bad-policy-env", "bad-bool-env", "bad-preemption-env",
+         "renew-after-lease", "bad-address", "bad-namespace", "bad-service", "bad-config-name",
+         "bad-api-url"],
+)  # fmt: skip
+def test_bad_settings_exit_with_status_2_and_one_line(
+    argv: list[str], env: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as raised:
         parse_settings(argv, environ=env)
     assert raised.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("instaslice-controller: error: ")
+    assert err.count("\n") == 1
+    assert message in err
+
+
+NUMERIC_FLAGS = [
+    NumericFlag("--webhook-port", "0", "65535", "-1", "65536"),
+    NumericFlag("--lease-duration", "1", "3600", "0", "3601"),
+    NumericFlag("--renew-deadline", "0.1", "3600", "0.09", "3600.5"),
+    NumericFlag("--retry-period", "0.1", "3600", "0", "1e9"),
+    NumericFlag("--workers", "1", "256", "0", "1000000000"),
+    NumericFlag("--kube-api-qps", "0", "100000", "-0.5", "inf"),
+    NumericFlag("--kube-api-burst", "1", "100000", "0", "100001"),
+    NumericFlag("--handoff-after", "0", "86400", "-1", "86401"),
+    NumericFlag("--starvation-after", "0", "86400", "nan", "1e13"),
+]
+
+
+@pytest.mark.parametrize("numeric", NUMERIC_FLAGS, ids=[f.flag for f in NUMERIC_FLAGS])
+def test_every_numeric_flag_is_bounded(
+    numeric: NumericFlag, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parse = functools.partial(parse_settings, environ={})
+    assert_bounded(build_parser(), parse, numeric, capsys=capsys)
+
+
+def test_version_prints_the_name_and_the_package_version() -> None:
+    assert_version(run_module("controller", "--version"), prog="instaslice-controller")
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--bogus"], "unrecognized arguments: --bogus; see --help"),
+        (
+            ["--workers", "1000000000"],
+            "argument --workers: must be between 1 and 256 (got 1000000000); see --help",
+        ),
+        (["--kubeconfig", "/nonexistent/kubeconfig"], "--kubeconfig /nonexistent/kubeconfig: no "),
+        (
+            ["--kube-api-url", "http://127.0.0.1:1", "--webhook-cert-dir", "/dev/null/certs"],
+            "--webhook-cert-dir /dev/null/certs: Not a directory",
+        ),
+    ],
+    ids=["unknown-flag", "a-billion-workers", "no-kubeconfig", "cert-dir-under-a-file"],
+)
+def test_the_process_refuses_in_one_line_with_status_2(argv: list[str], line: str) -> None:
+    done = run_module("controller", *argv)
+    assert_refused_in_one_line(done, prog="instaslice-controller", line=line)
 
 
 def test_the_daemon_gates_places_serves_probes_and_stops_on_sigterm(

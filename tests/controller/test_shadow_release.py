@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from api import wire
 from api.names import DELETE_PROTECTION_FINALIZER, DRIVER_NAME, SHADOW_CLAIM_LABEL
 from controller.allocation.results import node_selector
 from controller.allocation.sync import SyncConfig
@@ -157,12 +158,16 @@ def test_a_shadow_claim_whose_pod_the_controller_never_saw_is_released_on_its_ow
 ) -> None:
     controller = start_controller(apiserver, stack)
     wait_for(lambda: controller.allocator.leading_ready, what="the controller leading")
-    ghost = {"resource": "pods", "name": "ghost", "uid": "0f0f0f0f-dead-4bad-9bad-000000000001"}
+    ghost: wire.ResourceClaimConsumerReference = {
+        "resource": "pods",
+        "name": "ghost",
+        "uid": "0f0f0f0f-dead-4bad-9bad-000000000001",
+    }
     orphan = claim_object("ghost-main-7g.40gb")
     orphan["metadata"]["labels"] = {SHADOW_CLAIM_LABEL: ghost["uid"]}
     orphan["metadata"]["finalizers"] = [DELETE_PROTECTION_FINALIZER]
     orphan = api.create(RESOURCE_CLAIMS, orphan, namespace=NS)
-    allocation = {
+    allocation: wire.AllocationResult = {
         "devices": {
             "results": [
                 {
@@ -240,12 +245,20 @@ def test_pod_fate_asks_the_api_by_name_and_checks_the_uid(
 def test_release_keeps_the_allocation_while_another_consumer_reserves_the_claim(
     api: KubeClusterApi,
 ) -> None:
-    gone = {"resource": "pods", "name": "gone", "uid": "uid-gone"}
-    other = {"resource": "pods", "name": "other", "uid": "uid-other"}
+    gone: wire.ResourceClaimConsumerReference = {
+        "resource": "pods",
+        "name": "gone",
+        "uid": "uid-gone",
+    }
+    other: wire.ResourceClaimConsumerReference = {
+        "resource": "pods",
+        "name": "other",
+        "uid": "uid-other",
+    }
     claim = claim_object("shared")
     claim["metadata"]["finalizers"] = [DELETE_PROTECTION_FINALIZER]
     claim = api.create(RESOURCE_CLAIMS, claim, namespace=NS)
-    allocation = {
+    allocation: wire.AllocationResult = {
         "devices": {
             "results": [
                 {

@@ -16,6 +16,7 @@ from controller.allocation.inventory import SliceInventory, gpu_model_of
 from controller.allocation.nodefilter import NodeFilter, node_info, pod_usage, static_fit
 from controller.allocation.occupancy import ClaimOccupancy
 from controller.allocation.state import AllocationState, SliceState
+from driver.cluster.port import as_json
 from driver.mig.catalog import CATALOG
 from driver.placement import Engine, PodRequest
 from driver.resourceslices import GpuInventory, build_pool, parse_devices
@@ -38,7 +39,7 @@ def _slices(node: str, *, gpus: int = 1, generation: int = 1) -> list[dict[str, 
     out = build_pool(node=node, gpus=inventory, generation=generation)
     for i, obj in enumerate(out):
         obj["metadata"]["resourceVersion"] = str(i + 1)
-    return out
+    return [as_json(obj) for obj in out]
 
 
 def _state(*nodes: str) -> tuple[Engine, SliceInventory, ClaimOccupancy]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 
+from api import wire
 from api.names import DEVICE_CLASS_ANY, DRIVER_NAME
 from driver.cluster.kube import KubeClusterApi
 from driver.cluster.port import DEVICE_CLASSES, NODES, RESOURCE_CLAIMS, RESOURCE_SLICES
@@ -36,7 +37,12 @@ def _publish_from_nvml(api: KubeClusterApi, node: str) -> None:
     finally:
         backend.close()
     created = api.create(NODES, node_object(node))
-    owner = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": created["metadata"]["uid"]}
+    owner: wire.OwnerReference = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": node,
+        "uid": created["metadata"]["uid"],
+    }
     for slice_obj in build_pool(node=node, gpus=inventory.gpus, generation=1, owner=owner):
         api.create(RESOURCE_SLICES, slice_obj)
 

@@ -15,6 +15,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from api import wire
 from api.names import SCHEDULING_GATE
 from controller.metrics import WebhookMetrics, admission_decision
 from controller.webhook.admission import review_pod
@@ -57,7 +58,7 @@ def cert_dir(tmp_path: Path) -> Path:
     return directory
 
 
-def review_handler(body: Mapping[str, Any]) -> dict[str, Any]:
+def review_handler(body: Mapping[str, Any]) -> wire.AdmissionReview:
     if body.get("explode"):
         raise RuntimeError("boom")
     return review_pod(body, default_context())

@@ -7,7 +7,6 @@ import io
 import json
 import logging
 import sys
-from collections.abc import Iterator
 
 import pytest
 
@@ -57,21 +56,6 @@ def test_json_carries_the_exception() -> None:
 def test_text_appends_fields_in_the_daemon_order(extra: dict[str, object], suffix: str) -> None:
     text = TextFormatter(fields=FIELDS).format(_record(**extra))
     assert text.endswith(f" WARNING {suffix}")
-
-
-@pytest.fixture
-def root_logger() -> Iterator[logging.Logger]:
-    """The root logger, put back as it was (pytest's own capture handlers included)."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    try:
-        yield root
-    finally:
-        for handler in list(root.handlers):
-            root.removeHandler(handler)
-        for handler in handlers:
-            root.addHandler(handler)
-        root.setLevel(level)
 
 
 @pytest.mark.parametrize(

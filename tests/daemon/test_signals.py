@@ -8,24 +8,10 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator
 
 import pytest
 
 from driver.daemon.signals import stop_on_signals
-
-
-@pytest.fixture
-def restored_handlers() -> Iterator[None]:
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    wakeup = signal.set_wakeup_fd(-1)
-    signal.set_wakeup_fd(wakeup)
-    try:
-        yield
-    finally:
-        for signum, handler in saved.items():
-            signal.signal(signum, handler)
-        signal.set_wakeup_fd(wakeup)
 
 
 @pytest.mark.usefixtures("restored_handlers")

@@ -1,9 +1,13 @@
 """The product's import graph: the daemons stand apart from the tools and the lab, no circles.
 
+Between the product and the lab (``localcluster/``, ``bench/``, ``tests/``) imports go one way: the
+lab imports the product, the product nothing of the lab (docs/design.md "Components").
+
 Read statically (every ``import`` in every module, also those inside functions and those under
-``if TYPE_CHECKING:``), so a circle or a forbidden import fails here even where no test runs the
-line that imports. An import for type checking is an edge too: two modules that need each other's
-names to be read are one piece, whether or not the interpreter executes the import.
+``if TYPE_CHECKING:``, and ``importlib.import_module`` / ``__import__`` of a literal name), so a
+circle or a forbidden import fails here even where no test runs the line that imports. An import
+for type checking is an edge too: two modules that need each other's names to be read are one
+piece, whether or not the interpreter executes the import.
 """
 
 from __future__ import annotations
@@ -38,8 +42,20 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
+def _imported_by_name(node: ast.Call) -> str | None:
+    """The module named by ``importlib.import_module("x")`` or ``__import__("x")``, if literal."""
+    function = node.func
+    name = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", None)
+    if name not in ("import_module", "__import__") or not node.args:
+        return None
+    first = node.args[0]
+    return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
+
+
 def _imports(tree: ast.AST, *, package: str) -> Iterator[str]:
     for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.Call) and (by_name := _imported_by_name(node)):
+            yield by_name
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -74,28 +90,35 @@ def _all_imports(path: Path) -> set[str]:
     return {name for name in _imports(tree, package="") if name}
 
 
-@pytest.mark.parametrize("package", [*DAEMONS, *SHARED])
-def test_daemons_and_their_core_import_neither_the_tools_nor_the_lab(package: str) -> None:
-    forbidden = ("instaslice", *LAB)
-    offending = sorted(
+def _forbidden_imports(package: str, forbidden: tuple[str, ...]) -> list[str]:
+    """``"<module> imports <name>"`` for each import of a ``forbidden`` package in ``package``."""
+    return sorted(
         f"{name} imports {imported}"
         for name, path in MODULES.items()
         if name.split(".")[0] == package
         for imported in _all_imports(path)
         if imported.split(".")[0] in forbidden
     )
+
+
+@pytest.mark.parametrize("package", PRODUCT)
+def test_the_product_imports_nothing_of_the_lab(package: str) -> None:
+    """The lab imports the product (the demo and the soak draw ``instaslice.status``'s slice map,
+    bench replays traces with ``instaslice.planning``), never the reverse: ``instaslice demo``
+    starts ``python -m localcluster.demo`` by name and imports nothing of it."""
+    offending = _forbidden_imports(package, LAB)
+    assert not offending, "\n".join(offending)
+
+
+@pytest.mark.parametrize("package", [*DAEMONS, *SHARED])
+def test_daemons_and_their_core_import_neither_the_tools_nor_the_lab(package: str) -> None:
+    offending = _forbidden_imports(package, ("instaslice", *LAB))
     assert not offending, "\n".join(offending)
 
 
 @pytest.mark.parametrize("package", SHARED)
 def test_shared_core_imports_no_daemon(package: str) -> None:
-    offending = sorted(
-        f"{name} imports {imported}"
-        for name, path in MODULES.items()
-        if name.split(".")[0] == package
-        for imported in _all_imports(path)
-        if imported.split(".")[0] in DAEMONS
-    )
+    offending = _forbidden_imports(package, DAEMONS)
     assert not offending, "\n".join(offending)
 
 
@@ -156,6 +179,19 @@ def test_no_import_circles() -> None:
 
 def test_cycle_finder_finds_a_circle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_imports_inside_functions_and_by_a_literal_name_are_seen() -> None:
+    tree = ast.parse(
+        "import importlib\n"
+        "def demo() -> None:\n"
+        "    from localcluster import demo\n"
+        "    importlib.import_module('bench.simulate')\n"
+        "    __import__('tests.tiers')\n"
+        "    importlib.import_module(name_from_elsewhere)\n"
+    )
+    found = set(_imports(tree, package="instaslice"))
+    assert {"localcluster.demo", "bench.simulate", "tests.tiers"} <= found
 
 
 def test_imports_for_type_checking_are_edges() -> None:

@@ -70,3 +70,21 @@ def test_installs_use_the_locks_with_hashes() -> None:
     assert "--require-hashes --no-deps -r requirements/build.lock" in dockerfile
     ci = (REPO_ROOT / ".ci/run").read_text(encoding="utf-8")
     assert "pip install" not in ci, ".ci/run installs through `make install` only"
+
+
+def test_dev_lock_holds_the_plots_extra_and_the_product_lock_leaves_it_out() -> None:
+    """``make install`` gives ``instaslice simulate --plot`` its matplotlib; the images, built from
+    product.lock, never carry it."""
+    plots = PYPROJECT["project"]["optional-dependencies"]["plots"]
+    _satisfied(plots, _pins("dev.lock"), "dev.lock")
+    product = _pins("product.lock")
+    shipped = [
+        Requirement(line).name
+        for line in plots
+        if canonicalize_name(Requirement(line).name) in product
+    ]
+    assert not shipped, f"product.lock (the images) pins {shipped}, which only --plot needs"
+    makefile = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "--extra dev --extra plots" in makefile, (
+        "`make lock` resolves the plots extra into dev.lock"
+    )

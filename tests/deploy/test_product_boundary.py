@@ -69,7 +69,7 @@ def test_no_product_entry_point_imports_the_emulator_bench_or_tests() -> None:
 
 def test_instaslice_demo_without_localcluster_says_where_the_demo_runs_in_one_line() -> None:
     done = _python(_WITHOUT_LOCALCLUSTER, "demo", "--fast", cwd=REPO_ROOT)
-    assert done.returncode == 2
+    assert done.returncode == 1  # nothing wrong with the arguments: 2 is for those
     assert done.stderr.count("\n") == 1
     assert "make demo" in done.stderr
     assert "localcluster" in done.stderr

@@ -1,14 +1,19 @@
 """The controller Deployment, the kubelet-plugin DaemonSet and the webhook, as rendered: images,
-flags, host paths, privileges, probes and the webhook's wiring to its Service."""
+flags (each daemon accepts the whole configuration it is given), host paths, privileges, probes and
+the webhook's wiring to its Service."""
 
 from __future__ import annotations
 
 import argparse
+import functools
+from collections.abc import Callable, Mapping, Sequence
 
 import pytest
 
 from api import names
+from controller.settings import parse_settings as controller_settings
 from controller.webhook.server import DEFAULT_PATHS
+from kubeletplugin.settings import parse_settings as plugin_settings
 from tests.deploy import flags
 from tests.deploy import manifests as m
 
@@ -106,6 +111,45 @@ def test_configuration_uses_only_real_flags_with_valid_values(overlay: str, comp
         assert flag in planned.flags, f"{name}: no flag {flag} on instaslice-{component}"
         if "value" in entry:
             assert planned.accepts(flag, entry["value"]), f"{name}={entry['value']}"
+
+
+DOWNWARD_API_SAMPLES = {"metadata.namespace": names.SYSTEM_NAMESPACE, "spec.nodeName": "gpu-node-1"}
+"""What the kubelet fills in for a ``fieldRef`` the manifests use."""
+PARSE_SETTINGS: Mapping[str, Callable[..., object]] = {
+    "controller": controller_settings,
+    "kubelet-plugin": plugin_settings,
+}
+RENDERED: Mapping[str, Callable[[], list[m.Manifest]]] = {
+    **{overlay: functools.partial(_overlay, overlay) for overlay in OVERLAYS},
+    **{overlay: functools.partial(_overlay, overlay) for overlay in SCHEDULER_OVERLAYS},
+    "gpu+cert-manager": lambda: m.render_script("gpu", {"COMPONENTS": "cert-manager"}),
+    "emulated+gpus": lambda: m.render_script(
+        "emulated", {"EMULATED_GPUS": "1xA100-40GB,1xH100-80GB"}
+    ),
+}
+
+
+def _environ(container: m.Manifest) -> dict[str, str]:
+    environ = {}
+    for name, entry in _env(container).items():
+        if "value" in entry:
+            environ[name] = str(entry["value"])
+        else:
+            environ[name] = DOWNWARD_API_SAMPLES[entry["valueFrom"]["fieldRef"]["fieldPath"]]
+    return environ
+
+
+@pytest.mark.parametrize("rendered", sorted(RENDERED))
+@pytest.mark.parametrize("component", ["controller", "kubelet-plugin"])
+def test_each_daemon_accepts_the_whole_configuration_it_is_given(
+    rendered: str, component: str
+) -> None:
+    """Every flag and env var, checked together as the daemon checks them at start (bounds,
+    names, addresses, choices); a refusal here is a pod in a crash loop."""
+    objects = RENDERED[rendered]()
+    container = _container(_controller(objects) if component == "controller" else _plugin(objects))
+    args: Sequence[str] = container.get("args", [])
+    PARSE_SETTINGS[component](list(args), environ=_environ(container))
 
 
 @pytest.mark.parametrize("overlay", [*OVERLAYS, *SCHEDULER_OVERLAYS])

@@ -10,7 +10,7 @@ import pytest
 from api.checkpoint import PreparedClaim, PrepareState
 from api.checkpoint import PreparedDevice as CheckpointDevice
 from api.names import DRIVER_NAME
-from driver.cluster.port import RESOURCE_CLAIMS, JsonObject, Resource, resource_version_of
+from driver.cluster.port import RESOURCE_CLAIMS, Body, JsonObject, Resource, resource_version_of
 from driver.cluster.views import ClaimView
 from driver.errors import ClusterError, ConflictError
 from driver.ids import ClaimUid
@@ -115,7 +115,7 @@ class _FailingApi:
         self._error = error
         self.status_writes = 0
 
-    def update_status(self, resource: Resource, obj: JsonObject) -> JsonObject:
+    def update_status(self, resource: Resource, obj: Body) -> JsonObject:
         self.status_writes += 1
         raise self._error
 

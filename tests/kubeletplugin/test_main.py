@@ -1,4 +1,6 @@
-"""The console script end to end: a real process, found and driven by the kubelet, stopped by SIGTERM."""
+"""The console script end to end: a real process, found and driven by the kubelet, stopped by SIGTERM;
+``--version``; and a configuration that can never work refused at start in one line (exit status 2),
+never retried."""
 
 from __future__ import annotations
 
@@ -7,8 +9,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import pytest
 
 from localcluster.apiserver import LocalApiServer
+from tests.daemon.flagchecks import assert_refused_in_one_line, assert_version, run_module
 from tests.kubeletplugin.harness import Kubelet, NodeHarness
 
 
@@ -75,3 +81,54 @@ def test_plugin_process_serves_until_sigterm_then_removes_its_sockets(
             process.kill()
             process.communicate()
         node.close()
+
+
+def test_version_prints_the_name_and_the_package_version() -> None:
+    assert_version(run_module("kubeletplugin", "--version"), prog="instaslice-kubelet-plugin")
+
+
+def _emulated(tmp_path: Path, *argv: str) -> list[str]:
+    """Flags of an emulated node whose directories are under ``tmp_path``; no API server is
+    asked anything before the refusals under test."""
+    return [
+        "--node-name", "node-r", "--gpu-backend", "emulated", "--emulated-gpus", "1xA100-40GB",
+        "--kube-api-url", "http://127.0.0.1:1", "--metrics-address", "", "--healthz-address", "",
+        "--plugin-registry-dir", str(tmp_path / "registry"),
+        "--plugin-dir", str(tmp_path / "plugin"), "--cdi-root", str(tmp_path / "cdi"),
+        "--state-dir", str(tmp_path / "state"), *argv,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--bogus"], "unrecognized arguments: --bogus; see --help"),
+        (
+            ["--emulated-gpus", "2xFOO"],
+            "--emulated-gpus: emulated GPU spec part '2xFOO': unknown GPU model 'FOO'",
+        ),
+        (["--emulated-gpus", "0xA100-40GB"], "--emulated-gpus: emulated GPU spec part"),
+        (["--emulated-state-file", "{tmp}/gpus.bin"], "corrupt state file {tmp}/gpus.bin: not"),
+        (["--emulated-state-file", "{tmp}"], "--emulated-state-file {tmp} is not a regular file"),
+        (["--state-dir", "{tmp}/gpus.bin/state"], "--state-dir {tmp}/gpus.bin/state: Not a dir"),
+        (["--cdi-root", "{tmp}/gpus.bin"], "--cdi-root {tmp}/gpus.bin is not a directory"),
+        (
+            ["--kube-api-url", "", "--kubeconfig", "{tmp}/kubeconfig"],
+            "--kubeconfig {tmp}/kubeconfig: no such file",
+        ),
+    ],
+    ids=["unknown-flag", "unknown-gpu-model", "no-gpus", "binary-state-file",
+         "state-file-is-a-directory", "state-dir-under-a-file", "cdi-root-is-a-file",
+         "no-kubeconfig"],
+)  # fmt: skip
+def test_a_configuration_that_can_never_work_is_refused_in_one_line(
+    tmp_path: Path, argv: list[str], line: str
+) -> None:
+    (tmp_path / "gpus.bin").write_bytes(b"\x93\xff\x00 garbage")
+    flags = [arg.format(tmp=tmp_path) for arg in argv]
+    started = time.monotonic()
+    done = run_module("kubeletplugin", *_emulated(tmp_path, *flags))
+    assert_refused_in_one_line(
+        done, prog="instaslice-kubelet-plugin", line=line.format(tmp=tmp_path)
+    )
+    assert time.monotonic() - started < 30, "refused at start, not retried"

@@ -1,4 +1,4 @@
-"""Flags and their env vars; bad values are CLI errors (exit status 2)."""
+"""Flags and their env vars; bad values are CLI errors (exit status 2), each number bounded."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 
 from driver.cdi_common import CommonEditsChoice
 from driver.daemon.flags import env_var
-from kubeletplugin.settings import build_parser, parse_settings, split_address
+from kubeletplugin.settings import build_parser, parse_settings
+from tests.daemon.flagchecks import NumericFlag, assert_bounded
 
 
 def test_defaults_match_the_kubelet_layout() -> None:
@@ -21,9 +22,10 @@ def test_defaults_match_the_kubelet_layout() -> None:
     assert settings.pod_resources_socket == Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     assert settings.cdi_root == Path("/var/run/cdi")
     assert settings.emulated_state_file == Path("/var/lib/instaslice/emulated-gpus.json")
-    assert settings.metrics_address == ":9400"
-    assert settings.healthz_address == ":9401"
-    assert settings.kubeconfig is None
+    assert settings.daemon.metrics_address == ":9400"
+    assert settings.daemon.healthz_address == ":9401"
+    assert settings.daemon.kubeconfig is None
+    assert settings.inventory_poll_seconds == 30.0
 
 
 def test_every_flag_has_its_env_var_and_the_command_line_wins() -> None:
@@ -43,13 +45,15 @@ def test_every_flag_has_its_env_var_and_the_command_line_wins() -> None:
     assert settings.gpu_backend == "emulated"
     assert settings.emulated_gpus == "2xA100-40GB"
     assert settings.emulated_state_file == Path("/srv/state/emulated-gpus.json")
-    assert settings.log_level == "DEBUG"
-    assert settings.log_format == "json"
-    assert settings.kube_api_url == "http://127.0.0.1:8080"
+    assert settings.daemon.log_level == "DEBUG"
+    assert settings.daemon.log_format == "json"
+    assert settings.daemon.kube_api_url == "http://127.0.0.1:8080"
     assert settings.inventory_poll_seconds == 5.0
-    assert settings.kube_api_qps == 0.0
-    assert settings.kube_api_burst == 100
-    flags = [a for a in build_parser()._actions if a.option_strings and a.dest != "help"]
+    assert settings.daemon.kube_api_qps == 0.0
+    assert settings.daemon.kube_api_burst == 100
+    flags = [
+        a for a in build_parser()._actions if a.option_strings and a.dest not in ("help", "version")
+    ]
     assert all(env_var(a.dest) in (a.help or "") for a in flags)
 
 
@@ -65,10 +69,22 @@ def test_node_name_falls_back_to_node_name_env() -> None:
         (["--node-name", "n"], {"INSTASLICE_GPU_BACKEND": "cuda"}, "INSTASLICE_GPU_BACKEND"),
         (["--node-name", "n", "--gpu-backend", "emulated"], {}, "needs --emulated-gpus"),
         (["--node-name", "n", "--metrics-address", "9400"], {}, "host:port"),
-        (["--node-name", "n", "--inventory-poll-seconds", "0"], {}, "positive"),
+        (["--node-name", "n", "--inventory-poll-seconds", "0"], {}, "between 0.1 and 3600"),
         (["--node-name", "n", "--log-level", "loud"], {}, "invalid choice"),
         (["--node-name", "n"], {"INSTASLICE_LOG_FORMAT": "xml"}, "INSTASLICE_LOG_FORMAT"),
-        (["--node-name", "n", "--kube-api-burst", "0"], {}, "--kube-api-burst >= 1"),
+        (["--node-name", "n", "--kube-api-burst", "0"], {}, "between 1 and 100000"),
+        (["--node-name", "Node_1"], {}, "--node-name: Node_1 is not a Kubernetes name"),
+        (
+            ["--node-name", "n", "--gpu-backend", "emulated", "--emulated-gpus", "2xFOO"],
+            {},
+            "--emulated-gpus: emulated GPU spec part '2xFOO': unknown GPU model 'FOO'",
+        ),
+        (
+            ["--node-name", "n"],
+            {"INSTASLICE_GPU_BACKEND": "emulated", "INSTASLICE_EMULATED_GPUS": "0xA100-40GB"},
+            "asks for 0 GPUs",
+        ),
+        (["--node-name", "n", "--kube-api-url", "localhost:8080"], {}, "--kube-api-url: API"),
     ],
     ids=[
         "no-node",
@@ -80,6 +96,10 @@ def test_node_name_falls_back_to_node_name_env() -> None:
         "bad-level",
         "bad-format-env",
         "zero-burst",
+        "bad-node-name",
+        "unknown-emulated-gpu",
+        "no-emulated-gpus-env",
+        "bad-api-url",
     ],
 )
 def test_bad_values_exit_2_with_a_message(
@@ -91,13 +111,22 @@ def test_bad_values_exit_2_with_a_message(
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(
-    ("address", "expected"),
-    [(":9400", ("0.0.0.0", 9400)), ("127.0.0.1:0", ("127.0.0.1", 0)), ("[::1]:80", ("::1", 80))],
-    ids=["any", "loopback", "ipv6"],
-)
-def test_split_address(address: str, expected: tuple[str, int]) -> None:
-    assert split_address(address) == expected
+NUMERIC_FLAGS = [
+    NumericFlag("--inventory-poll-seconds", "0.1", "3600", "0.05", "3601"),
+    NumericFlag("--kube-api-qps", "0", "100000", "-1", "1e400"),
+    NumericFlag("--kube-api-burst", "1", "100000", "0", "9" * 400),
+]
+"""The XIDs and the emulated GPUs' count have tests of their own."""
+
+
+@pytest.mark.parametrize("numeric", NUMERIC_FLAGS, ids=[f.flag for f in NUMERIC_FLAGS])
+def test_every_numeric_flag_is_bounded(
+    numeric: NumericFlag, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def parse(argv: list[str]) -> object:
+        return parse_settings(["--node-name", "n", *argv], environ={})
+
+    assert_bounded(build_parser(), parse, numeric, capsys=capsys)
 
 
 def test_classic_shim_is_on_with_the_nvidia_prefix_by_default() -> None:
@@ -177,11 +206,13 @@ def test_health_flags_come_from_the_environment_too() -> None:
     ("argv", "message"),
     [
         (["--unhealthy-taint-effect", "Evict"], "invalid choice"),
-        (["--ignore-xids", "48,x"], "--ignore-xids: 'x' is not an XID number"),
-        (["--critical-xids", "all"], "--critical-xids: 'all' is not an XID number"),
-        (["--critical-xids", "-1"], "--critical-xids: '-1' is not an XID number"),
+        (["--ignore-xids", "48,x"], "--ignore-xids: x is not an XID number"),
+        (["--critical-xids", "all"], "--critical-xids: all is not an XID number"),
+        (["--critical-xids", "-1"], "--critical-xids: -1 is not an XID number"),
+        (["--ignore-xids", "0"], "--ignore-xids: XID 0 is not between 1 and 65535"),
+        (["--ignore-xids", "9" * 5000], "XID '999999999999'... (5000 characters) is not between"),
     ],
-    ids=["bad-effect", "bad-xid", "critical-all", "negative"],
+    ids=["bad-effect", "bad-xid", "critical-all", "negative", "zero", "thousands-of-digits"],
 )
 def test_bad_health_flags_exit_2(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]

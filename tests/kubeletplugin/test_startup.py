@@ -1,9 +1,11 @@
-"""What the plugin does on its Node before serving: the common CDI edits (a Warning event when
-``auto`` finds no NVIDIA Container Toolkit) and ``--mig-mode when-idle`` (each step an event)."""
+"""What the plugin does on its Node before serving: the paths its flags name checked (a directory it
+cannot write is refused at start), the common CDI edits (a Warning event when ``auto`` finds no
+NVIDIA Container Toolkit) and ``--mig-mode when-idle`` (each step an event)."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,11 @@ from driver.cluster.port import EVENTS, JsonObject
 from driver.errors import ConfigError
 from driver.gpu.emulated import EmulatedGpuBackend
 from kubeletplugin.node.events import NodeEvents
-from kubeletplugin.node.setup import REASON_CDI_COMMON_EDITS_MISSING, prepare_node
+from kubeletplugin.node.setup import (
+    REASON_CDI_COMMON_EDITS_MISSING,
+    check_paths,
+    prepare_node,
+)
 from kubeletplugin.settings import Settings, parse_settings
 from tests.kubeletplugin.harness import NodeHarness
 from tests.unit.test_cdi_common import FILE_SPEC
@@ -44,6 +50,41 @@ def _no_toolkit(tmp_path: Path) -> CommonEdits:
         toolkit_spec_dirs=[tmp_path],
         find_nvidia_ctk=lambda _: None,
     )
+
+
+PATH_FLAGS = ("--state-dir", "--cdi-root", "--plugin-dir", "--plugin-registry-dir")
+
+
+def _paths(tmp_path: Path, **changed: Path) -> Settings:
+    paths = {flag: changed.get(flag, tmp_path / flag.strip("-")) for flag in PATH_FLAGS}
+    return _settings(
+        *(part for flag, path in paths.items() for part in (flag, str(path))),
+        "--gpu-backend", "emulated", "--emulated-gpus", "A100-40GB",
+    )  # fmt: skip
+
+
+def test_directories_that_can_be_made_pass_and_none_is_made(tmp_path: Path) -> None:
+    check_paths(_paths(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("flag", PATH_FLAGS)
+def test_a_directory_the_plugin_cannot_make_is_refused_naming_its_flag(
+    tmp_path: Path, flag: str
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match=re.escape(f"{flag} {blocker}/dir: ")):
+        check_paths(_paths(tmp_path, **{flag: blocker / "dir"}))
+
+
+def test_an_emulated_state_file_that_is_a_directory_is_refused(tmp_path: Path) -> None:
+    settings = _settings("--gpu-backend", "emulated", "--emulated-gpus", "A100-40GB",
+                         "--state-dir", str(tmp_path), "--cdi-root", str(tmp_path),
+                         "--plugin-dir", str(tmp_path), "--plugin-registry-dir", str(tmp_path),
+                         "--emulated-state-file", str(tmp_path))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"--emulated-state-file .* is not a regular file"):
+        check_paths(settings)
 
 
 def test_auto_without_toolkit_warns_on_the_node(node: NodeHarness, tmp_path: Path) -> None:

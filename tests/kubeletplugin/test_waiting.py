@@ -1,6 +1,7 @@
 """A node the plugin cannot serve yet: it says why and waits with back-off instead of crash-looping
 (no GPU backend), and a plugin the kubelet never registers says so on its Node and is not ready
-(host paths that are not this kubelet's) instead of a silent success."""
+(host paths that are not this kubelet's) instead of a silent success. A backend that can never
+start (a ``ConfigError``) is not waited for."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from driver.errors import BackendError
+import pytest
+
+from driver.errors import BackendError, ConfigError
 from driver.gpu.backend import MigModeBackend
 from driver.gpu.emulated import EmulatedGpuBackend
 from kubeletplugin.dra.registration import RegistrationTracker, RegistrationWatchdog
@@ -57,6 +60,20 @@ def test_the_backend_is_retried_with_back_off_and_each_failure_reported(tmp_path
     assert reports[0] == (
         "cannot start the nvml GPU backend (NVML Shared Library Not Found): " + NVML_HINT
     )
+
+
+def test_a_backend_that_can_never_start_is_not_waited_for() -> None:
+    reports: list[str] = []
+
+    def build(settings: Settings) -> MigModeBackend:
+        raise ConfigError("corrupt state file /var/lib/instaslice/emulated-gpus.json")
+
+    wait = BackendWait(
+        settings=_settings(), report=reports.append, stop=threading.Event(), build=build
+    )
+    with pytest.raises(ConfigError, match="corrupt state file"):
+        wait.run()
+    assert reports == []
 
 
 def test_a_stop_while_waiting_ends_the_wait_at_once() -> None:

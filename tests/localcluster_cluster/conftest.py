@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from api import wire
 from localcluster.cluster.kubelet import NodeSpec
 from localcluster.cluster.runner import LocalCluster
 
@@ -99,8 +100,8 @@ def claim(name: str, *, finalizer: bool = False) -> dict[str, Any]:
     }
 
 
-def allocation(node: str, *, timestamp: bool = True) -> dict[str, Any]:
-    result: dict[str, Any] = {
+def allocation(node: str, *, timestamp: bool = True) -> wire.AllocationResult:
+    result: wire.AllocationResult = {
         "devices": {
             "results": [
                 {"request": "gpu", "driver": DRIVER, "pool": node, "device": "gpu-0-1g-5gb-0"}

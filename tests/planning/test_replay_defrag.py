@@ -297,17 +297,17 @@ def test_cli_refuses_fewer_than_one_move(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], moves: str
 ) -> None:
     argv = ["simulate", "--gpus", "1x2xA100-40GB", "--trace", str(_trace_file(tmp_path))]
-    assert cli.main([*argv, "--defrag-on-reject", moves]) == 1
+    assert cli.main([*argv, "--defrag-on-reject", moves]) == 2
     err = capsys.readouterr().err
     assert err.startswith("instaslice simulate: --defrag-on-reject must be at least 1")
-    assert err.rstrip().endswith(f"got {moves}")
+    assert err.rstrip().endswith(f"got {moves} (see instaslice simulate --help)")
 
 
 def test_cli_refuses_defrag_with_the_queue(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["simulate", "--gpus", "1x2xA100-40GB", "--trace", str(_trace_file(tmp_path))]
-    assert cli.main([*argv, "--defrag-on-reject", "1", "--queue"]) == 1
+    assert cli.main([*argv, "--defrag-on-reject", "1", "--queue"]) == 2
     assert "do not combine" in capsys.readouterr().err
 
 

@@ -234,18 +234,18 @@ def test_cli_refuses_reserves_out_of_range(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], lifetimes: str
 ) -> None:
     argv = [*_argv(tmp_path), "--defrag-on-reject", "1", "--defrag-whole-gpu-reserve", lifetimes]
-    assert cli.main(argv) == 1
+    assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(
         "instaslice simulate: --defrag-whole-gpu-reserve is a share of the mean request lifetime"
     )
-    assert err.rstrip().endswith(f"got {float(lifetimes):g}")
+    assert err.rstrip().endswith(f"got {float(lifetimes):g} (see instaslice simulate --help)")
 
 
 def test_cli_refuses_the_reserve_without_defragmentation(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main([*_argv(tmp_path), "--defrag-whole-gpu-reserve", "0.05"]) == 1
+    assert cli.main([*_argv(tmp_path), "--defrag-whole-gpu-reserve", "0.05"]) == 2
     assert "--defrag-whole-gpu-reserve needs --defrag-on-reject K" in capsys.readouterr().err
 
 

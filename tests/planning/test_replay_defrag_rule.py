@@ -97,16 +97,16 @@ def test_cli_refuses_percentages_out_of_range(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], percent: str
 ) -> None:
     argv = [*_argv(tmp_path), "--defrag-on-reject", "1", "--defrag-whole-gpu-below", percent]
-    assert cli.main(argv) == 1
+    assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("instaslice simulate: --defrag-whole-gpu-below is a percentage")
-    assert err.rstrip().endswith(f"got {float(percent):g}")
+    assert err.rstrip().endswith(f"got {float(percent):g} (see instaslice simulate --help)")
 
 
 def test_cli_refuses_the_limit_without_defragmentation(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main([*_argv(tmp_path), "--defrag-whole-gpu-below", "90"]) == 1
+    assert cli.main([*_argv(tmp_path), "--defrag-whole-gpu-below", "90"]) == 2
     assert "needs --defrag-on-reject K" in capsys.readouterr().err
 
 

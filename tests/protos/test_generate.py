@@ -35,12 +35,12 @@ def test_every_proto_has_its_four_stubs_committed() -> None:
         "protos/dra/v1/api.proto",
         "protos/dra/v1beta1/api.proto",
         "protos/drahealth/v1alpha1/api.proto",
-        "protos/externalgrpc/externalgrpc.proto",
-        "protos/k8s/api/core/v1/generated.proto",
-        "protos/k8s/apimachinery/pkg/api/resource/generated.proto",
-        "protos/k8s/apimachinery/pkg/apis/meta/v1/generated.proto",
         "protos/pluginregistration/api.proto",
         "protos/podresources/v1/api.proto",
+        "tests/autoscale/protos/externalgrpc/externalgrpc.proto",
+        "tests/autoscale/protos/k8s/api/core/v1/generated.proto",
+        "tests/autoscale/protos/k8s/apimachinery/pkg/api/resource/generated.proto",
+        "tests/autoscale/protos/k8s/apimachinery/pkg/apis/meta/v1/generated.proto",
     ]
     for proto in protos:
         stem = proto.removesuffix(".proto")
@@ -50,12 +50,14 @@ def test_every_proto_has_its_four_stubs_committed() -> None:
 
 @pytest.fixture
 def tree_copy(tmp_path: Path) -> Path:
-    """A copy of protos/ (sources and committed stubs) under a throw-away repository root."""
-    shutil.copytree(
-        REPO_ROOT / "protos",
-        tmp_path / "protos",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
+    """A copy of every proto folder (sources and committed stubs) under a throw-away repository
+    root."""
+    for root in generate.PROTO_ROOTS:
+        shutil.copytree(
+            REPO_ROOT / root,
+            tmp_path / root,
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
     return tmp_path
 
 
@@ -137,7 +139,10 @@ def test_stubs_come_from_the_locked_grpcio_tools() -> None:
     assert installed == locked, (
         f"grpcio-tools {installed} is installed, the lock pins {locked}: run `make install`"
     )
-    for stub in sorted((REPO_ROOT / "protos").rglob("*_pb2_grpc.py")):
+    stubs = (
+        path for root in generate.PROTO_ROOTS for path in (REPO_ROOT / root).rglob("*_pb2_grpc.py")
+    )
+    for stub in sorted(stubs):
         stamp = re.search(r"^GRPC_GENERATED_VERSION = '([^']*)'$", stub.read_text(), re.MULTILINE)
         assert stamp, stub
         assert stamp.group(1) == locked, f"{stub}: run `make protos`"

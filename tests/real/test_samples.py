@@ -183,9 +183,7 @@ def _wait_lines(stack: RealStack) -> list[str]:
 
 def _waiting_for_quota(stack: RealStack) -> float:
     return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in _wait_lines(stack)
-        if 'reason="quota"' in line
+        float(line.rsplit(" ", 1)[1]) for line in _wait_lines(stack) if 'reason="quota"' in line
     )
 
 

@@ -5,6 +5,8 @@ from datetime import UTC, datetime
 
 import pytest
 
+from api import wire
+from driver.cluster.port import as_json
 from driver.mig.catalog import gpu_model
 from driver.resourceslices import GpuInventory, build_pool, complete_pools, parse_devices
 from driver.taints import UNHEALTHY_TAINT_KEY, DeviceTaint
@@ -84,7 +86,7 @@ def test_devices_consume_the_memory_slices_they_cover(
 
 
 def test_owner_reference_is_the_node() -> None:
-    owner = {"apiVersion": "v1", "kind": "Node", "name": "n", "uid": "u-1"}
+    owner: wire.OwnerReference = {"apiVersion": "v1", "kind": "Node", "name": "n", "uid": "u-1"}
     slices = build_pool(node="n", gpus=_gpus(1), generation=1, owner=owner)
     assert all(s["metadata"]["ownerReferences"] == [{**owner, "controller": True}] for s in slices)
 
@@ -130,7 +132,7 @@ def test_device_taints_round_trip_and_a_malformed_taint_skips_its_device() -> No
     devices = parse_devices(complete_pools(slices)["a"])
     assert len(devices) == 25
     assert {d.taints for d in devices} == {(taint,)}
-    broken = next(d for d in slices[1]["spec"]["devices"] if d["name"] == devices[0].name)
+    broken = as_json(next(d for d in slices[1]["spec"]["devices"] if d["name"] == devices[0].name))
     broken["taints"] = [{"key": UNHEALTHY_TAINT_KEY, "value": "Xid79"}]  # no effect
     devices = parse_devices(complete_pools(slices)["a"])
     assert len(devices) == 24
