@@ -162,9 +162,14 @@ def test_a_pod_handed_to_kube_scheduler_counts_until_bound(
         api, "second", claim_object("second-claim", requests=[request(profile="7g.40gb")])
     )
     wait_for(lambda: condition_reason(api, "second") == "HandedOff", what="second handed off")
-    wait_for(lambda: _waiting(controller) == {("hand-off", ""): 1.0}, what="hand-off counted")
+    # its profile stays known until the controller has seen the gate go; the reason at once
+    wait_for(
+        lambda: {reason for reason, _ in _waiting(controller)} == {"hand-off"},
+        timeout=30,
+        what="hand-off counted",
+    )
     binder = LocalClusterClient(configuration=configuration_for_url(apiserver.url))
     stack.callback(binder.close)
     second = api.get(PODS, name="second", namespace=NS)
     binder.bind_pod(namespace=NS, name="second", uid=second["metadata"]["uid"], node="node-a")
-    wait_for(lambda: _waiting(controller) == {}, what="a bound pod waits no more")
+    wait_for(lambda: _waiting(controller) == {}, timeout=30, what="a bound pod waits no more")

@@ -41,6 +41,7 @@ BUILTIN_KINDS: Mapping[str, tuple[str, str]] = {
     "Namespace": ("v1", "V1Namespace"),
     "ServiceAccount": ("v1", "V1ServiceAccount"),
     "Service": ("v1", "V1Service"),
+    "ConfigMap": ("v1", "V1ConfigMap"),
     "Pod": ("v1", "V1Pod"),
     "ResourceQuota": ("v1", "V1ResourceQuota"),
     "ClusterRole": ("rbac.authorization.k8s.io/v1", "V1ClusterRole"),
