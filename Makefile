@@ -127,10 +127,13 @@ EMULATED_GPUS ?=
 COMPONENTS ?=
 RENDER = IMG='$(IMG)' IMG_PLUGIN='$(IMG_PLUGIN)' EMULATED_GPUS='$(EMULATED_GPUS)' COMPONENTS='$(COMPONENTS)' KUBECTL='$(KUBECTL)' deploy/render.sh
 
-.PHONY: deviceclasses images docker-build docker-push docker-buildx manifests deploy deploy-emulated undeploy deploy-classes undeploy-classes test-e2e-kind-emulated cleanup-test-e2e-kind-emulated test-deploy
+.PHONY: deviceclasses monitoring images docker-build docker-push docker-buildx manifests deploy deploy-emulated undeploy deploy-classes undeploy-classes test-e2e-kind-emulated cleanup-test-e2e-kind-emulated test-deploy
 
 deviceclasses: $(INSTALLED) ## regenerate deploy/base/deviceclasses.yaml (and the extendedResourceName patches) from the MIG catalog
 	$(PY) deploy/generate_deviceclasses.py
+
+monitoring: $(INSTALLED) ## regenerate the monitoring component's PrometheusRule and Grafana dashboard (deploy/components/monitoring)
+	$(PY) deploy/components/monitoring/generate.py
 
 BUILDAH ?= buildah
 # The build stage's pip reaches PyPI through the host's network.

@@ -6,9 +6,15 @@ CDI ids) before answering the kubelet. After a crash the checkpoint says which s
 half-made (roll back), which are complete (answer again), and which MIG instances nobody owns
 (destroy). The boot id tells a checkpoint from before a reboot, when no MIG instance survives.
 
+A completed claim also records who its slices serve and since when (the pods the claim was reserved
+for, the time its slices were made), and the checkpoint keeps the slice-seconds of the slices it
+released, per namespace and profile: the kubelet plugin's metrics attribute every slice to its pod
+and count slice-seconds from this record alone, so both are right after a restart
+(docs/design.md D9).
+
 File format (``encode_checkpoint`` / ``decode_checkpoint``)::
 
-    {"version": 1, "checksum": "sha256:<hex>", "data": {…Checkpoint…}}
+    {"version": 2, "checksum": "sha256:<hex>", "data": {…Checkpoint…}}
 
 ``checksum`` is SHA-256 over the *canonical* JSON of ``data`` (keys sorted, no spaces, ASCII), so
 how the file is indented does not matter but any edit or partial write of ``data`` does.
@@ -19,11 +25,15 @@ older reader would reject or misread — a new field, a renamed one, a changed m
 ``decode_checkpoint``), so upgrades keep the node's prepared claims. An older build refuses a newer
 version with ``CheckpointDecodeError`` naming both versions instead of guessing; the plugin then
 treats the file like a corrupt one (rebuild from the API server and NVML, keep the bad file aside).
+
+Versions: 1 had no ``pods``/``prepared_at`` on a claim, no ``pod_name``/``pod_namespace`` on a
+shim binding and no ``released_slice_seconds``; version 2 added them, each with a default that
+means "not known", so version-1 data is version-2 data as it stands.
 """
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import StrEnum
 from typing import Any, Final
 
@@ -31,10 +41,24 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from api.errors import CheckpointDecodeError, ValidationFailed
 
-CHECKPOINT_VERSION: Final = 1
+CHECKPOINT_VERSION: Final = 2
 CHECKSUM_ALGORITHM: Final = "sha256"
 
 _ENVELOPE_KEYS: Final = frozenset({"version", "checksum", "data"})
+
+
+def _from_version_1(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 → 2: every field version 2 added defaults to "not known", so the data stands."""
+    return data
+
+
+_MIGRATIONS: Final[Mapping[int, Callable[[dict[str, Any]], dict[str, Any]]]] = {
+    1: _from_version_1,
+}
+"""For each older version this build reads: its data as the current schema reads it."""
+
+
+_READABLE_VERSIONS: Final = (*sorted(_MIGRATIONS), CHECKPOINT_VERSION)
 
 
 class PrepareState(StrEnum):
@@ -79,8 +103,8 @@ class ShimBinding(_Strict):
     """For claims the device-plugin shim prepared (shadow claims of classic pods).
 
     The device-plugin ``Allocate`` call does not say which pod asks, so ``pod_uid`` and
-    ``container_name`` start unknown and are filled in once the kubelet's pod-resources API shows
-    which container holds ``device_plugin_ids``.
+    ``container_name`` (and the pod's name and namespace) start unknown and are filled in once the
+    kubelet's pod-resources API shows which container holds ``device_plugin_ids``.
     """
 
     resource_name: str
@@ -89,6 +113,17 @@ class ShimBinding(_Strict):
     """The device-plugin device ids the kubelet allocated for these slices."""
     pod_uid: str | None = None
     container_name: str | None = None
+    pod_name: str | None = None
+    pod_namespace: str | None = None
+    """The holder's namespace: another one than the claim's when a container of another
+    namespace got the slices (its claim cannot follow it there)."""
+
+
+class PodRef(_Strict):
+    """A pod a claim is reserved for (``status.reservedFor``); it is in the claim's namespace."""
+
+    name: str
+    uid: str
 
 
 class PreparedClaim(_Strict):
@@ -98,6 +133,11 @@ class PreparedClaim(_Strict):
     state: PrepareState
     devices: tuple[PreparedDevice, ...] = ()
     shim: ShimBinding | None = None
+    pods: tuple[PodRef, ...] = ()
+    """The pods the claim was reserved for when it was prepared (for a shadow claim: the pod it
+    was made for; ``shim`` says who holds the slices)."""
+    prepared_at: float | None = Field(default=None, ge=0)
+    """Unix time at which the claim's slices were complete; None before that, or not known."""
 
     @model_validator(mode="after")
     def _completed_means_complete(self) -> "PreparedClaim":
@@ -111,6 +151,14 @@ class PreparedClaim(_Strict):
         return self
 
 
+class SliceSeconds(_Strict):
+    """Seconds slices of one profile existed for claims of one namespace, summed over slices."""
+
+    namespace: str
+    profile: str
+    seconds: float = Field(ge=0)
+
+
 class Checkpoint(_Strict):
     """Everything prepared on one node, keyed by claim UID. Treat as immutable: use ``with_claim``."""
 
@@ -118,6 +166,8 @@ class Checkpoint(_Strict):
     boot_id: str = ""
     """``/proc/sys/kernel/random/boot_id`` when written; empty in a fresh checkpoint."""
     claims: dict[str, PreparedClaim] = Field(default_factory=dict)
+    released_slice_seconds: tuple[SliceSeconds, ...] = ()
+    """Slice-seconds of the slices released so far (``released``), by namespace and profile."""
 
     @model_validator(mode="after")
     def _keys_are_uids(self) -> "Checkpoint":
@@ -131,20 +181,50 @@ class Checkpoint(_Strict):
 
     def with_claim(self, claim: PreparedClaim) -> "Checkpoint":
         """A copy with ``claim`` added or replaced."""
-        return Checkpoint(
-            node_name=self.node_name,
-            boot_id=self.boot_id,
-            claims={**self.claims, claim.uid: claim},
-        )
+        return self._copy(claims={**self.claims, claim.uid: claim})
 
     def without_claim(self, uid: str) -> "Checkpoint":
         """A copy without the claim (no error if it was not there)."""
-        claims = {key: claim for key, claim in self.claims.items() if key != uid}
-        return Checkpoint(node_name=self.node_name, boot_id=self.boot_id, claims=claims)
+        return self._copy(claims={key: claim for key, claim in self.claims.items() if key != uid})
+
+    def released(self, uid: str, *, at: float) -> "Checkpoint":
+        """A copy without the claim, its slices' seconds up to ``at`` (Unix time) added to
+        ``released_slice_seconds`` (a claim never completed, or of unknown age, adds nothing)."""
+        entry = self.claims.get(uid)
+        if entry is None:
+            return self
+        totals = {(s.namespace, s.profile): s.seconds for s in self.released_slice_seconds}
+        for profile, seconds in slice_ages(entry, at=at):
+            key = (entry.namespace, profile)
+            totals[key] = totals.get(key, 0.0) + seconds
+        return self.without_claim(uid)._copy(
+            released_slice_seconds=tuple(
+                SliceSeconds(namespace=namespace, profile=profile, seconds=seconds)
+                for (namespace, profile), seconds in sorted(totals.items())
+            )
+        )
 
     def with_identity(self, *, node_name: str, boot_id: str) -> "Checkpoint":
         """A copy stamped with this node and boot, claims kept."""
-        return Checkpoint(node_name=node_name, boot_id=boot_id, claims=dict(self.claims))
+        return self._copy(node_name=node_name, boot_id=boot_id)
+
+    def _copy(self, **changes: Any) -> "Checkpoint":
+        fields = {
+            "node_name": self.node_name,
+            "boot_id": self.boot_id,
+            "claims": dict(self.claims),
+            "released_slice_seconds": self.released_slice_seconds,
+        }
+        return Checkpoint(**{**fields, **changes})
+
+
+def slice_ages(entry: PreparedClaim, *, at: float) -> list[tuple[str, float]]:
+    """(profile, seconds since the slice was made) per slice of a completed claim at Unix time
+    ``at``; none for a claim not completed or of unknown age (a clock set back counts 0)."""
+    if entry.state is not PrepareState.PREPARE_COMPLETED or entry.prepared_at is None:
+        return []
+    age = max(0.0, at - entry.prepared_at)
+    return [(device.profile, age) for device in entry.devices]
 
 
 def _canonical(data: Any) -> bytes:
@@ -203,10 +283,10 @@ def decode_checkpoint(raw: bytes) -> Checkpoint:
     version = envelope["version"]
     if type(version) is not int:
         raise CheckpointDecodeError(f"version must be an integer, found {version!r}")
-    if version != CHECKPOINT_VERSION:
+    if version not in _READABLE_VERSIONS:
         raise CheckpointDecodeError(
-            f"unknown checkpoint version {version} (this build reads version {CHECKPOINT_VERSION}); "
-            "was it written by a newer InstaSlice?"
+            f"unknown checkpoint version {version} (this build reads versions "
+            f"{', '.join(map(str, _READABLE_VERSIONS))}); was it written by a newer InstaSlice?"
         )
     data = envelope["data"]
     if not isinstance(data, dict):
@@ -221,10 +301,12 @@ def decode_checkpoint(raw: bytes) -> Checkpoint:
             f"checksum mismatch: the file says {envelope['checksum']!r} but its data hashes to "
             f"{expected!r}; the file was edited or partly written"
         )
+    if version != CHECKPOINT_VERSION:
+        canonical = _canonical(_MIGRATIONS[version](data))
     try:
         return Checkpoint.model_validate_json(canonical)
     except ValidationError as exc:
         problems = ValidationFailed.from_pydantic("Checkpoint", exc)
         raise CheckpointDecodeError(
-            f"data does not match checkpoint schema version {CHECKPOINT_VERSION}: {problems}"
+            f"data does not match checkpoint schema version {version}: {problems}"
         ) from exc

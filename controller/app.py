@@ -73,6 +73,7 @@ class Controller:
             leader=self.allocator.is_acting,
             holds=self.allocator.state.hold_counts,
         )
+        self.metrics.bind_wait_report(self.allocator.wait_report, leader=self.allocator.is_acting)
         self.metrics.registry.register(
             InformerCollector(namespace=METRICS_NAMESPACE, informers=self.informers.named)
         )

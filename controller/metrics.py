@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from controller.allocation.waitreport import WaitReport
+
 NAMESPACE: Final = "instaslice_controller"
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS: Final = (
@@ -69,6 +71,51 @@ class _StateCollector(Collector):
         for kind, count in sorted(self._holds().items()):
             holds.add_metric([kind], count)
         yield holds
+
+
+class _WaitCollector(Collector):
+    """Why pods wait, the oldest wait per profile and the stranded room, from one
+    ``WaitReport`` per scrape (``controller/allocation/waitreport.py``). Only the leader's
+    state knows who waits for what, so the other replicas export the families without samples
+    and a ``sum`` over every replica counts each pod once."""
+
+    def __init__(self, report: Callable[[], WaitReport], leader: Callable[[], bool]) -> None:
+        self._report = report
+        self._leader = leader
+
+    def collect(self) -> Iterator[Metric]:
+        report = self._report() if self._leader() else WaitReport()
+        pods = GaugeMetricFamily(
+            f"{NAMESPACE}_waiting_pods",
+            "Pods waiting for a MIG slice, by why (no-capacity, fragmented, node-filter, "
+            "reserved, preempting, quota, gated-elsewhere, unsatisfiable, invalid, hand-off, "
+            "pending) and profile (mixed: it may take several; empty: not known yet).",
+            labels=["reason", "profile"],
+        )
+        for (reason, profile), count in sorted(report.pods.items()):
+            pods.add_metric([reason, profile], count)
+        yield pods
+        oldest = GaugeMetricFamily(
+            f"{NAMESPACE}_oldest_waiting_pod_seconds",
+            "Age (since creation) of the oldest pod waiting for a MIG slice, by profile.",
+            labels=["profile"],
+        )
+        for profile, seconds in sorted(report.oldest.items()):
+            oldest.add_metric([profile], seconds)
+        yield oldest
+        for name, documentation, values in (
+            ("free_memory_slices", "Free MIG memory slices, by GPU model.", report.free_slices),
+            (
+                "stranded_memory_slices",
+                "Free MIG memory slices on GPUs where no profile a waiting pod asks for can be "
+                "placed now, by GPU model (0 while no pod waits for capacity).",
+                report.stranded_slices,
+            ),
+        ):
+            family = GaugeMetricFamily(f"{NAMESPACE}_{name}", documentation, labels=["model"])
+            for model, count in sorted(values.items()):
+                family.add_metric([model], count)
+            yield family
 
 
 class ControllerMetrics:
@@ -173,6 +220,12 @@ class ControllerMetrics:
         self.registry.register(
             _StateCollector(pending=pending, free=free, leader=leader, holds=holds or (lambda: {}))
         )
+
+    def bind_wait_report(
+        self, report: Callable[[], WaitReport], *, leader: Callable[[], bool]
+    ) -> None:
+        """Register the scrape-time wait figures (once); ``leader``: whether to report them."""
+        self.registry.register(_WaitCollector(report, leader))
 
     def ungated(self, *, latency_seconds: float | None) -> None:
         self._ungated.inc()

@@ -59,6 +59,18 @@ class InvalidError(ClusterError):
     retryable = False
 
 
+class ForbiddenError(ClusterError):
+    """HTTP 403: RBAC refused the request, or admission did (``exceeded quota``)."""
+
+    retryable = False
+
+    @property
+    def quota_exceeded(self) -> bool:
+        """Whether a ResourceQuota refused the object (kube-apiserver's quota admission says
+        ``exceeded quota`` in the message of a ``Forbidden`` status)."""
+        return "exceeded quota" in str(self)
+
+
 class GoneError(ClusterError):
     """The resourceVersion asked for is too old (HTTP 410, or a watch ``ERROR`` event): re-list."""
 

@@ -17,5 +17,6 @@ FIELDS: Final = (
     "profile",
     "start",
     "gi_id",
+    "mig_uuid",
 )
 """Structured fields that may be passed as ``extra`` and are emitted by both formats."""

@@ -52,6 +52,9 @@ from kubeletplugin.metrics import NAMESPACE, PluginMetrics
 from kubeletplugin.node.events import NodeEvents, NodeWarning
 from kubeletplugin.node.publisher import SlicePublisher
 from kubeletplugin.node.waiting import backoff
+from kubeletplugin.nodestatemetrics import NodeStateCollector
+from kubeletplugin.slicemetrics import SliceCollector
+from kubeletplugin.sliceusage import SliceUsageCache
 from kubeletplugin.sockets import UnixGrpcServer, ensure_directory
 from kubeletplugin.state.devicestate import DeviceState, StepHook, slices_in_use
 from kubeletplugin.state.devicestatus import DeviceStatusWriter, RecordingPreparer
@@ -122,9 +125,7 @@ class KubeletPlugin:
         )
         self.publisher = self._publisher(backend=backend, api=api, events=events)
         self._own_slices = self._watch_own_slices(api)
-        self.metrics.registry.register(
-            InformerCollector(namespace=NAMESPACE, informers=lambda: {"slices": self._own_slices})
-        )
+        self._register_scraped(backend)
         self.state = self._device_state(
             backend=backend, api=api, majors=majors, step_hook=step_hook
         )
@@ -153,6 +154,27 @@ class KubeletPlugin:
         self.registration_watchdog = self._registration_watchdog(api=api, events=events)
         self._http = self._http_endpoints()
         self._started = False
+
+    def _register_scraped(self, backend: GpuBackend) -> None:
+        """The series read when scraped: the slice informer's, each live MIG slice's, the
+        registration and the instances no claim owns."""
+        self.metrics.registry.register(
+            InformerCollector(namespace=NAMESPACE, informers=lambda: {"slices": self._own_slices})
+        )
+        self.metrics.registry.register(
+            SliceCollector(
+                node_name=self.config.node_name,
+                checkpoint=self.store.load,
+                usage=SliceUsageCache(source=backend),
+            )
+        )
+        self.metrics.registry.register(
+            NodeStateCollector(
+                registered=lambda: self.tracker.state.registered,
+                instances=backend.instances,
+                checkpoint=self.store.load,
+            )
+        )
 
     def _publisher(
         self, *, backend: GpuBackend, api: ClusterApi, events: EventRecorder | None

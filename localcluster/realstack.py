@@ -346,6 +346,8 @@ class RealStack(DaemonStack):
         self._api: KubeClusterApi | None = None
         self.webhook_port = 0
         self.controller_metrics_port = 0
+        self.replica_metrics_ports: list[int] = []
+        """``/metrics`` of each controller replica (127.0.0.1), the first one's included."""
         self.controllers: list[ManagedProcess] = []
         self.plugins: dict[str, ManagedProcess] = {}
         self._nodes_lock = threading.Lock()
@@ -447,6 +449,9 @@ class RealStack(DaemonStack):
         self._make_certificates()
         self.webhook_port = free_port()
         self.controller_metrics_port = free_port()
+        self.replica_metrics_ports = [self.controller_metrics_port] + [
+            free_port() for _ in range(1, self.config.controllers)
+        ]
         self._register_webhook()
         for node in self.node_names:
             # a DaemonSet pod's token is bound to its pod, and so to its node: the 1.36
@@ -666,7 +671,7 @@ class RealStack(DaemonStack):
             leader_elect=self.config.leader_elect,
             lease_duration_s=self.config.lease_duration_s,
             extra=[*self.config.controller_args, *self._controller_mode_args],
-            metrics_port=self.controller_metrics_port if index == 0 else 0,
+            metrics_port=self.replica_metrics_ports[index],
         )
         suffix = "" if index == 0 else f"-{index}"
         return ManagedProcess(

@@ -45,6 +45,7 @@ from controller.allocation.podclaims import is_our_class
 from controller.allocation.priority import LAST, PodOrder, may_preempt
 from controller.allocation.state import AllocationState
 from controller.allocation.sync import Outcome, PodSync, Result, SyncConfig
+from controller.allocation.waitreport import WaitReport, wait_report
 from controller.classic.release import ShadowReleaser, gone_key, pod_uid_of_key
 from controller.informers import BY_UID, ClusterInformers
 from controller.metrics import ControllerMetrics
@@ -136,6 +137,18 @@ class Allocator:
         """Pods carrying our gate (metric)."""
         return sum(
             1 for pod in self._informers.pods.list() if PodView.of(pod).gated_by(SCHEDULING_GATE)
+        )
+
+    def wait_report(self) -> WaitReport:
+        """Why the pods wait and the stranded room, as of now (metrics; ``waitreport``)."""
+        waiting, states = self.state.wait_inputs()
+        return wait_report(
+            (PodView.of(pod) for pod in self._informers.pods.list()),
+            gate=SCHEDULING_GATE,
+            waiting=waiting,
+            reported=self._reporter.reported(),
+            states=states,
+            now=self._clock.now(),
         )
 
     def waiting(self) -> tuple[int, int]:

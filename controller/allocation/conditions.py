@@ -57,6 +57,7 @@ class Reason(enum.StrEnum):
     PREEMPTING = "Preempting"
     RESERVED = "Reserved"
     PREEMPTED = "Preempted"
+    QUOTA_EXCEEDED = "QuotaExceeded"
 
 
 PERMANENT_REASONS = frozenset(
@@ -123,6 +124,11 @@ class ConditionReporter:
             reason=Reason.PLACED,
             message=f"every MIG slice of the pod is allocated on node {node}",
         )
+
+    def reported(self) -> dict[str, Reason]:
+        """Pod UID → the reason of the ``False`` condition last written on it (still gated)."""
+        with self._lock:
+            return {uid: Reason(reason) for uid, (reason, _) in self._last.items()}
 
     def forget(self, pod_uid: str) -> None:
         with self._lock:

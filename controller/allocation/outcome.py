@@ -40,6 +40,9 @@ class SyncConfig:
     pod's claim is withdrawn (their writers may have died before checking)."""
     yield_delay: tuple[float, float] = (0.01, 0.2)
     """Random delay before retrying a pod whose allocation was withdrawn."""
+    quota_retry: float = 15.0
+    """How soon a pod whose shadow claim a ResourceQuota refused is looked at again when no
+    release in the meantime wakes it (a raised quota is not watched)."""
     not_leader_retry: float = 1.0
     """How soon a pod is looked at again after a pass stopped because this replica could not
     prove it leads (``is_leader()`` is False while a lease renew is overdue). Leadership may come

@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from _thread import LockType
+from collections import Counter
 from collections.abc import Callable, Iterable
 
 from controller.allocation.candidates import CandidateCache
@@ -28,9 +29,11 @@ from controller.allocation.nodefilter import NodeFilter
 from controller.allocation.occupancy import ClaimOccupancy, parse_rv
 from controller.allocation.priority import PodOrder, order_of
 from controller.allocation.waiting import WaitingPods
+from controller.allocation.waitreport import WaitingPod, waiting_pod
 from driver.cluster.port import JsonObject
 from driver.cluster.views import ClaimView, PodView
 from driver.placement import Engine
+from driver.placement.state import StateKey
 
 logger = logging.getLogger(__name__)
 
@@ -213,6 +216,18 @@ class AllocationState(SliceState):
         """Active holds by kind (metric)."""
         with self.lock:
             return {str(kind): self.holds.count(kind) for kind in HoldKind}
+
+    def wait_inputs(self) -> tuple[dict[str, WaitingPod], Counter[StateKey]]:
+        """What ``waitreport`` needs of this state, copied under the lock: the pods waiting for
+        capacity by key, and how many GPUs are in each distinct state."""
+        with self.lock:
+            self.refresh()
+            waiting = {
+                w.key: waiting_pod(w, (h.kind for h in self.holds.of(w.order.uid)))
+                for w in self.waiting.waiters()
+            }
+            states = Counter(gpu.key for node in self.engine.inventory.nodes() for gpu in node.gpus)
+        return waiting, states
 
     def free_per_profile(self) -> dict[str, int]:
         with self.lock:

@@ -62,7 +62,7 @@ from driver.cluster import ops
 from driver.cluster.clock import Clock
 from driver.cluster.port import ClusterApi, JsonObject, as_json
 from driver.cluster.views import Allocation, ClaimView, PodView
-from driver.errors import ApiNotFoundError, ClusterError, ConflictError
+from driver.errors import ApiNotFoundError, ClusterError, ConflictError, ForbiddenError
 from driver.mig.catalog import CATALOG
 from driver.placement import NoFit, Placed
 
@@ -226,6 +226,11 @@ class PodSync:
             return Result(Outcome.WAIT_CHANGE)
         except NotLeaderError:
             return self._not_leader()
+        except ForbiddenError as exc:
+            if not exc.quota_exceeded:
+                logger.warning("pod %s/%s: API refused: %s", pod.namespace, pod.name, exc)
+                return Result(Outcome.RETRY)
+            return self._over_quota(pod, exc)
         except ApiNotFoundError as exc:
             logger.info("pod %s/%s: %s; retrying", pod.namespace, pod.name, exc)
             return Result(Outcome.RETRY)
@@ -323,6 +328,20 @@ class PodSync:
             waited,
         )
         return Result(Outcome.DONE)
+
+    def _over_quota(self, pod: PodView, exc: ForbiddenError) -> Result:
+        """A ResourceQuota refused a shadow claim of the pod: it waits, with the quota's words
+        on it. Quota frees up when claims in the namespace go (a release wakes the waiting
+        pods) or when the quota is raised, which nothing watches: hence the periodic look."""
+        self._metrics.problem(str(Reason.QUOTA_EXCEEDED))
+        self._reporter.problem(
+            pod,
+            PlacementProblem(
+                Reason.QUOTA_EXCEEDED,
+                f"the shadow claim of its classic request is refused by a ResourceQuota: {exc}",
+            ),
+        )
+        return Result(Outcome.WAIT_CAPACITY, self.config.quota_retry)
 
     def _hand_over_in_scheduler_mode(self, pod: PodView) -> Result:
         """Scheduler mode: release a classic pod's unused shadow claims, then lift the gate."""
@@ -634,7 +653,12 @@ class PodSync:
     ) -> NoRoom:
         """The pod fits nowhere now: it waits in order, and may preempt or get a reservation."""
         state = self._state
-        waiter = state.waiting.failed(pod, claims, order=order, now=time.monotonic())
+        profiles = frozenset(
+            p for a in alternatives for slot in a.slots for p in slot.candidates.profiles
+        )
+        waiter = state.waiting.failed(
+            pod, claims, order=order, now=time.monotonic(), profiles=profiles
+        )
 
         def place_on(node: str) -> Placed | None:
             return self._place_on(alternatives, node, node_ok)

@@ -30,6 +30,8 @@ class Waiter:
     since: float
     """Monotonic time of its first failure to fit (the starvation bound counts from here)."""
     failed_epoch: int
+    profiles: frozenset[str] = frozenset()
+    """The profiles its claims may take (what the wait metrics label it with)."""
 
 
 class WaitingPods:
@@ -41,7 +43,15 @@ class WaitingPods:
     def capacity_changed(self) -> None:
         self.epoch += 1
 
-    def failed(self, pod: PodView, claims: PodClaims, *, order: PodOrder, now: float) -> Waiter:
+    def failed(
+        self,
+        pod: PodView,
+        claims: PodClaims,
+        *,
+        order: PodOrder,
+        now: float,
+        profiles: frozenset[str] = frozenset(),
+    ) -> Waiter:
         """The pod found no room at the current epoch."""
         key = pod.key
         waiter = self._by_key.get(key)
@@ -50,12 +60,19 @@ class WaitingPods:
             waiter = None
         if waiter is None:
             waiter = Waiter(
-                key=key, order=order, pod=pod, claims=claims, since=now, failed_epoch=self.epoch
+                key=key,
+                order=order,
+                pod=pod,
+                claims=claims,
+                since=now,
+                failed_epoch=self.epoch,
+                profiles=profiles,
             )
             self._by_key[key] = waiter
             bisect.insort(self._sorted, (order, key))
         else:
             waiter.pod, waiter.claims, waiter.failed_epoch = pod, claims, self.epoch
+            waiter.profiles = profiles or waiter.profiles
         return waiter
 
     def remove(self, key: str) -> Waiter | None:
@@ -74,6 +91,9 @@ class WaitingPods:
             waiter = self._by_key.get(key)
             if waiter is not None and waiter.failed_epoch < self.epoch:
                 yield waiter
+
+    def waiters(self) -> list[Waiter]:
+        return list(self._by_key.values())
 
     def clear(self) -> None:
         self._by_key.clear()

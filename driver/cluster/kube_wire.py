@@ -16,6 +16,7 @@ from driver.errors import (
     ApiNotFoundError,
     ClusterError,
     ConflictError,
+    ForbiddenError,
     GoneError,
     InvalidError,
     TooManyRequestsError,
@@ -45,9 +46,11 @@ def status_error(method: str, path: str, code: int, body: bytes) -> ClusterError
         error = GoneError(text)
     elif code == 429:
         error = TooManyRequestsError(text)
+    elif code == 403:
+        error = ForbiddenError(text)
     else:
         error = ClusterError(text)
-        if code in (401, 403, 405, 406, 415):
+        if code in (401, 405, 406, 415):
             error.retryable = False
     return error
 

@@ -18,6 +18,10 @@ unfit for new slices (``GpuInfo.healthy`` False, ``health_reason`` saying why), 
 for the whole node. ``instances``, ``create_slice`` and ``destroy_slice`` on such a GPU still raise
 what the GPU answers.
 
+Usage: ``slice_usage`` reads what one MIG device uses now — its memory, and its utilization where
+the GPU reports one per MIG device (NVML answers ``NOT_SUPPORTED`` for MIG devices on most GPUs:
+then ``None``). Read-only and cheap (a handful of NVML queries), for metrics at scrape time.
+
 XID events: ``next_xid_event`` waits for the next XID critical-error event any GPU reports (NVML's
 event API: ``nvmlEventSetCreate``, ``nvmlDeviceRegisterEvents``, ``nvmlEventSetWait_v2``). Which
 XIDs make a GPU unhealthy is the caller's policy, not the backend's.
@@ -94,6 +98,20 @@ class MigInstance:
         return self.ci_id is not None and self.mig_uuid is not None
 
 
+@dataclass(frozen=True, slots=True)
+class SliceUsage:
+    """What one MIG device uses now (NVML's ``nvmlDeviceGetMemoryInfo`` and
+    ``nvmlDeviceGetUtilizationRates`` on the MIG device's handle)."""
+
+    memory_used_bytes: int
+    memory_total_bytes: int
+    gpu_utilization_percent: int | None = None
+    """Percent of the last sample period a kernel ran; ``None`` where the GPU does not report it
+    for MIG devices."""
+    memory_utilization_percent: int | None = None
+    """Percent of the last sample period device memory was read or written; ``None`` likewise."""
+
+
 class GpuBackend(Protocol):
     """Discover GPUs and their MIG instances; create and destroy one slice at a time.
 
@@ -118,6 +136,11 @@ class GpuBackend(Protocol):
 
     def destroy_slice(self, *, gpu_index: int, gi_id: int) -> None:
         """Destroy the compute instances of GPU instance ``gi_id``, then the GPU instance."""
+        ...
+
+    def slice_usage(self, *, mig_uuid: MigUuid) -> SliceUsage:
+        """What the MIG device ``mig_uuid`` uses now. ``NotFoundError`` when no MIG device has
+        that UUID, ``BackendError`` when the GPU cannot be asked."""
         ...
 
     def next_xid_event(self, *, timeout_seconds: float) -> XidEvent | None:

@@ -14,6 +14,10 @@ contract (``driver.gpu.backend``): the same placements, the same refusals, the s
   mark made through one backend object (an operator's, a test's) is what ``gpus()`` of every other
   one on the same state file reports. Slices on an unhealthy GPU are left as they are, and creating
   one is still allowed: a real GPU with memory errors pending a reset still answers NVML too.
+- ``slice_usage`` is emulated and deterministic: a slice's memory total is its profile's memory
+  and the memory in use is between one and six eighths of it, fixed by the MIG UUID (so a slice
+  keeps its figure, and slices differ); utilization is ``None``, as most GPUs answer for MIG
+  devices.
 - ``inject_xid`` queues an XID critical-error event, as the GPU driver would report it, for
   ``next_xid_event`` of this backend object (events are per process, as NVML's are).
 
@@ -48,7 +52,7 @@ from typing import Final
 
 from driver.errors import BackendError, ConfigError, DriverError, NotFoundError
 from driver.gpu import caps
-from driver.gpu.backend import GpuInfo, MigInstance, XidEvent, gpu_by_index
+from driver.gpu.backend import GpuInfo, MigInstance, SliceUsage, XidEvent, gpu_by_index
 from driver.gpu.emulated_state import (
     FileStateStore,
     InstanceRecord,
@@ -365,6 +369,15 @@ class EmulatedGpuBackend:
                 raise _no_such_gi(gpu_index, gi_id, records)
             self._store.save([r for r in records if r not in doomed])
         log.info("destroyed GPU instance %s on GPU %s", gi_id, gpu_index)
+
+    def slice_usage(self, *, mig_uuid: MigUuid) -> SliceUsage:
+        self._check_open()
+        for instance in self.instances():
+            if instance.mig_uuid == mig_uuid:
+                total = self._model(instance.gpu_index).profile(instance.profile).memory_bytes
+                eighths = 1 + uuid.UUID(mig_uuid.removeprefix("MIG-")).int % 6
+                return SliceUsage(memory_used_bytes=total * eighths // 8, memory_total_bytes=total)
+        raise NotFoundError(f"no MIG device {mig_uuid} on emulated node {self._node_name}")
 
     def close(self) -> None:
         self._closed.set()

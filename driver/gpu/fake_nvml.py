@@ -19,7 +19,9 @@ Tests steer it with ``fail(function, code=…)`` (the next call(s) of that funct
 ``GPU_IS_LOST``, as when it fell off the bus), ``set_retired_pages_pending`` (``None``, the default,
 answers ``NOT_SUPPORTED`` as Ampere and newer GPUs do) and ``set_remapped_rows``. XID events:
 ``inject_xid`` reports one the way the GPU driver would, to the event sets registered for it
-(NVML's event API, ``driver.gpu.fake_nvml_events``).
+(NVML's event API, ``driver.gpu.fake_nvml_events``). Usage of a MIG device: its handle by MIG UUID,
+its memory (the GPU instance's size, ``used`` 0 until ``set_mig_usage``), and its utilization,
+which answers ``NOT_SUPPORTED`` as most GPUs do for MIG devices unless ``set_mig_usage`` gives one.
 
 MIG mode follows NVML's rules for ``nvmlDeviceSetMigMode``: the *pending* mode is set at once; it
 becomes the *current* mode at once only when the GPU can apply it without a reset (constructor
@@ -54,6 +56,7 @@ from driver.gpu.fake_nvml_types import (
     c_nvmlGpuInstanceProfileInfo_t,
     c_nvmlGpuInstanceProfileInfo_v2_t,
     c_nvmlMemory_t,
+    c_nvmlUtilization_t,
 )
 from driver.gpu.rules import Occupant, Refusal, lowest_free_id, refusal
 from driver.mig.model import MIB, GpuModel, MigProfile, Placement
@@ -182,6 +185,7 @@ class FakeNvml:
         self._serial = 0
         self._failures: dict[str, list[int]] = {}
         self._events = FakeEventHub()
+        self._mig_usage: dict[str, tuple[int, tuple[int, int] | None]] = {}
         self.calls: list[str] = []
         """Names of the functions called, in order (tests assert on what was, or was not, called)."""
 
@@ -228,6 +232,13 @@ class FakeNvml:
         return self._events.post(
             gpu_index=index, event_type=event_type, data=xid, gi_id=gi_id, ci_id=ci_id
         )
+
+    def set_mig_usage(
+        self, mig_uuid: str, *, memory_used: int, utilization: tuple[int, int] | None = None
+    ) -> None:
+        """The MIG device's memory in use and, if given, its (GPU, memory) utilization percent."""
+        with self._lock:
+            self._mig_usage[mig_uuid] = (memory_used, utilization)
 
     def set_processes(self, index: int, *, compute: int = 0, graphics: int = 0) -> None:
         """How many compute and graphics processes run on GPU ``index``."""
@@ -290,6 +301,18 @@ class FakeNvml:
                 raise FakeNvmlError(api.NVML_ERROR_INVALID_ARGUMENT)
             return _DEVICE | index
 
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:
+        with self._lock:
+            self._enter("nvmlDeviceGetHandleByUUID")
+            for gpu in self._gpus:
+                if gpu.uuid == uuid:
+                    return _DEVICE | gpu.index
+                for gi in gpu.gis.values():
+                    for ci in gi.cis.values():
+                        if ci.uuid == uuid:
+                            return _MIG_DEVICE | gpu.index << 16 | gi.id << 8 | ci.id
+            raise FakeNvmlError(api.NVML_ERROR_NOT_FOUND)
+
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
         with self._lock:
             self._enter("nvmlDeviceGetUUID")
@@ -305,8 +328,25 @@ class FakeNvml:
     def nvmlDeviceGetMemoryInfo(self, handle: Any) -> c_nvmlMemory_t:
         with self._lock:
             self._enter("nvmlDeviceGetMemoryInfo")
+            if int(handle) & _KIND_MASK == _MIG_DEVICE:
+                (_, gi), ci = self._ci(int(handle) - _MIG_DEVICE + _COMPUTE_INSTANCE)
+                total = gi.profile.memory_bytes
+                used = self._mig_usage.get(ci.uuid, (0, None))[0]
+                return c_nvmlMemory_t(total=total, free=total - used, used=used)
             total = self._device(handle).model.memory_bytes
             return c_nvmlMemory_t(total=total, free=total, used=0)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> c_nvmlUtilization_t:
+        with self._lock:
+            self._enter("nvmlDeviceGetUtilizationRates")
+            if int(handle) & _KIND_MASK != _MIG_DEVICE:
+                self._device(handle)
+                return c_nvmlUtilization_t(gpu=0, memory=0)
+            _, ci = self._ci(int(handle) - _MIG_DEVICE + _COMPUTE_INSTANCE)
+            rates = self._mig_usage.get(ci.uuid, (0, None))[1]
+            if rates is None:
+                raise FakeNvmlError(api.NVML_ERROR_NOT_SUPPORTED)
+            return c_nvmlUtilization_t(gpu=rates[0], memory=rates[1])
 
     def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
         with self._lock:

@@ -126,3 +126,7 @@ class c_nvmlMemory_t(ctypes.Structure):
         ("free", ctypes.c_ulonglong),
         ("used", ctypes.c_ulonglong),
     ]
+
+
+class c_nvmlUtilization_t(ctypes.Structure):
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]

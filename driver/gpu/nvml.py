@@ -17,6 +17,9 @@ handle (walking every MIG device is O(10 s) on big nodes).
   plugin's opt-in ``--mig-mode when-idle`` step.
 - Health, read-only, in ``gpus()``: a lost GPU or one whose memory needs a reset is reported
   unhealthy instead of failing the list; the probes live in ``driver.gpu.nvml_health``.
+- Usage of one MIG device (``slice_usage``): its handle by MIG UUID (``nvmlDeviceGetHandleByUUID``),
+  then ``nvmlDeviceGetMemoryInfo`` and, where the GPU supports it for MIG devices,
+  ``nvmlDeviceGetUtilizationRates`` — no GPU lock: reads only.
 - XID critical-error events through NVML's event API (``next_xid_event``,
   ``driver.gpu.nvml_events``); the event set is freed by ``close()``.
 """
@@ -38,7 +41,7 @@ from driver.errors import (
 )
 from driver.gpu import caps
 from driver.gpu import nvml_api as api
-from driver.gpu.backend import GpuInfo, MigInstance, XidEvent
+from driver.gpu.backend import GpuInfo, MigInstance, SliceUsage, XidEvent
 from driver.gpu.nvml_call import NvmlCallError, call_nvml
 from driver.gpu.nvml_events import NvmlXidWatcher
 from driver.gpu.nvml_health import NvmlGpuHealth
@@ -169,6 +172,25 @@ class NvmlGpuBackend:
                 self._call("nvmlComputeInstanceDestroy", self._nvml.nvmlComputeInstanceDestroy, ci)
             self._call("nvmlGpuInstanceDestroy", self._nvml.nvmlGpuInstanceDestroy, gi)
         log.info("destroyed GPU instance %s on GPU %s", gi_id, gpu_index)
+
+    def slice_usage(self, *, mig_uuid: MigUuid) -> SliceUsage:
+        self._check_open()
+        try:
+            handle = self._call(
+                "nvmlDeviceGetHandleByUUID", self._nvml.nvmlDeviceGetHandleByUUID, mig_uuid
+            )
+        except NvmlCallError as exc:
+            if exc.code in (api.NVML_ERROR_NOT_FOUND, api.NVML_ERROR_INVALID_ARGUMENT):
+                raise NotFoundError(f"no MIG device {mig_uuid} on this node") from exc.__cause__
+            raise
+        memory = self._call("nvmlDeviceGetMemoryInfo", self._nvml.nvmlDeviceGetMemoryInfo, handle)
+        rates = self._optional(self._nvml.nvmlDeviceGetUtilizationRates, handle)
+        return SliceUsage(
+            memory_used_bytes=int(memory.used),
+            memory_total_bytes=int(memory.total),
+            gpu_utilization_percent=None if rates is None else int(rates.gpu),
+            memory_utilization_percent=None if rates is None else int(rates.memory),
+        )
 
     def next_xid_event(self, *, timeout_seconds: float) -> XidEvent | None:
         self._check_open()

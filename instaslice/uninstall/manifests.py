@@ -64,6 +64,8 @@ KINDS: dict[tuple[str, str], Resource] = {
         _resource("resource.k8s.io/v1", "DeviceClass", "deviceclasses", namespaced=False),
         _resource("cert-manager.io/v1", "Certificate", "certificates", namespaced=True),
         _resource("cert-manager.io/v1", "Issuer", "issuers", namespaced=True),
+        _resource("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors", namespaced=True),
+        _resource("monitoring.coreos.com/v1", "PrometheusRule", "prometheusrules", namespaced=True),
     )
 }
 """Every kind the overlays and components of ``deploy/`` render (a test keeps this complete)."""

@@ -111,12 +111,20 @@ def unbound(resource: str) -> Callable[[ShimBinding | None], ShimBinding]:
     return change
 
 
-def held_by(pod_uid: str, container: str) -> Callable[[ShimBinding | None], ShimBinding]:
+def held_by(
+    *, pod_uid: str, container: str, pod_name: str, namespace: str
+) -> Callable[[ShimBinding | None], ShimBinding]:
     """Change: the holder the pod-resources API showed."""
+    holder = {
+        "pod_uid": pod_uid,
+        "container_name": container,
+        "pod_name": pod_name,
+        "pod_namespace": namespace,
+    }
 
     def change(old: ShimBinding | None) -> ShimBinding:
         if old is None:  # pragma: no cover - only bound entries get a holder
             raise ValueError("a holder is recorded only for a bound claim")
-        return old.model_copy(update={"pod_uid": pod_uid, "container_name": container})
+        return old.model_copy(update=holder)
 
     return change

@@ -165,6 +165,8 @@ class Reconciler:
                 resource_name=self._resource_for(claim.profile),
                 pod_uid=claim.slot.pod_uid,
                 container_name=claim.slot.container,
+                pod_name=claim.slot.pod_name,
+                pod_namespace=claim.slot.namespace,
             )
             changes.append((claim.uid, _constant(binding)))
             report.adopted.append(claim.uid)
@@ -215,8 +217,9 @@ class Reconciler:
             self._unheld_since.pop(entry.uid, None)
             held[ClaimUid(entry.uid)] = slot
             report.holders[entry.uid] = str(slot)
-            if (binding.pod_uid, binding.container_name) != (slot.pod_uid, slot.container):
-                changes.append((entry.uid, bindings.held_by(slot.pod_uid, slot.container)))
+            recorded = (binding.pod_uid, binding.container_name, binding.pod_name)
+            if recorded != (slot.pod_uid, slot.container, slot.pod_name):
+                changes.append((entry.uid, _held_by(slot)))
         bindings.set_bindings(self._checkpoint, changes)
         return held
 
@@ -414,6 +417,15 @@ def _pod_ref(slot: Slot) -> wire.ObjectStub:
         "kind": PODS.kind,
         "metadata": {"name": slot.pod_name, "namespace": slot.namespace, "uid": slot.pod_uid},
     }
+
+
+def _held_by(slot: Slot) -> Callable[[ShimBinding | None], ShimBinding]:
+    return bindings.held_by(
+        pod_uid=slot.pod_uid,
+        container=slot.container,
+        pod_name=slot.pod_name,
+        namespace=slot.namespace,
+    )
 
 
 def _constant(binding: ShimBinding) -> Callable[[ShimBinding | None], ShimBinding]:

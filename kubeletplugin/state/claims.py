@@ -17,6 +17,7 @@ it), the claim's own ``spec.devices.config`` is used.
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from api.checkpoint import PodRef
 from api.config import MigDeviceConfig, merge_configs, parse_opaque_config
 from api.errors import ValidationFailed
 from api.names import DRIVER_NAME
@@ -70,6 +71,11 @@ def check_claim(claim: ClaimView, *, ref: ClaimRef, node_name: str) -> Allocatio
             f"claim {ref}: allocated to node {', '.join(sorted(nodes))}, this is node {node_name}"
         )
     return allocation
+
+
+def reserved_pods(claim: ClaimView) -> tuple[PodRef, ...]:
+    """The pods the claim is reserved for (``status.reservedFor``), in the claim's namespace."""
+    return tuple(PodRef(name=c.name, uid=c.uid) for c in claim.reserved_for if c.resource == "pods")
 
 
 def allocated_nodes(allocation: Allocation) -> frozenset[str] | None:

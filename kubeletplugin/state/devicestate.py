@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final
 
-from api.checkpoint import Checkpoint, PreparedClaim, PrepareState, ShimBinding
+from api.checkpoint import Checkpoint, PodRef, PreparedClaim, PrepareState, ShimBinding
 from api.checkpoint import PreparedDevice as CheckpointDevice
 from driver import cdi
 from driver.cluster.port import RESOURCE_CLAIMS, ClusterApi, JsonObject
@@ -51,7 +51,12 @@ from kubeletplugin.state.claim_devices import (
     start_entry,
     write_cdi,
 )
-from kubeletplugin.state.claims import ClaimRejectedError, PlannedDevice, plan_claim
+from kubeletplugin.state.claims import (
+    ClaimRejectedError,
+    PlannedDevice,
+    plan_claim,
+    reserved_pods,
+)
 from kubeletplugin.state.journal import CheckpointJournal
 from kubeletplugin.state.overlaps import (
     StaleSliceJudge,
@@ -169,13 +174,15 @@ class DeviceState:
                 )
                 self._release(ref.uid)
                 previous = None
+            pods = reserved_pods(ClaimView.of(claim))
             return self._prepare_planned(
                 ref,
                 planned,
                 previous=previous,
                 visible_devices_env=visible_devices_env,
                 shim=shim,
-                log_ids={**_ids(ref), **_pod_ids(claim)},
+                pods=pods,
+                log_ids={**_ids(ref), **_pod_ids(pods)},
             )
 
     def unprepare_claim(self, ref: ClaimRef) -> None:
@@ -239,6 +246,7 @@ class DeviceState:
         previous: PreparedClaim | None,
         visible_devices_env: bool,
         shim: ShimBinding | None,
+        pods: tuple[PodRef, ...],
         log_ids: dict[str, str],
     ) -> PreparedClaim:
         intended = tuple(intended_device(p, pool=self._node) for p in planned)
@@ -247,15 +255,7 @@ class DeviceState:
         started = self._record_started(ref, intended, leftovers=leftovers, shim=shim)
         made: list[MigInstance] = []
         try:
-            for record in intended:
-                ensured = self.slices.ensure(
-                    gpu_index=record.gpu_index,
-                    profile=record.profile,
-                    start=record.placement_start,
-                    adoptable=(record.gpu_index, record.profile, record.placement_start)
-                    in adoptable,
-                )
-                made.append(ensured.instance)
+            self._ensure_slices(intended, adoptable=adoptable, made=made)
             devices = write_cdi(
                 ref,
                 planned,
@@ -275,6 +275,8 @@ class DeviceState:
                 state=PrepareState.PREPARE_COMPLETED,
                 devices=devices,
                 shim=shim,
+                pods=pods,
+                prepared_at=time.time(),
             )
             self._update(lambda checkpoint: checkpoint.with_claim(completed))
         except Exception:
@@ -288,6 +290,24 @@ class DeviceState:
             extra=log_ids,
         )
         return completed
+
+    def _ensure_slices(
+        self,
+        intended: Sequence[CheckpointDevice],
+        *,
+        adoptable: set[tuple[int, str, int]],
+        made: list[MigInstance],
+    ) -> None:
+        """Step 4: each slice at its placement; ``made`` grows as they exist (for a rollback)."""
+        for record in intended:
+            key = (record.gpu_index, record.profile, record.placement_start)
+            ensured = self.slices.ensure(
+                gpu_index=record.gpu_index,
+                profile=record.profile,
+                start=record.placement_start,
+                adoptable=key in adoptable,
+            )
+            made.append(ensured.instance)
 
     def _record_started(
         self,
@@ -362,7 +382,9 @@ class DeviceState:
             self.slices.destroy_recorded(entry.devices, claim_uid=uid, checkpoint=checkpoint)
         cdi.remove_spec(self._cdi_root, uid)
         if entry is not None:
-            self._update(lambda current: current.without_claim(uid))
+            released_at = time.time()
+            self._update(lambda current: current.released(uid, at=released_at))
+            self._metrics.slices_released(entry, at=released_at)
             logger.info(
                 "unprepared claim %s/%s (%s)",
                 entry.namespace,
@@ -389,9 +411,8 @@ def _ids(ref: ClaimRef) -> dict[str, str]:
     return {"claim_uid": ref.uid, "claim": f"{ref.namespace}/{ref.name}"}
 
 
-def _pod_ids(claim: JsonObject) -> dict[str, str]:
-    """The pods the claim is reserved for (``status.reservedFor``), for the logs."""
-    pods = [c for c in ClaimView.of(claim).reserved_for if c.resource == "pods"]
+def _pod_ids(pods: Sequence[PodRef]) -> dict[str, str]:
+    """The pods the claim is reserved for, for the logs."""
     if not pods:
         return {}
     return {

@@ -8,6 +8,8 @@ and claims may have been deleted while the plugin was down. In order:
    placement and whose CDI spec is on disk, is recorded ``PrepareCompleted`` again.
 2. **Changed boot id** (``/proc/sys/kernel/random/boot_id``): MIG instances do not survive a
    reboot, so every recorded claim is dropped; the kubelet prepares running pods' claims again.
+   Their slices' seconds are counted up to now (``Checkpoint.released``): the counter of
+   slice-seconds never goes back, at the cost of counting the time the node was down.
 3. **``PrepareStarted`` entries** (a prepare cut short) are **rolled back**: the instances at the
    recorded placements are destroyed and the entry removed. Completing them instead would save a
    GPU-instance creation, but the kubelet retries the prepare anyway and its answer is the same
@@ -15,13 +17,16 @@ and claims may have been deleted while the plugin was down. In order:
 4. **``PrepareCompleted`` entries** are kept — and answered again from the checkpoint — unless the
    API server says the claim is gone, was replaced (other UID) or is no longer allocated to this
    node, or a recorded slice no longer exists: then its slices, spec and entry are removed. If the
-   API server cannot be reached, entries are kept (never destroy what may be live).
+   API server cannot be reached, entries are kept (never destroy what may be live). A kept entry
+   that lacks its pods or the time its slices were made (an older checkpoint version, or a
+   rebuilt one) gets them: the claim's ``status.reservedFor`` pods, and the time of this start.
 5. **Orphan instances** (no entry records them) are destroyed, each logged with its placement.
 6. **CDI specs** without an entry, and temp files of interrupted atomic writes, are removed.
 """
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +43,13 @@ from driver.ids import ClaimUid
 from kubeletplugin.metrics import PluginMetrics
 from kubeletplugin.model import ClaimRef
 from kubeletplugin.node.inventory import NodeInventory
-from kubeletplugin.state.claims import ClaimRejectedError, PlannedDevice, check_claim, plan_claim
+from kubeletplugin.state.claims import (
+    ClaimRejectedError,
+    PlannedDevice,
+    check_claim,
+    plan_claim,
+    reserved_pods,
+)
 from kubeletplugin.state.journal import CheckpointJournal
 from kubeletplugin.state.slices import SliceOperations, describe, owner_of, records
 
@@ -96,6 +107,7 @@ class Recovery:
 
     def run(self) -> RecoveryReport:
         report = RecoveryReport()
+        now = time.time()
         checkpoint = self._load(report)
         if checkpoint.boot_id and self._boot_id and checkpoint.boot_id != self._boot_id:
             logger.warning(
@@ -105,22 +117,14 @@ class Recovery:
                 len(checkpoint.claims),
             )
             report.rebooted = True
-            checkpoint = Checkpoint()
+            for entry in list(checkpoint.claims.values()):
+                checkpoint = self._released(checkpoint, entry, at=now)
         for entry in list(checkpoint.claims.values()):
             if entry.state is PrepareState.PREPARE_STARTED:
                 self._remove(checkpoint, entry)
                 checkpoint = checkpoint.without_claim(entry.uid)
                 report.rolled_back.append(entry.uid)
-        instances = self._slices.instances()
-        for entry in list(checkpoint.claims.values()):
-            reason = self._why_release(entry, instances)
-            if reason is None:
-                report.kept.append(entry.uid)
-                continue
-            logger.info("releasing claim %s: %s", _label(entry), reason, extra=_ids(entry))
-            self._remove(checkpoint, entry)
-            checkpoint = checkpoint.without_claim(entry.uid)
-            report.released.append(entry.uid)
+        checkpoint = self._check_completed(checkpoint, report, now=now)
         for instance in self._slices.instances():
             if owner_of(checkpoint, instance) is None:
                 logger.warning("destroying orphan MIG instance: %s", describe(instance))
@@ -134,18 +138,31 @@ class Recovery:
         self._store.remove_stale_temp_files()
         self._store.save(checkpoint.with_identity(node_name=self._node, boot_id=self._boot_id))
         self._count(report)
-        logger.info(
-            "recovery: %d kept, %d rolled back, %d released, %d rebuilt, %d orphan instances "
-            "destroyed, %d CDI specs removed%s",
-            len(report.kept),
-            len(report.rolled_back),
-            len(report.released),
-            len(report.rebuilt),
-            len(report.orphans_destroyed),
-            len(report.specs_removed),
-            " (after reboot)" if report.rebooted else "",
-        )
+        _log(report)
         return report
+
+    def _check_completed(
+        self, checkpoint: Checkpoint, report: RecoveryReport, *, now: float
+    ) -> Checkpoint:
+        """Step 4: release completed claims that are gone (their slice-seconds counted up to
+        ``now``); keep the others, with what an older checkpoint version did not record filled in
+        (the pods from the claim, ``now`` as the time their slices were made)."""
+        instances = self._slices.instances()
+        for entry in list(checkpoint.claims.values()):
+            reason, claim = self._why_release(entry, instances)
+            if reason is None:
+                report.kept.append(entry.uid)
+                checkpoint = checkpoint.with_claim(_filled_in(entry, claim, now=now))
+                continue
+            logger.info("releasing claim %s: %s", _label(entry), reason, extra=_ids(entry))
+            self._remove(checkpoint, entry)
+            checkpoint = self._released(checkpoint, entry, at=now)
+            report.released.append(entry.uid)
+        return checkpoint
+
+    def _released(self, checkpoint: Checkpoint, entry: PreparedClaim, *, at: float) -> Checkpoint:
+        self._metrics.slices_released(entry, at=at)
+        return checkpoint.released(entry.uid, at=at)
 
     def _load(self, report: RecoveryReport) -> Checkpoint:
         try:
@@ -229,23 +246,29 @@ class Recovery:
             )
         return devices
 
-    def _why_release(self, entry: PreparedClaim, instances: tuple[MigInstance, ...]) -> str | None:
+    def _why_release(
+        self, entry: PreparedClaim, instances: tuple[MigInstance, ...]
+    ) -> tuple[str | None, ClaimView | None]:
+        """Why the completed ``entry`` must be released (None: keep it), and its claim as the
+        API server has it (None when it could not be read)."""
         for device in entry.devices:
             if not any(records(device, i) and i.mig_uuid == device.mig_uuid for i in instances):
-                return f"its slice {device.device} (GI {device.gi_id}) no longer exists"
+                return f"its slice {device.device} (GI {device.gi_id}) no longer exists", None
         ref = ClaimRef(uid=ClaimUid(entry.uid), namespace=entry.namespace, name=entry.name)
         try:
-            claim = self._api.get(RESOURCE_CLAIMS, name=entry.name, namespace=entry.namespace)
+            claim = ClaimView.of(
+                self._api.get(RESOURCE_CLAIMS, name=entry.name, namespace=entry.namespace)
+            )
         except ApiNotFoundError:
-            return "the claim no longer exists"
+            return "the claim no longer exists", None
         except ClusterError as exc:
             logger.warning("cannot check claim %s (%s); keeping it", _label(entry), exc)
-            return None
+            return None, None
         try:
-            check_claim(ClaimView.of(claim), ref=ref, node_name=self._node)
+            check_claim(claim, ref=ref, node_name=self._node)
         except ClaimRejectedError as exc:
-            return str(exc)
-        return None
+            return str(exc), claim
+        return None, claim
 
     def _remove(self, checkpoint: Checkpoint, entry: PreparedClaim) -> None:
         self._slices.destroy_recorded(entry.devices, claim_uid=entry.uid, checkpoint=checkpoint)
@@ -257,6 +280,31 @@ class Recovery:
         self._metrics.recovery_action("rebuilt", len(report.rebuilt))
         self._metrics.recovery_action("orphan_destroyed", len(report.orphans_destroyed))
         self._metrics.recovery_action("spec_removed", len(report.specs_removed))
+
+
+def _filled_in(entry: PreparedClaim, claim: ClaimView | None, *, now: float) -> PreparedClaim:
+    """``entry`` with the pods and the time its slices were made, where it does not record them
+    (written by an older checkpoint version, or rebuilt): the claim's pods, and ``now``."""
+    update: dict[str, object] = {}
+    if entry.prepared_at is None:
+        update["prepared_at"] = now
+    if not entry.pods and claim is not None:
+        update["pods"] = reserved_pods(claim)
+    return entry.model_copy(update=update) if update else entry
+
+
+def _log(report: RecoveryReport) -> None:
+    logger.info(
+        "recovery: %d kept, %d rolled back, %d released, %d rebuilt, %d orphan instances "
+        "destroyed, %d CDI specs removed%s",
+        len(report.kept),
+        len(report.rolled_back),
+        len(report.released),
+        len(report.rebuilt),
+        len(report.orphans_destroyed),
+        len(report.specs_removed),
+        " (after reboot)" if report.rebooted else "",
+    )
 
 
 def _label(entry: PreparedClaim) -> str:

@@ -89,12 +89,11 @@ def _state(pid: int) -> str:
 
 
 class SoakStack(RealStack):
-    """``RealStack`` with ``/metrics`` on every daemon and the fault primitives."""
+    """``RealStack`` with ``/metrics`` on every plugin too, and the fault primitives."""
 
     def __init__(self, config: RealStackConfig, *, root: Path | None = None) -> None:
         super().__init__(config, root=root)
         self.plugin_metrics_ports = {node: free_port() for node in self.node_names}
-        self.replica_metrics_ports: dict[int, int] = {}
 
     # --- daemons and their metrics --------------------------------------------------------------
 
@@ -104,22 +103,17 @@ class SoakStack(RealStack):
         process.argv += ["--metrics-address", f"127.0.0.1:{self.plugin_metrics_ports[node]}"]
         return process
 
-    def _controller_process(self, index: int, kubeconfig: Path) -> ManagedProcess:
-        process = super()._controller_process(index, kubeconfig)
-        if index == 0:
-            self.replica_metrics_ports[0] = self.controller_metrics_port
-        else:
-            port = self.replica_metrics_ports.setdefault(index, free_port())
-            process.argv += ["--metrics-address", f"127.0.0.1:{port}"]
-        return process
-
     def running_daemons(self) -> list[Daemon]:
         """Every daemon process now: controllers, their webhook processes, kubelet plugins."""
         found = []
         for index, process in enumerate(self.controllers):
             if process.pid is None or not process.running():
                 continue
-            port = self.replica_metrics_ports.get(index)
+            port = (
+                self.replica_metrics_ports[index]
+                if index < len(self.replica_metrics_ports)
+                else None
+            )
             found.append(Daemon(role=f"controller-{index}", pid=process.pid, metrics_port=port))
             child = self.webhook_child(index)
             if child is not None:

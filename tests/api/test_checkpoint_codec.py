@@ -9,10 +9,12 @@ from pydantic import ValidationError
 from api.checkpoint import (
     CHECKPOINT_VERSION,
     Checkpoint,
+    PodRef,
     PreparedClaim,
     PreparedDevice,
     PrepareState,
     ShimBinding,
+    SliceSeconds,
     data_checksum,
     decode_checkpoint,
     encode_checkpoint,
@@ -48,6 +50,8 @@ def _checkpoint() -> Checkpoint:
         name="pod-a-gpu-x7k2q",
         state=PrepareState.PREPARE_COMPLETED,
         devices=(_device(start=0), _device(start=1)),
+        pods=(PodRef(name="pod-a", uid="pod-a-uid"),),
+        prepared_at=1_700_000_000.25,
     )
     started = PreparedClaim(
         uid="9f000000-0000-0000-0000-000000000001",
@@ -59,8 +63,11 @@ def _checkpoint() -> Checkpoint:
             resource_name="nvidia.com/mig-1g.5gb", device_plugin_ids=("mig-1g.5gb-0",)
         ),
     )
+    totals = (SliceSeconds(namespace="team-c", profile="3g.20gb", seconds=7200.5),)
     return (
-        Checkpoint(node_name="node-a", boot_id="boot-1").with_claim(completed).with_claim(started)
+        Checkpoint(node_name="node-a", boot_id="boot-1", released_slice_seconds=totals)
+        .with_claim(completed)
+        .with_claim(started)
     )
 
 
@@ -84,7 +91,7 @@ def test_empty_checkpoint_round_trips() -> None:
 def test_the_envelope_holds_version_checksum_and_data() -> None:
     envelope = json.loads(encode_checkpoint(_checkpoint()))
     assert set(envelope) == {"version", "checksum", "data"}
-    assert envelope["version"] == 1
+    assert envelope["version"] == CHECKPOINT_VERSION == 2
     assert envelope["checksum"].startswith("sha256:")
     assert envelope["data"]["claims"][CLAIM_UID]["state"] == "PrepareCompleted"
 
@@ -116,7 +123,8 @@ def test_a_truncated_file_is_reported_as_such(keep: float) -> None:
         (b"  \n", "the file is empty"),
         (b"\xff\xfe", "not UTF-8"),
         (b"[1, 2]", "expected a JSON object, found list"),
-        (_envelope({}, version=2), "unknown checkpoint version 2 (this build reads version 1)"),
+        (_envelope({}, version=3), "unknown checkpoint version 3 (this build reads versions 1, 2)"),
+        (_envelope({}, version=0), "unknown checkpoint version 0"),
         (_envelope({}, version="1"), "version must be an integer, found '1'"),
         (_envelope({}, version=True), "version must be an integer, found True"),
         (b'{"version": 1, "data": {}}', "missing ['checksum']"),
@@ -135,6 +143,7 @@ def test_a_truncated_file_is_reported_as_such(keep: float) -> None:
         "binary",
         "array",
         "newer-version",
+        "version-0",
         "string-version",
         "bool-version",
         "no-checksum",
@@ -155,7 +164,7 @@ def test_data_that_breaks_the_schema_names_the_field_even_with_a_good_checksum()
     with pytest.raises(CheckpointDecodeError) as info:
         decode_checkpoint(_envelope(data))
     message = str(info.value)
-    assert message.startswith("data does not match checkpoint schema version 1")
+    assert message.startswith("data does not match checkpoint schema version 2")
     assert f"unknown field 'claims.{CLAIM_UID}.colour' in Checkpoint" in message
     assert f"Checkpoint.claims.{CLAIM_UID}.devices.0.placement_size" in message
 
@@ -188,4 +197,88 @@ def test_functional_updates_leave_the_original_alone() -> None:
         "node-b",
         "boot-2",
         without.claims,
+    )
+
+
+# A version-1 file as version-1 builds wrote it: no pods, no prepared_at, no holder's pod name,
+# no released slice-seconds.
+_VERSION_1_DATA: dict[str, Any] = {
+    "node_name": "node-a",
+    "boot_id": "boot-1",
+    "claims": {
+        CLAIM_UID: {
+            "uid": CLAIM_UID,
+            "namespace": "team-a",
+            "name": "shadow-1",
+            "state": "PrepareCompleted",
+            "devices": [_device(start=0).model_dump(mode="json")],
+            "shim": {
+                "resource_name": "nvidia.com/mig-1g.5gb",
+                "device_plugin_ids": ["mig-1g.5gb-0"],
+                "pod_uid": "pod-uid",
+                "container_name": "main",
+            },
+        }
+    },
+}
+
+
+def test_a_version_1_file_decodes_with_what_version_2_added_unknown() -> None:
+    checkpoint = decode_checkpoint(_envelope(_VERSION_1_DATA, version=1))
+    claim = checkpoint.claims[CLAIM_UID]
+    assert (claim.pods, claim.prepared_at) == ((), None)
+    assert claim.shim is not None
+    assert (claim.shim.pod_uid, claim.shim.pod_name, claim.shim.pod_namespace) == (
+        "pod-uid",
+        None,
+        None,
+    )
+    assert checkpoint.released_slice_seconds == ()
+    assert claim.devices == (_device(start=0),)
+    envelope = json.loads(encode_checkpoint(checkpoint))
+    assert envelope["version"] == 2
+    assert decode_checkpoint(encode_checkpoint(checkpoint)) == checkpoint
+
+
+def test_a_version_1_file_keeps_its_own_checksum_rule() -> None:
+    envelope = json.loads(_envelope(_VERSION_1_DATA, version=1))
+    envelope["data"]["node_name"] = "node-b"
+    with pytest.raises(CheckpointDecodeError, match="checksum mismatch"):
+        decode_checkpoint(json.dumps(envelope).encode())
+
+
+def test_released_adds_the_claims_slice_seconds_to_its_namespace_and_profile() -> None:
+    checkpoint = _checkpoint()
+    released = checkpoint.released(CLAIM_UID, at=1_700_000_100.25)
+    assert released.claim(CLAIM_UID) is None
+    assert released.released_slice_seconds == (
+        SliceSeconds(namespace="team-a", profile="1g.5gb", seconds=200.0),
+        SliceSeconds(namespace="team-c", profile="3g.20gb", seconds=7200.5),
+    )
+    again = released.with_claim(checkpoint.claims[CLAIM_UID]).released(
+        CLAIM_UID, at=1_700_000_010.25
+    )
+    assert again.released_slice_seconds[0].seconds == 220.0
+    assert (released.node_name, released.boot_id) == ("node-a", "boot-1")
+
+
+@pytest.mark.parametrize(
+    ("uid", "at"),
+    [
+        ("9f000000-0000-0000-0000-000000000001", 1_700_000_100.0),
+        ("absent", 1_700_000_100.0),
+    ],
+    ids=["never-completed", "absent"],
+)
+def test_released_adds_nothing_for_a_claim_without_an_age(uid: str, at: float) -> None:
+    checkpoint = _checkpoint()
+    released = checkpoint.released(uid, at=at)
+    assert released.released_slice_seconds == checkpoint.released_slice_seconds
+    assert released.claim(uid) is None
+
+
+def test_a_clock_set_back_releases_zero_seconds_not_negative() -> None:
+    released = _checkpoint().released(CLAIM_UID, at=1_600_000_000.0)
+    assert released.released_slice_seconds[0] == SliceSeconds(
+        namespace="team-a", profile="1g.5gb", seconds=0.0
     )

@@ -82,6 +82,27 @@ def test_uuids_are_deterministic_per_node_gpu_and_slice() -> None:
     assert made.gpu_uuid == emulated_gpu_uuid(node_name="node-a", gpu_index=1)
 
 
+def test_emulated_usage_is_a_fixed_fraction_of_the_slices_memory_per_mig_uuid(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "gpus.json"
+    backend = EmulatedGpuBackend(node_name="n", spec="A100-40GB", state_file=state)
+    made = [backend.create_slice(gpu_index=0, profile="1g.5gb", start=s) for s in range(7)]
+    total = CATALOG["A100-40GB"].profile("1g.5gb").memory_bytes
+    used = []
+    for instance in made:
+        assert instance.mig_uuid is not None
+        usage = backend.slice_usage(mig_uuid=instance.mig_uuid)
+        assert usage.memory_total_bytes == total
+        assert total // 8 <= usage.memory_used_bytes <= total * 6 // 8
+        used.append(usage.memory_used_bytes)
+    assert len(set(used)) > 1
+    again = EmulatedGpuBackend(node_name="n", spec="A100-40GB", state_file=state)
+    assert [
+        again.slice_usage(mig_uuid=i.mig_uuid).memory_used_bytes for i in made if i.mig_uuid
+    ] == used
+
+
 def test_instances_carry_the_driver_layouts_capability_minors() -> None:
     backend = EmulatedGpuBackend(node_name="n", spec="2xA100-40GB")
     made = backend.create_slice(gpu_index=1, profile="1g.5gb", start=0)

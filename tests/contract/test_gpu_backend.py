@@ -14,6 +14,7 @@ import pytest
 
 from driver.errors import BackendError, NotFoundError, PlacementOccupiedError
 from driver.gpu.backend import GpuBackend, MigInstance
+from driver.ids import MigUuid
 from driver.mig.catalog import CATALOG
 from tests.contract.conftest import Factory, Harness
 from tests.unit.test_catalog import REFERENCE
@@ -113,6 +114,8 @@ def test_existing_instances_are_consistent_with_the_gpus(discovery_backend: GpuB
         if instance.complete:
             assert instance.mig_uuid is not None
             assert instance.mig_uuid.startswith("MIG-")
+            usage = discovery_backend.slice_usage(mig_uuid=instance.mig_uuid)
+            assert 0 <= usage.memory_used_bytes <= usage.memory_total_bytes
     for index in gpus:
         assert discovery_backend.instances(gpu_index=index) == tuple(
             i for i in instances if i.gpu_index == index
@@ -250,6 +253,32 @@ def test_compute_instance_failure_destroys_the_gpu_instance(harness: Harness) ->
     assert harness.backend.instances() == (made,)
 
 
+def test_slice_usage_reports_the_mig_devices_memory(harness: Harness) -> None:
+    backend = harness.backend
+    made = [
+        backend.create_slice(gpu_index=0, profile="3g.20gb", start=4),
+        backend.create_slice(gpu_index=1, profile="1g.10gb", start=0),
+    ]
+    for instance in made:
+        assert instance.mig_uuid is not None
+        usage = backend.slice_usage(mig_uuid=instance.mig_uuid)
+        profile = CATALOG[("A100-40GB", "H100-80GB")[instance.gpu_index]].profile(instance.profile)
+        assert usage.memory_total_bytes == profile.memory_bytes
+        assert 0 <= usage.memory_used_bytes <= usage.memory_total_bytes
+        assert backend.slice_usage(mig_uuid=instance.mig_uuid) == usage
+    # Neither the emulated GPUs nor the fake's default report utilization for MIG devices.
+    assert usage.gpu_utilization_percent is usage.memory_utilization_percent is None
+
+
+def test_slice_usage_of_a_mig_device_that_does_not_exist_is_not_found(harness: Harness) -> None:
+    backend = harness.backend
+    made = backend.create_slice(gpu_index=0, profile="2g.10gb", start=0)
+    assert made.mig_uuid is not None
+    backend.destroy_slice(gpu_index=0, gi_id=made.gi_id)
+    with pytest.raises(NotFoundError, match=re.escape(made.mig_uuid)):
+        backend.slice_usage(mig_uuid=made.mig_uuid)
+
+
 # -- bad input: typed errors naming the value --------------------------------------------------
 
 
@@ -294,6 +323,8 @@ def test_a_closed_backend_refuses_calls(harness: Harness) -> None:
         harness.backend.gpus()
     with pytest.raises(BackendError, match="closed"):
         harness.backend.create_slice(gpu_index=0, profile="1g.5gb", start=0)
+    with pytest.raises(BackendError, match="closed"):
+        harness.backend.slice_usage(mig_uuid=MigUuid("MIG-00000000-0000-0000-0000-000000000000"))
     harness.backend.close()  # closing twice is harmless
 
 

@@ -13,6 +13,7 @@ import pytest
 from driver.errors import BackendError, ConfigError, NotFoundError, PlacementOccupiedError
 from driver.gpu import caps
 from driver.gpu import nvml_api as api
+from driver.gpu.backend import SliceUsage
 from driver.gpu.fake_nvml import FakeNvml, FakeNvmlError
 from driver.gpu.nvml import NvmlCallError, NvmlGpuBackend
 from driver.mig.catalog import CATALOG
@@ -281,3 +282,49 @@ def test_fake_needs_init_and_refuses_destroying_a_gi_with_cis() -> None:
     with pytest.raises(FakeNvmlError) as missing:
         fake.nvmlDeviceGetGpuInstanceById(device, 5)
     assert missing.value.value == api.NVML_ERROR_NOT_FOUND
+
+
+def test_slice_usage_reads_the_mig_device_by_its_uuid_and_utilization_where_supported() -> None:
+    fake = FakeNvml(gpus="A100-40GB")
+    backend = _backend(fake)
+    try:
+        made = backend.create_slice(gpu_index=0, profile="3g.20gb", start=0)
+        assert made.mig_uuid is not None
+        fake.set_mig_usage(made.mig_uuid, memory_used=5 * 1024**3, utilization=(37, 12))
+        fake.calls.clear()
+        usage = backend.slice_usage(mig_uuid=made.mig_uuid)
+        assert usage == SliceUsage(
+            memory_used_bytes=5 * 1024**3,
+            memory_total_bytes=CATALOG["A100-40GB"].profile("3g.20gb").memory_bytes,
+            gpu_utilization_percent=37,
+            memory_utilization_percent=12,
+        )
+        assert fake.calls == [
+            "nvmlDeviceGetHandleByUUID",
+            "nvmlDeviceGetMemoryInfo",
+            "nvmlDeviceGetUtilizationRates",
+        ]
+        fake.set_mig_usage(made.mig_uuid, memory_used=1024)
+        usage = backend.slice_usage(mig_uuid=made.mig_uuid)
+        assert (usage.memory_used_bytes, usage.gpu_utilization_percent) == (1024, None)
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize(
+    "function",
+    ["nvmlDeviceGetHandleByUUID", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetUtilizationRates"],
+)
+def test_a_failed_usage_query_is_a_backend_error_with_nvmls_code(function: str) -> None:
+    fake = FakeNvml(gpus="A100-40GB")
+    backend = _backend(fake)
+    try:
+        made = backend.create_slice(gpu_index=0, profile="1g.5gb", start=0)
+        assert made.mig_uuid is not None
+        fake.fail(function, code=api.NVML_ERROR_GPU_IS_LOST)
+        with pytest.raises(NvmlCallError, match=function) as caught:
+            backend.slice_usage(mig_uuid=made.mig_uuid)
+        assert caught.value.code == api.NVML_ERROR_GPU_IS_LOST
+        assert not isinstance(caught.value, NotFoundError)
+    finally:
+        backend.close()

@@ -11,12 +11,15 @@ tests that use them.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from decimal import Decimal
 from pathlib import Path
+from types import ModuleType
 from typing import Any, cast
 
 import pytest
@@ -38,6 +41,7 @@ BUILTIN_KINDS: Mapping[str, tuple[str, str]] = {
     "Namespace": ("v1", "V1Namespace"),
     "ServiceAccount": ("v1", "V1ServiceAccount"),
     "Service": ("v1", "V1Service"),
+    "ConfigMap": ("v1", "V1ConfigMap"),
     "Pod": ("v1", "V1Pod"),
     "ResourceQuota": ("v1", "V1ResourceQuota"),
     "ClusterRole": ("rbac.authorization.k8s.io/v1", "V1ClusterRole"),
@@ -65,6 +69,8 @@ ADDON_KINDS: Mapping[str, str] = {
     "ResourceFlavor": "kueue.x-k8s.io/v1beta2",
     "ClusterQueue": "kueue.x-k8s.io/v1beta2",
     "LocalQueue": "kueue.x-k8s.io/v1beta2",
+    "ServiceMonitor": "monitoring.coreos.com/v1",
+    "PrometheusRule": "monitoring.coreos.com/v1",
 }
 
 _PRIMITIVES = {"str", "int", "float", "bool", "date", "datetime", "object"}
@@ -244,3 +250,15 @@ def _quantities_as_strings(data: Any, *, field: str = "") -> Any:
 
 def _number_as_string(value: Any) -> Any:
     return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+def monitoring_generator() -> ModuleType:
+    """``deploy/components/monitoring/generate.py`` as a module (its panels, queries, files)."""
+    path = DEPLOY / "components" / "monitoring" / "generate.py"
+    spec = importlib.util.spec_from_file_location("monitoring_generate", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
+    spec.loader.exec_module(module)
+    return module

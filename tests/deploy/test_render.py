@@ -21,6 +21,7 @@ KUSTOMIZATIONS = {
 }
 RENDER_SCRIPT_CASES = {
     "gpu+cert-manager": ("gpu", {"COMPONENTS": "cert-manager"}),
+    "gpu+monitoring": ("gpu", {"COMPONENTS": "monitoring"}),
     "emulated+extended-resource-names": ("emulated", {"COMPONENTS": "extended-resource-names"}),
     "gpu+scheduler-mode+extended-resource-names": (
         "gpu",

@@ -5,15 +5,22 @@ metrics through their Services, ``kubectl logs``, probes."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
+from datetime import datetime
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from api import names
+from driver.cdi import VISIBLE_DEVICES_ENV
 from driver.cluster.port import PODS
 from driver.cluster.views import PodView
+from tests.deploy.manifests import monitoring_generator
 from tests.deployed import checks
+from tests.deployed.conftest import logs_dir
 from tests.deployed.deploy import QUOTA_NS, SAMPLES, SAMPLES_NS, TIER_NS, Deploy, sample_path
+from tests.deployed.prometheus import SCRAPE_SECONDS, Prometheus
 
 OPAQUE_ENV = {"HF_HOME": "/models/cache", "TIER_GREETING": "hello from the claim"}
 
@@ -106,18 +113,7 @@ def test_metrics_are_scraped_through_the_services(deployed: Deploy) -> None:
     text = _get(f"http://{controller_ip}:8080/metrics")
     assert "instaslice_controller_" in text
     # every plugin behind its Service: each node's figures, from each endpoint
-    endpoints = json.loads(
-        cluster.kubectl(
-            "-n", names.SYSTEM_NAMESPACE, "get", "endpointslices",
-            "-l", "kubernetes.io/service-name=instaslice-kubelet-plugin-metrics", "-o", "json",
-        ).stdout
-    )  # fmt: skip
-    by_node = {
-        e["nodeName"]: e["addresses"][0]
-        for s in endpoints["items"]
-        for e in s.get("endpoints") or []
-        if (e.get("conditions") or {}).get("ready")
-    }
+    by_node = _plugin_endpoints(deployed)
     assert set(by_node) == set(cluster.node_names)
     in_use = 0.0
     for address in by_node.values():
@@ -131,6 +127,96 @@ def test_metrics_are_scraped_through_the_services(deployed: Deploy) -> None:
         "-o", "jsonpath={.spec.clusterIP}",
     ).stdout  # fmt: skip
     assert "instaslice_kubelet_plugin_gpus" in _get(f"http://{plugin_ip}:9400/metrics")
+
+
+def _unsatisfiable_workload() -> str:
+    """A pod whose claim asks more 1g.5gb slices than any node has: it waits for good (the
+    waiting-pod panels need one)."""
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "too-many", "namespace": TIER_NS},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "mig",
+                        "exactly": {"deviceClassName": "mig-1g.5gb.instaslice.dev", "count": 64},
+                    }
+                ]
+            }
+        },
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "too-many", "namespace": TIER_NS},
+        "spec": {
+            "resourceClaims": [{"name": "mig", "resourceClaimName": "too-many"}],
+            "containers": [
+                {
+                    "name": "app",
+                    "image": "busybox:1.36",
+                    "command": ["sleep", "86400"],
+                    "resources": {"claims": [{"name": "mig"}]},
+                }
+            ],
+        },
+    }
+    return yaml.safe_dump_all([claim, pod])
+
+
+def test_prometheus_answers_every_dashboard_panel_and_keeps_the_alerts_silent(
+    deployed: Deploy,
+) -> None:
+    """A real Prometheus scraping as the ServiceMonitors do: every dashboard query returns data,
+    and no alert's expression holds on a healthy deployment."""
+    cluster = deployed.cluster
+    deployed.apply_ok("-f", "-", stdin=_unsatisfiable_workload())
+    prometheus = Prometheus(kubeconfig=cluster.paths.kubeconfig, log=logs_dir() / "prometheus.log")
+    try:
+        targets = 2 + len(cluster.node_names)  # two controller replicas, a plugin per node
+        prometheus.wait(f"count(up == 1) == {targets}", what=f"{targets} targets up")
+        prometheus.wait(
+            'sum(instaslice_controller_waiting_pods{reason="unsatisfiable"}) > 0',
+            what="the unsatisfiable pod counted",
+        )
+        time.sleep(3 * SCRAPE_SECONDS)  # rates need two samples in their window
+        _every_running_slice_is_attributed(deployed, prometheus)
+        generator = monitoring_generator()
+        empty = [title for title, expr in generator.queries() if not prometheus.query(expr)]
+        assert not empty, f"panels without data: {empty}"
+        rules = yaml.safe_load(generator.RULES.read_text())
+        holding = {
+            rule["alert"]: result
+            for group in rules["groups"]
+            for rule in group["rules"]
+            if (result := prometheus.query(rule["expr"]))
+        }
+        assert not holding, f"alert expressions that hold on a healthy deployment: {holding}"
+    finally:
+        prometheus.stop()
+        cluster.kubectl("-n", TIER_NS, "delete", "pod,resourceclaim", "too-many", check=False)
+
+
+def _every_running_slice_is_attributed(deployed: Deploy, prometheus: Prometheus) -> None:
+    """For every running pod with a slice: ``slice_info`` names it with exactly the MIG UUIDs
+    its container sees in NVIDIA_VISIBLE_DEVICES (the series an operator joins on)."""
+    attributed: dict[str, set[str]] = {}
+    for sample in prometheus.query("instaslice_kubelet_plugin_slice_info"):
+        labels = sample["metric"]
+        for name in labels["pod_name"].split(","):  # a shared claim lists every pod
+            key = f"{labels['pod_namespace']}/{name}"
+            attributed.setdefault(key, set()).add(labels["mig_uuid"])
+    running = checks.running_pods(deployed.cluster, [SAMPLES_NS, QUOTA_NS, TIER_NS])
+    seen = {v.pod: v for v in (checks.container_view(deployed.cluster, p) for p in running)}
+    visible = {
+        key: set(view.env[VISIBLE_DEVICES_ENV].split(","))
+        for key, view in seen.items()
+        if view.env.get(VISIBLE_DEVICES_ENV)
+    }
+    assert visible, "no running pod with a slice"
+    assert {k: attributed.get(k) for k in visible} == visible
 
 
 def test_every_daemon_logs_json_to_kubectl_logs_and_passes_its_probes(deployed: Deploy) -> None:
@@ -193,6 +279,36 @@ def test_the_large_profile_samples_run_alone(deployed: Deploy) -> None:
     deployed.delete_namespaced(SAMPLES_NS)
 
 
+def _plugin_endpoints(deployed: Deploy) -> dict[str, str]:
+    """Node -> the address of its ready kubelet plugin behind the metrics Service."""
+    endpoints = json.loads(
+        deployed.cluster.kubectl(
+            "-n", names.SYSTEM_NAMESPACE, "get", "endpointslices",
+            "-l", "kubernetes.io/service-name=instaslice-kubelet-plugin-metrics", "-o", "json",
+        ).stdout
+    )  # fmt: skip
+    return {
+        e["nodeName"]: e["addresses"][0]
+        for s in endpoints["items"]
+        for e in s.get("endpoints") or []
+        if (e.get("conditions") or {}).get("ready")
+    }
+
+
+def _plugin_samples(deployed: Deploy, family: str) -> list[tuple[dict[str, str], float]]:
+    """(labels, value) of ``instaslice_kubelet_plugin_<family>`` from every node's plugin."""
+    out = []
+    for address in _plugin_endpoints(deployed).values():
+        text = _get(f"http://{address}:9400/metrics")
+        for metric in text_string_to_metric_families(text):
+            out += [
+                (dict(sample.labels), sample.value)
+                for sample in metric.samples
+                if sample.name == f"instaslice_kubelet_plugin_{family}"
+            ]
+    return out
+
+
 def _held(deployed: Deploy) -> dict[str, list[str]]:
     """Node -> MIG UUIDs of the instances on it."""
     return {
@@ -206,3 +322,106 @@ def _get(url: str) -> str:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(url, timeout=10) as reply:
         return str(reply.read().decode())
+
+
+CHARGE_NS = "instaslice-chargeback"
+
+
+def _chargeback_workload() -> str:
+    """A DRA pod and a classic pod of one 1g.5gb slice each, in a namespace of their own."""
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CHARGE_NS}}
+    container = {"name": "app", "image": "busybox:1.36", "command": ["sleep", "86400"]}
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "one-slice", "namespace": CHARGE_NS},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": "mig", "exactly": {"deviceClassName": "mig-1g.5gb.instaslice.dev"}}
+                    ]
+                }
+            }
+        },
+    }
+    dra = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "dra", "namespace": CHARGE_NS},
+        "spec": {
+            "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": "one-slice"}],
+            "containers": [{**container, "resources": {"claims": [{"name": "mig"}]}}],
+        },
+    }
+    classic = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "classic", "namespace": CHARGE_NS},
+        "spec": {
+            "containers": [{**container, "resources": {"limits": {"nvidia.com/mig-1g.5gb": "1"}}}]
+        },
+    }
+    return yaml.safe_dump_all([namespace, template, dra, classic])
+
+
+def _seconds_charged(deployed: Deploy) -> float:
+    return sum(
+        value
+        for labels, value in _plugin_samples(deployed, "slice_seconds_total")
+        if labels["claim_namespace"] == CHARGE_NS
+    )
+
+
+def _epoch(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def test_each_slice_is_attributed_to_its_pod_and_charged_to_its_namespace(
+    deployed: Deploy,
+) -> None:
+    """slice_info names each pod with the MIG UUID it sees, of its kind; the namespace's
+    slice-seconds lie between what the pods' creation and their containers' start give (a slice
+    is made after the one, before the other; timestamps are whole seconds); an ended pod's
+    series is gone from its plugin's next scrape and its seconds stay counted."""
+    deployed.apply_ok("-f", "-", stdin=_chargeback_workload())
+    try:
+        pods = deployed.wait_running(CHARGE_NS)
+        seen = {PodView.of(p).name: checks.container_view(deployed.cluster, p) for p in pods}
+        info = {
+            labels["pod_name"]: labels
+            for labels, _ in _plugin_samples(deployed, "slice_info")
+            if labels["pod_namespace"] == CHARGE_NS
+        }
+        assert {name: {info[name]["mig_uuid"]} for name in info} == {
+            name: set(view.env[VISIBLE_DEVICES_ENV].split(",")) for name, view in seen.items()
+        }
+        assert {name: labels["kind"] for name, labels in info.items()} == {
+            "dra": "dra",
+            "classic": "classic",
+        }
+        before = time.time()
+        charged = _seconds_charged(deployed)
+        after = time.time()
+        created = [_epoch(p["metadata"]["creationTimestamp"]) for p in pods]
+        started = [
+            _epoch(p["status"]["containerStatuses"][0]["state"]["running"]["startedAt"])
+            for p in pods
+        ]
+        low = sum(before - s - 1 for s in started)
+        high = sum(after - c + 1 for c in created)
+        assert low <= charged <= high, (low, charged, high)
+
+        gone = info["classic"]["mig_uuid"]
+        deployed.cluster.kubectl("-n", CHARGE_NS, "delete", "pod", "classic", "--wait=true")
+        deployed.cluster.wait_for(
+            lambda: all(
+                labels["mig_uuid"] != gone for labels, _ in _plugin_samples(deployed, "slice_info")
+            ),
+            timeout=60,
+            message="the ended pod's slice_info stayed",
+        )
+        assert _seconds_charged(deployed) >= charged  # released seconds stay counted
+    finally:
+        deployed.delete_namespaced(CHARGE_NS)
+        deployed.cluster.kubectl("delete", "namespace", CHARGE_NS, "--ignore-not-found")

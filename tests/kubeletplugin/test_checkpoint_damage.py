@@ -23,10 +23,12 @@ from hypothesis import strategies as st
 
 from api.checkpoint import (
     Checkpoint,
+    PodRef,
     PreparedClaim,
     PreparedDevice,
     PrepareState,
     ShimBinding,
+    SliceSeconds,
     decode_checkpoint,
     encode_checkpoint,
 )
@@ -85,7 +87,11 @@ def sample_checkpoint() -> Checkpoint:
             device_plugin_ids=("mig-1",),
             pod_uid="pod-1",
             container_name="main",
+            pod_name="pod-one",
+            pod_namespace="team-a",
         ),
+        pods=(PodRef(name="pod-one", uid="pod-1"),),
+        prepared_at=1_700_000_000.5,
     )
     started = PreparedClaim(
         uid="uid-started",
@@ -94,7 +100,12 @@ def sample_checkpoint() -> Checkpoint:
         state=PrepareState.PREPARE_STARTED,
         devices=(_device(1, complete=False),),
     )
-    return Checkpoint(node_name="node-a", boot_id="boot-1").with_claim(done).with_claim(started)
+    released = (SliceSeconds(namespace="team-c", profile="2g.10gb", seconds=3600.25),)
+    return (
+        Checkpoint(node_name="node-a", boot_id="boot-1", released_slice_seconds=released)
+        .with_claim(done)
+        .with_claim(started)
+    )
 
 
 def _kind(exc: CheckpointDecodeError) -> str:

@@ -12,8 +12,9 @@ from api.names import DRIVER_NAME
 from driver.cluster.events import EventRecorder
 from driver.cluster.kube import KubeClusterApi
 from driver.cluster.port import EVENTS, NODES, RESOURCE_SLICES, JsonObject
-from driver.gpu.backend import GpuInfo, MigInstance, XidEvent
+from driver.gpu.backend import GpuInfo, MigInstance, SliceUsage, XidEvent
 from driver.gpu.emulated import EmulatedGpuBackend
+from driver.ids import MigUuid
 from driver.resourceslices import complete_pools, parse_devices
 from kubeletplugin.node.publisher import MIG_DISABLED_REASON, SlicePublisher
 from localcluster.apiserver import LocalApiServer
@@ -48,6 +49,9 @@ class ChangingGpus:
 
     def destroy_slice(self, *, gpu_index: int, gi_id: int) -> None:
         self.inner.destroy_slice(gpu_index=gpu_index, gi_id=gi_id)
+
+    def slice_usage(self, *, mig_uuid: MigUuid) -> SliceUsage:
+        return self.inner.slice_usage(mig_uuid=mig_uuid)
 
     def next_xid_event(self, *, timeout_seconds: float) -> XidEvent | None:
         return self.inner.next_xid_event(timeout_seconds=timeout_seconds)

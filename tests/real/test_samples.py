@@ -4,6 +4,8 @@ real API server for both ways of asking (its own refusal message, nothing placed
 
 from __future__ import annotations
 
+import urllib.request
+
 import pytest
 
 from driver.cluster.port import PODS, RESOURCE_CLAIMS, JsonObject, PatchType
@@ -16,7 +18,11 @@ from tests.e2e.helpers import (
     QUOTA_NS,
     SAMPLES_NS,
     apply,
+    classic_pod,
+    get_pod,
+    is_gated,
     phase,
+    placement_reason,
     pods,
     running,
     sample,
@@ -158,5 +164,65 @@ def test_the_real_resource_quota_refuses_dra_and_classic_requests_over_it(
         )
         assert len(pods(classic, QUOTA_NS)) == 2
         assert not classic.api.list_objects(RESOURCE_CLAIMS, namespace=E2E_NS).items
+    finally:
+        _delete_quota(classic)
+
+
+def _wait_lines(stack: RealStack) -> list[str]:
+    """The ``instaslice_controller_waiting_pods`` samples of every controller replica (only the
+    leader reports who waits)."""
+    lines = []
+    for port in stack.replica_metrics_ports:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        lines += [
+            x for x in text.splitlines() if x.startswith("instaslice_controller_waiting_pods{")
+        ]
+    return lines
+
+
+def _waiting_for_quota(stack: RealStack) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in _wait_lines(stack) if 'reason="quota"' in line
+    )
+
+
+def test_a_shadow_claim_over_the_class_quota_leaves_the_pod_waiting_with_the_reason(
+    classic: RealStack,
+) -> None:
+    """A quota on the per-profile class key, not on the classic one: the pod is admitted, its
+    shadow claim is refused by the real quota admission; the pod waits gated with reason
+    QuotaExceeded (counted as a wait for quota) and is placed once the quota has room."""
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "class-slices", "namespace": QUOTA_NS},
+        "spec": {"hard": {"mig-1g.5gb.instaslice.dev.deviceclass.resource.k8s.io/devices": "1"}},
+    }
+    try:
+        apply(classic, [quota])
+        apply(classic, [classic_pod("first", profile="1g.5gb", namespace=QUOTA_NS)])
+        wait_for(classic, lambda: running(get_pod(classic, QUOTA_NS, "first")))
+        apply(classic, [classic_pod("second", profile="1g.5gb", namespace=QUOTA_NS)])
+        wait_for(
+            classic,
+            lambda: placement_reason(classic, QUOTA_NS, "second") == "QuotaExceeded",
+            message="the second pod never said QuotaExceeded",
+        )
+        assert is_gated(get_pod(classic, QUOTA_NS, "second"))
+        try:
+            wait_for(classic, lambda: _waiting_for_quota(classic) == 1.0, timeout=30)
+        except TimeoutError:
+            raise AssertionError(
+                f"not counted as a wait for quota: {_wait_lines(classic)}"
+            ) from None
+        classic.api.delete(PODS, name="first", namespace=QUOTA_NS)
+        wait_for(
+            classic,
+            lambda: running(get_pod(classic, QUOTA_NS, "second")),
+            timeout=90,
+            message="the second pod was not placed once the quota had room",
+        )
+        assert _waiting_for_quota(classic) == 0.0
     finally:
         _delete_quota(classic)

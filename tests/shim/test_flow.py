@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from api.checkpoint import PodRef
 from api.names import CDI_KIND, SHADOW_CLAIM_CONTAINER_ANNOTATION, SHADOW_CLAIM_LABEL
 from driver.cdi import VISIBLE_DEVICES_ENV
 from driver.cluster.port import JsonObject
@@ -59,6 +60,9 @@ def test_one_pod_gets_the_slice_its_shadow_claim_reserves(node: ShimNode) -> Non
     assert entry.shim is not None
     assert entry.shim.resource_name == R_1G
     assert entry.shim.device_plugin_ids == admitted.ids[("main", R_1G)]
+    # Made for this pod (the shadow claim's reservedFor); who holds it is not known yet.
+    assert entry.pods == (PodRef(name=reserved.pod.name, uid=reserved.pod.uid),)
+    assert entry.shim.pod_uid is None
 
     # The CDI spec leaves NVIDIA_VISIBLE_DEVICES to the answer's envs (CDI edits would override it).
     spec = json.loads(node.node.cdi_files()[0].read_text())
@@ -69,6 +73,10 @@ def test_one_pod_gets_the_slice_its_shadow_claim_reserves(node: ShimNode) -> Non
     entry = node.checkpoint().claims[claim["metadata"]["uid"]]
     assert entry.shim is not None
     assert (entry.shim.pod_uid, entry.shim.container_name) == (reserved.pod.uid, "main")
+    assert (entry.shim.pod_namespace, entry.shim.pod_name) == (
+        reserved.pod.namespace,
+        reserved.pod.name,
+    )
     assert node.claim(reserved, reserved.claims[0])["metadata"]["labels"][SHADOW_CLAIM_LABEL] == (
         reserved.pod.uid
     )

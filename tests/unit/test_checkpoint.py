@@ -44,7 +44,7 @@ def test_save_then_load_round_trips_privately_and_leaves_no_temp_files(tmp_path:
         (lambda data: data[: len(data) // 2], "may be truncated"),
         (lambda data: data.replace(b'"node-a"', b'"node-b"'), "checksum mismatch"),
         (
-            lambda data: data.replace(b'"version":1', b'"version":7'),
+            lambda data: data.replace(b'"version":2', b'"version":7'),
             "unknown checkpoint version 7",
         ),
         (lambda data: b"", "the file is empty"),
