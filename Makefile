@@ -182,7 +182,9 @@ deploy-emulated: ## deploy on a cluster without GPUs (KinD): emulated GPUs, EMUL
 
 DRAIN ?= false
 undeploy: $(INSTALLED) ## remove InstaSlice; refuses (listing them) while pods hold MIG slices, DRAIN=true evicts them first (docs/deploy.md "Uninstall")
-	$(RENDER) $(OVERLAY) | $(PY) -m instaslice uninstall -f - $(if $(filter true,$(DRAIN)),--drain)
+	@# rendered first: a render that fails (a mistyped OVERLAY) must stop here, not feed nothing on
+	@manifests=$$($(RENDER) $(OVERLAY)) && printf '%s\n' "$$manifests" \
+	  | $(PY) -m instaslice uninstall -f - $(if $(filter true,$(DRAIN)),--drain)
 
 deploy-classes: ## install only the cluster-scoped API objects: the DeviceClasses (what `install` is in kubebuilder projects)
 	$(KUBECTL) apply -f deploy/base/deviceclasses.yaml

@@ -18,6 +18,7 @@ from instaslice.inputs import (
     number_between,
     refuse,
 )
+from instaslice.uninstall.manifests import deletion_plan
 from instaslice.uninstall.run import DEFAULT_TIMEOUT_S, Uninstaller
 
 MAX_MANIFESTS_BYTES = 16 * 1024 * 1024
@@ -67,6 +68,7 @@ def run_uninstall(args: argparse.Namespace, *, out: TextIO, stdin: TextIO) -> in
         return refuse("uninstall", ArgumentError(problem))
     try:
         objects = _read_manifests(args.filename, stdin=stdin)
+        deletion_plan(objects)  # refuses what is not an installation before any connection
         api = connect_cluster(args)
     except DriverError as exc:
         return refuse("uninstall", exc)

@@ -101,7 +101,39 @@ class DeletionPlan:
 
 def deletion_plan(objects: Iterable[JsonObject]) -> DeletionPlan:
     """The rendered objects sorted into the uninstall's steps; ``ConfigError`` for a kind this
-    module does not know (deleting it blindly could remove the wrong thing, or nothing)."""
+    module does not know (deleting it blindly could remove the wrong thing, or nothing), and for
+    manifests that are not an installation of InstaSlice (``check_installation``)."""
+    plan = _sorted(objects)
+    check_installation(plan)
+    return plan
+
+
+def check_installation(plan: DeletionPlan) -> None:
+    """Every overlay renders the kubelet plugin's DaemonSet and our DeviceClasses; manifests
+    without them — empty ones, from a render that failed, or another project's — are refused:
+    the uninstall deletes every ResourceSlice of our driver, which only the removal of the
+    plugins it names may justify."""
+    if not any(plan.steps):
+        raise ConfigError(
+            "the manifests are empty (did the render fail? `make manifests OVERLAY=...` prints "
+            "them); nothing was changed"
+        )
+    missing = [
+        what
+        for what, step in (
+            ("the kubelet plugin's DaemonSet", plan.plugins),
+            ("a DeviceClass", plan.classes),
+        )
+        if not step
+    ]
+    if missing:
+        raise ConfigError(
+            f"the manifests hold no {' and no '.join(missing)}: they are not an InstaSlice "
+            "installation (`make manifests OVERLAY=...` prints one); nothing was changed"
+        )
+
+
+def _sorted(objects: Iterable[JsonObject]) -> DeletionPlan:
     groups: dict[str, list[Target]] = {
         "classes": [],
         "plugins": [],

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import copy
 import io
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -30,6 +33,7 @@ from localcluster.apiserver import LocalApiServer
 from tests.cli.objects import claim, pod, pool
 
 NS = "demo"
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SYSTEM = names.SYSTEM_NAMESPACE
 
 
@@ -388,3 +392,69 @@ def test_slices_a_plugin_never_releases_fail_the_uninstall_before_it_removes_the
     )
     daemonset = next(o for o in objects if o["kind"] == "DaemonSet")
     assert _exists(api, daemonset)
+
+
+NOWHERE = "http://127.0.0.1:1"
+"""No API server: a refusal that came after connecting would say so."""
+
+
+@pytest.mark.parametrize(
+    ("manifests", "words"),
+    [
+        pytest.param("", "the manifests are empty", id="empty"),
+        pytest.param("---\n# nothing\n---\n", "the manifests are empty", id="only-separators"),
+        pytest.param(
+            yaml.safe_dump({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}}),
+            "no the kubelet plugin's DaemonSet and no a DeviceClass",
+            id="not-an-installation",
+        ),
+    ],
+)
+def test_manifests_that_are_not_an_installation_are_refused_before_connecting(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    manifests: str,
+    words: str,
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO(manifests))
+    code = cli.main(["uninstall", "--kube-api-url", NOWHERE, "-f", "-"])
+    captured = capsys.readouterr()
+    assert code == 1
+    (line,) = captured.err.splitlines()
+    assert words in line
+    assert "nothing was changed" in line
+    assert "removed" not in captured.out
+
+
+def test_an_empty_manifest_deletes_nothing_on_a_live_cluster(
+    api: KubeClusterApi,
+    apiserver: LocalApiServer,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    objects = _manifests()
+    _install(api, objects)
+    slices = len(api.list_objects(RESOURCE_SLICES).items)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    code = cli.main(["uninstall", "--kube-api-url", apiserver.url, "-f", "-"])
+    assert code == 1
+    assert "InstaSlice removed" not in capsys.readouterr().out
+    assert slices > 0
+    assert len(api.list_objects(RESOURCE_SLICES).items) == slices
+    assert all(_exists(api, o) for o in objects if o["kind"] != "ClusterRole")
+
+
+def test_make_undeploy_with_an_overlay_that_does_not_render_runs_no_uninstall() -> None:
+    done = subprocess.run(
+        ["make", "-o", ".venv/.installed", "undeploy", "OVERLAY=no-such-overlay"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "KUBECONFIG": "/nonexistent/kubeconfig"},
+    )
+    assert done.returncode != 0
+    assert "no overlay deploy/overlays/no-such-overlay" in done.stderr
+    assert "instaslice uninstall" not in done.stderr  # it never ran
+    assert done.stdout == ""
