@@ -1,8 +1,10 @@
 """A real Prometheus (Debian's ``prometheus`` package) scraping the deployed daemons the way the
-monitoring component's ServiceMonitors do: Kubernetes service discovery (role ``endpoints``) of
-the two metrics Services, ``job`` set to the Service's name, ``namespace`` and ``pod`` of the
-target. It loads the component's alert rules and answers PromQL over its HTTP API. Listens on
-loopback only; its data lives in a temporary directory removed on stop."""
+monitoring component's ServiceMonitors do: every ready endpoint of the two metrics Services, ``job``
+set to the Service's name, ``namespace`` and ``pod`` of the target. Debian builds Prometheus
+without Kubernetes service discovery, so the endpoints are read from the Services' EndpointSlices
+here (what the ServiceMonitor's discovery reads) and given as static targets with those labels. It
+loads the component's alert rules and answers PromQL over its HTTP API. Listens on loopback only;
+its data lives in a temporary directory removed on stop."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +25,38 @@ import yaml
 from api import names
 from localcluster.daemonstack import free_port
 
-SERVICES = ("instaslice-controller-metrics", "instaslice-kubelet-plugin-metrics")
+SERVICES = {"instaslice-controller-metrics": 8080, "instaslice-kubelet-plugin-metrics": 9400}
+"""The metrics Services and their port (deploy/base/metrics.yaml)."""
 RULES = Path(__file__).resolve().parents[2] / "deploy" / "components" / "monitoring" / "rules.yml"
 SCRAPE_SECONDS = 1
 
 
-def scrape_config(kubeconfig: Path) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Target:
+    service: str
+    address: str
+    pod: str
+
+
+def targets(kubectl: Callable[..., str]) -> list[Target]:
+    """Every ready endpoint behind the metrics Services (``kubectl`` returns a command's stdout)."""
+    found = []
+    for service in SERVICES:
+        slices = json.loads(
+            kubectl(
+                "-n", names.SYSTEM_NAMESPACE, "get", "endpointslices",
+                "-l", f"kubernetes.io/service-name={service}", "-o", "json",
+            )
+        )  # fmt: skip
+        for item in slices["items"]:
+            for endpoint in item.get("endpoints") or []:
+                if (endpoint.get("conditions") or {}).get("ready"):
+                    pod = (endpoint.get("targetRef") or {}).get("name", "")
+                    found.append(Target(service, endpoint["addresses"][0], pod))
+    return found
+
+
+def scrape_config(found: Sequence[Target]) -> dict[str, Any]:
     """The ServiceMonitors' scrape, as plain Prometheus configuration."""
     return {
         "global": {
@@ -36,42 +66,29 @@ def scrape_config(kubeconfig: Path) -> dict[str, Any]:
         "rule_files": [str(RULES)],
         "scrape_configs": [
             {
-                "job_name": "instaslice",
-                "kubernetes_sd_configs": [
+                "job_name": service,
+                "static_configs": [
                     {
-                        "role": "endpoints",
-                        "kubeconfig_file": str(kubeconfig),
-                        "namespaces": {"names": [names.SYSTEM_NAMESPACE]},
+                        "targets": [f"{t.address}:{port}"],
+                        "labels": {"namespace": names.SYSTEM_NAMESPACE, "pod": t.pod},
                     }
-                ],
-                "relabel_configs": [
-                    {
-                        "source_labels": ["__meta_kubernetes_service_name"],
-                        "regex": "|".join(SERVICES),
-                        "action": "keep",
-                    },
-                    {
-                        "source_labels": ["__meta_kubernetes_endpoint_port_name"],
-                        "regex": "metrics",
-                        "action": "keep",
-                    },
-                    {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job"},
-                    {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-                    {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+                    for t in found
+                    if t.service == service
                 ],
             }
+            for service, port in SERVICES.items()
         ],
     }
 
 
 class Prometheus:
-    def __init__(self, *, kubeconfig: Path, log: Path) -> None:
+    def __init__(self, *, targets: Sequence[Target], log: Path) -> None:
         binary = shutil.which("prometheus")
         if binary is None:
             raise RuntimeError("prometheus is not installed (apt-get install prometheus)")
         self._dir = Path(tempfile.mkdtemp(prefix="instaslice-prometheus-"))
         config = self._dir / "prometheus.yml"
-        config.write_text(yaml.safe_dump(scrape_config(kubeconfig)))
+        config.write_text(yaml.safe_dump(scrape_config(targets)))
         self.url = f"http://127.0.0.1:{free_port()}"
         self._log = log.open("w")
         self._process = subprocess.Popen(

@@ -20,7 +20,7 @@ from tests.deploy.manifests import monitoring_generator
 from tests.deployed import checks
 from tests.deployed.conftest import logs_dir
 from tests.deployed.deploy import QUOTA_NS, SAMPLES, SAMPLES_NS, TIER_NS, Deploy, sample_path
-from tests.deployed.prometheus import SCRAPE_SECONDS, Prometheus
+from tests.deployed.prometheus import SCRAPE_SECONDS, Prometheus, targets
 
 OPAQUE_ENV = {"HF_HOME": "/models/cache", "TIER_GREETING": "hello from the claim"}
 
@@ -173,10 +173,12 @@ def test_prometheus_answers_every_dashboard_panel_and_keeps_the_alerts_silent(
     and no alert's expression holds on a healthy deployment."""
     cluster = deployed.cluster
     deployed.apply_ok("-f", "-", stdin=_unsatisfiable_workload())
-    prometheus = Prometheus(kubeconfig=cluster.paths.kubeconfig, log=logs_dir() / "prometheus.log")
+    found = targets(lambda *args: cluster.kubectl(*args).stdout)
+    expected = 2 + len(cluster.node_names)  # two controller replicas, a plugin per node
+    assert len(found) == expected, found
+    prometheus = Prometheus(targets=found, log=logs_dir() / "prometheus.log")
     try:
-        targets = 2 + len(cluster.node_names)  # two controller replicas, a plugin per node
-        prometheus.wait(f"count(up == 1) == {targets}", what=f"{targets} targets up")
+        prometheus.wait(f"count(up == 1) == {expected}", what=f"{expected} targets up")
         prometheus.wait(
             'sum(instaslice_controller_waiting_pods{reason="unsatisfiable"}) > 0',
             what="the unsatisfiable pod counted",
