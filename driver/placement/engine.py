@@ -51,7 +51,8 @@ class _Stats:
 
 
 class Engine:
-    """Inventory + occupancy + a policy. See the module docstring for the calling protocol."""
+    """An inventory (nodes, occupancy, indexes) and a policy. See the module docstring for the
+    calling protocol."""
 
     def __init__(
         self,
