@@ -312,7 +312,7 @@ class Engine:
     def _permanent_reason(self, plan: Plan) -> str | None:
         """Why the pod could not be placed even on an empty cluster of the current inventory."""
         inventory = self.inventory
-        if inventory.node_count == 0:
+        if inventory.registry.node_count == 0:
             return "the placement inventory has no nodes with MIG GPUs"
         for request in plan.requests:
             names = sorted(request.profiles)
@@ -322,7 +322,7 @@ class Engine:
                 if len(names) == 1:
                     return f"no node publishes MIG profile {names[0]}"
                 return f"no node publishes any of the MIG profiles {', '.join(names)}"
-        shapes = list(inventory.shapes())
+        shapes = list(inventory.registry.shapes())
         largest_gpu = max(t.slices for shape, _ in shapes for t in shape)
         for component in plan.gpu_components:
             needed = 0

@@ -10,7 +10,7 @@ concerns, and what one change to a GPU does to its state and the indexes is a ca
 the cluster for a decision.
 """
 
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 
 from driver.placement.groups import StateGroups
 from driver.placement.occupancy import OCCUPANT_CACHE_LIMIT, Occupancy
@@ -18,7 +18,6 @@ from driver.placement.registry import Registry
 from driver.placement.request import DeviceAssignment
 from driver.placement.signatures import SignatureIndexes
 from driver.placement.state import (
-    Buckets,
     GpuState,
     NodeSpec,
     NodeState,
@@ -28,14 +27,16 @@ from driver.placement.state import (
     StateKey,
 )
 from driver.placement.steps import Steps
-from driver.placement.tables import GpuTable, Signature
+from driver.placement.tables import Signature
 
 
 class Inventory:
     """Registry, occupancy and indexes, kept consistent. Not thread-safe: serialise callers.
 
     ``track_levels`` grades the signature indexes by level (needed by ``bestfit``). ``track_states``
-    groups GPUs by state (needed by ``scarcity``).
+    groups GPUs by state (needed by ``scarcity``). Changes go through the inventory; the parts are
+    public for reading (policies read ranks from ``registry`` and buckets from ``groups``), and the
+    queries below answer what callers outside the engine ask.
     """
 
     def __init__(
@@ -217,7 +218,9 @@ class Inventory:
         if step.moves_group:
             self.groups.move(gpu, step.group)  # type: ignore[arg-type]
         if step.moved:
-            self.registry.move_free(step.moved)
+            free_instances = self.registry.free_instance_counts
+            for name, delta in step.moved:
+                free_instances[name] += delta
         gpu.levels = step.levels
         changed = step.changed
         if not changed:
@@ -233,13 +236,6 @@ class Inventory:
     def node(self, name: str) -> NodeState:
         return self.registry.node(name)
 
-    def node_at(self, rank: int) -> NodeState | None:
-        return self.registry.node_at(rank)
-
-    @property
-    def node_count(self) -> int:
-        return self.registry.node_count
-
     def nodes(self) -> Iterator[NodeState]:
         """Every node, in name order."""
         self.ensure_ranked()
@@ -251,18 +247,11 @@ class Inventory:
     def occupants(self, node: str, gpu_index: int) -> tuple[Occupant, ...]:
         return self.occupancy.occupants(node, gpu_index)
 
-    def shapes(self) -> Iterator[tuple[tuple[GpuTable, ...], str]]:
-        return self.registry.shapes()
-
     def published_gpus(self, profile: str) -> int:
         return self.registry.published_gpus(profile)
 
     def free_instances(self, profile: str) -> int:
         return self.registry.free_instances(profile)
-
-    @property
-    def free_instance_counts(self) -> Mapping[str, int]:
-        return self.registry.free_instance_counts
 
     def profile_slices(self, profile: str) -> tuple[int, int]:
         return self.registry.profile_slices(profile)
@@ -277,10 +266,6 @@ class Inventory:
     def state_groups(self) -> Iterable[StateGroup]:
         """Each distinct GPU state as its group (``track_states`` only; else nothing)."""
         return self.groups.live()
-
-    def state_buckets(self, name: Hashable, bucket_of: Callable[[StateGroup], int]) -> Buckets:
-        """:meth:`StateGroups.buckets` (``track_states`` only; else always empty)."""
-        return self.groups.buckets(name, bucket_of)
 
     def index_snapshot(self) -> dict[Signature, dict[str, int]]:
         """Per indexed signature, node name -> best level, read back from the rank sets.

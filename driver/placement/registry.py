@@ -5,11 +5,11 @@ A node's *rank* is its position in node-name order; the signature indexes file n
 order takes the next rank; one that sorts before a known node leaves the ranks stale until
 :meth:`Registry.rerank` (once per decision, however many were added). Per profile the registry
 keeps how many GPUs publish it, the memory slices it takes, and how many instances of it could
-still be created (its GPUs' capacities, moved by the inventory as occupancy changes them).
+still be created (its GPUs' capacities, which the inventory moves as occupancy changes them).
 """
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 
 from driver.errors import NotFoundError
 from driver.placement.occupancy import Occupancy
@@ -31,7 +31,9 @@ class Registry:
         self._shapes: dict[tuple[GpuTable, ...], dict[str, None]] = {}
         """Node names per shape (dict as an insertion-ordered set: the first is the representative)."""
         self._published_gpus: dict[str, int] = {}
-        self._free_instances: dict[str, int] = {}
+        self.free_instance_counts: dict[str, int] = {}
+        """:meth:`free_instances` of every profile ever published; the inventory moves them as
+        occupancy changes its GPUs' capacities (callers other than the inventory only read it)."""
         self._min_slices: dict[str, int] = {}
         self._max_slices: dict[str, int] = {}
 
@@ -55,7 +57,7 @@ class Registry:
             for profile, cap in zip(gpu.table.profiles, gpu.caps, strict=True):
                 name = profile.name
                 self._published_gpus[name] = self._published_gpus.get(name, 0) + 1
-                self._free_instances[name] = self._free_instances.get(name, 0) + cap
+                self.free_instance_counts[name] = self.free_instance_counts.get(name, 0) + cap
                 size = profile.profile.memory_slices
                 self._min_slices[name] = min(self._min_slices.get(name, size), size)
                 self._max_slices[name] = max(self._max_slices.get(name, size), size)
@@ -93,7 +95,7 @@ class Registry:
             del self._gpus[(name, gpu.index)]
             for profile, cap in zip(gpu.table.profiles, gpu.caps, strict=True):
                 self._published_gpus[profile.name] -= 1
-                self._free_instances[profile.name] -= cap
+                self.free_instance_counts[profile.name] -= cap
         if not self.ranks_stale and node.rank >= 0:
             self._by_rank[node.rank] = None
         else:
@@ -109,12 +111,6 @@ class Registry:
         self.ranks_stale = False
         logger.debug("re-ranked %s nodes", len(ordered))
         return ordered
-
-    def move_free(self, moved: tuple[tuple[str, int], ...]) -> None:
-        """Add each ``(profile, delta)`` to the free instances (a GPU's capacities changed)."""
-        free_instances = self._free_instances
-        for name, delta in moved:
-            free_instances[name] += delta
 
     def _last_ranked(self) -> NodeState | None:
         while self._by_rank and self._by_rank[-1] is None:
@@ -169,12 +165,7 @@ class Registry:
     def free_instances(self, profile: str) -> int:
         """Instances of ``profile`` that could still be created, counted per GPU for that profile
         alone (a GPU with 3 free slices counts 3 for 1g.5gb and 1 for 2g.10gb)."""
-        return self._free_instances.get(profile, 0)
-
-    @property
-    def free_instance_counts(self) -> Mapping[str, int]:
-        """:meth:`free_instances` of every profile ever published, as a live read-only mapping."""
-        return self._free_instances
+        return self.free_instance_counts.get(profile, 0)
 
     def profile_slices(self, profile: str) -> tuple[int, int]:
         """Fewest and most memory slices ``profile`` takes on any GPU model ever published."""

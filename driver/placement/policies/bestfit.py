@@ -50,7 +50,7 @@ class BestFit:
                 at_level = sig.tiers[level]
                 rank = at_level.next_at_or_after(0)
                 while rank >= 0:
-                    node = inventory.node_at(rank)
+                    node = inventory.registry.node_at(rank)
                     if node is not None:
                         self._first = (node, sig.id, level)
                         try:
@@ -72,7 +72,7 @@ class BestFit:
                 if rank in seen:
                     continue
                 seen.add(rank)
-                node = inventory.node_at(rank)
+                node = inventory.registry.node_at(rank)
                 if node is not None:
                     yield node
             level += 1

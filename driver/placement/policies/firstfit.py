@@ -24,7 +24,7 @@ class FirstFit:
         self, inventory: Inventory, plan: Plan, conditions: Sequence[Condition]
     ) -> Iterator[NodeState]:
         for rank in leapfrog(condition_unions(conditions)):
-            node = inventory.node_at(rank)
+            node = inventory.registry.node_at(rank)
             if node is not None:
                 yield node
 

@@ -56,13 +56,13 @@ class Scarcity:
         if not inventory.track_states:
             yield from FirstFit().nodes(inventory, plan, conditions)
             return
-        self._prices = prices = Prices(inventory.free_instance_counts)
+        self._prices = prices = Prices(inventory.registry.free_instance_counts)
         self._first = None
         primary = _largest_request(plan, inventory) if len(plan.requests) > 1 else 0
         wanted = plan.requests[primary].profiles
         # States are kept in buckets of equal options and fullness by the inventory (updated as
         # states come and go), so a decision scores each bucket once and regroups nothing.
-        buckets = inventory.state_buckets(wanted, bucketing(wanted))
+        buckets = inventory.groups.buckets(wanted, bucketing(wanted))
         if not buckets:
             return
         raw = prices.raw
@@ -78,7 +78,7 @@ class Scarcity:
         key, gpu = _first_tier(buckets, raw, least)
         rank = gpu.node.rank
         if (rank in only) if only is not None else _in_all(unions, rank):
-            node = inventory.node_at(rank)
+            node = inventory.registry.node_at(rank)
             if node is not None:
                 # ``candidates`` starts from this GPU when it searches this node first.
                 self._first = (node, gpu, key[0], wanted) if gpu.node is node else None
@@ -264,7 +264,7 @@ def _in_tier_order(
         for rank in ranks:
             seen.add(rank)
             if (rank in only) if only is not None else _in_all(unions, rank):
-                node = inventory.node_at(rank)
+                node = inventory.registry.node_at(rank)
                 if node is not None:
                     yield node
         start = end
