@@ -142,7 +142,7 @@ class Engine:
             return
         pending: dict[tuple[str, int], tuple[int, bool]] = {}
         for a in placed.assignments:
-            gpu = inventory.gpu(a.node, a.gpu_index)
+            gpu = inventory.registry.gpu(a.node, a.gpu_index)
             mask, media = pending.get((a.node, a.gpu_index), (gpu.mask, gpu.media_taken))
             new = ((1 << a.size) - 1) << a.start
             if mask & new or (media and a.media):
@@ -375,7 +375,7 @@ class Engine:
             key = (geometry, shape)
             verdict = self._empty_fit.get(key)
             if verdict is None:
-                node = self.inventory.node(name)
+                node = self.inventory.registry.node(name)
                 search = NodeSearch(
                     plan, node, self.policy, budget=self._budget, empty=True, use_predicates=False
                 )
