@@ -51,7 +51,8 @@ class _Stats:
 
 
 class Engine:
-    """Inventory + occupancy + a policy. See the module docstring for the calling protocol."""
+    """An inventory (nodes, occupancy, indexes) and a policy. See the module docstring for the
+    calling protocol."""
 
     def __init__(
         self,
@@ -141,7 +142,7 @@ class Engine:
             return
         pending: dict[tuple[str, int], tuple[int, bool]] = {}
         for a in placed.assignments:
-            gpu = inventory.gpu(a.node, a.gpu_index)
+            gpu = inventory.registry.gpu(a.node, a.gpu_index)
             mask, media = pending.get((a.node, a.gpu_index), (gpu.mask, gpu.media_taken))
             new = ((1 << a.size) - 1) << a.start
             if mask & new or (media and a.media):
@@ -311,7 +312,7 @@ class Engine:
     def _permanent_reason(self, plan: Plan) -> str | None:
         """Why the pod could not be placed even on an empty cluster of the current inventory."""
         inventory = self.inventory
-        if inventory.node_count == 0:
+        if inventory.registry.node_count == 0:
             return "the placement inventory has no nodes with MIG GPUs"
         for request in plan.requests:
             names = sorted(request.profiles)
@@ -321,7 +322,7 @@ class Engine:
                 if len(names) == 1:
                     return f"no node publishes MIG profile {names[0]}"
                 return f"no node publishes any of the MIG profiles {', '.join(names)}"
-        shapes = list(inventory.shapes())
+        shapes = list(inventory.registry.shapes())
         largest_gpu = max(t.slices for shape, _ in shapes for t in shape)
         for component in plan.gpu_components:
             needed = 0
@@ -374,7 +375,7 @@ class Engine:
             key = (geometry, shape)
             verdict = self._empty_fit.get(key)
             if verdict is None:
-                node = self.inventory.node(name)
+                node = self.inventory.registry.node(name)
                 search = NodeSearch(
                     plan, node, self.policy, budget=self._budget, empty=True, use_predicates=False
                 )

@@ -2,9 +2,11 @@
 
 ``GpuSpec``/``NodeSpec`` are what the controller builds from ResourceSlices; ``Occupant`` is one
 taken slice, whoever made it. ``GpuState``/``NodeState`` are the engine's mutable view, derived from
-the occupants. The records that ``driver.placement.inventory`` indexes them by live here too, since
-a GPU and its records refer to each other: ``SignatureIndex`` (the nodes able to take a signature),
-``StateGroup`` (the GPUs in one state) and ``Step`` (what one change does to a GPU in one state).
+the occupants. The records the inventory's parts keep them in live here too, since a GPU and its
+records refer to each other: ``SignatureIndex`` (the nodes able to take a signature, see
+``driver.placement.signatures``), ``StateGroup`` (the GPUs in one state, see
+``driver.placement.groups``) and ``Step`` (what one change does to a GPU in one state, see
+``driver.placement.steps``).
 """
 
 from collections.abc import Hashable
@@ -95,14 +97,14 @@ class GpuState:
         self.caps: tuple[int, ...] = (0,) * len(self.table.profiles)
         self.key: StateKey = (self.table, 0, False, self.counts)
         self.group: StateGroup | None = None
-        """The inventory's group of GPUs in this GPU's state (``track_states`` only)."""
+        """The group of GPUs in this GPU's state (``track_states`` only)."""
         # levels[sig id]: this GPU's level for the signature (lower is better), -1 if it cannot fit.
         self.levels: tuple[int, ...] = ()
         self.derive()
         self.disjoint = self.occupants_disjoint()
         """Whether the occupants' slices are pairwise disjoint and at most one holds the ``+me``
         engine (always, unless overlapping records were fed): then the state a release leads to
-        follows from the current state and the occupant released alone (kept by the inventory)."""
+        follows from the current state and the occupant released alone (a kept step)."""
 
     def derive(self) -> None:
         """Recompute mask, media and per-profile counts from the occupants."""
@@ -256,7 +258,7 @@ class SignatureIndex:
 
 
 Buckets = dict[int, dict["StateGroup", None]]
-"""State groups by a policy's bucket of them (see :meth:`Inventory.state_buckets`)."""
+"""State groups by a policy's bucket of them (see :meth:`StateGroups.buckets`)."""
 
 
 class StateGroup:
@@ -265,7 +267,7 @@ class StateGroup:
     ``memo`` is scratch space for policies: values that depend on the state alone (e.g. the
     placements a profile has there and what each would cost), computed once per state. A group
     outlives its last GPU (GPUs come back to the same states all the time, and would otherwise
-    recompute its memo), up to ``inventory.MAX_KNOWN_STATES`` groups.
+    recompute its memo), up to ``groups.MAX_KNOWN_STATES`` groups.
     """
 
     __slots__ = ("adds", "free", "gpus", "joined", "joins", "key", "memo", "releases")
@@ -278,13 +280,13 @@ class StateGroup:
         self.gpus: dict[GpuState, None] = {}
         self.memo: dict[Hashable, int] = {}
         self.joins: list[tuple[Buckets, int]] = []
-        """The inventory's buckets this group belongs in while it has GPUs, and its bucket in each
+        """The buckets this group belongs in while it has GPUs, and its bucket in each
         (worked out once per bucketing, not on every first GPU)."""
         self.joined = 0
-        """How many of the inventory's bucketings ``joins`` covers (all of them while live)."""
+        """How many of the bucketings ``joins`` covers (all of them while live)."""
         self.adds: dict[int, Step] = {}
-        """Id of an occupant added -> the step it takes a GPU in this state (the inventory's
-        step table for ``track_states``: a GPU change looks its step up without hashing the
+        """Id of an occupant added -> the step it takes a GPU in this state (the step
+        table for ``track_states``: a GPU change looks its step up without hashing the
         state key)."""
         self.releases: dict[int, Step] = {}
         """Id of an occupant released -> its step, for :attr:`GpuState.disjoint` GPUs."""

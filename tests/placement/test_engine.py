@@ -24,7 +24,7 @@ from driver.placement import (
     policy_named,
     same_gpu,
 )
-from driver.placement import inventory as inventory_module
+from driver.placement import groups as groups_module
 from tests.placement import reference
 
 A100 = gpu_model("A100-40GB")
@@ -483,7 +483,7 @@ def test_churn_over_many_nodes_matches_a_linear_scan(
     """150 nodes (three rank-set words), random single-slice churn: firstfit's answer is the
     first node in name order that fits; both policies' answers are valid; no fit means none fits."""
     # Few known GPU states, so the empty ones are forgotten (and met again) during the churn.
-    monkeypatch.setattr(inventory_module, "MAX_KNOWN_STATES", 40)
+    monkeypatch.setattr(groups_module, "MAX_KNOWN_STATES", 40)
     rng = random.Random(7)
     names = [f"n{i:03d}" for i in range(150)]
     rng.shuffle(names)
@@ -531,7 +531,7 @@ def test_churn_over_many_nodes_matches_a_linear_scan(
         assert groups == fresh
         assert {g.key for g in engine.inventory.state_groups()} == set(fresh)
         # The incrementally kept buckets of each requested profile set equal a fresh bucketing.
-        for name, bucket_of, buckets in engine.inventory._buckets:
+        for name, bucket_of, buckets in engine.inventory.groups._buckets:
             regrouped: dict[int, set[object]] = {}
             for group in engine.inventory.state_groups():
                 bucket = bucket_of(group)
