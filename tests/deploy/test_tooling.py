@@ -169,9 +169,12 @@ def test_make_deploy_waits_for_the_rollout_and_says_why_it_cannot_finish() -> No
     assert "source=instaslice-kubelet-plugin" in text  # the plugin's Node warnings
 
 
-def test_make_undeploy_pipes_the_render_into_the_uninstall_that_drains_only_when_asked() -> None:
+def test_make_undeploy_renders_first_then_feeds_the_uninstall_that_drains_only_when_asked() -> None:
     refusing = _make_dry_run("undeploy", "OVERLAY=emulated")
-    assert "deploy/render.sh emulated | .venv/bin/python -m instaslice uninstall -f -" in refusing
+    # the render's output is taken whole first, so a failed render stops the recipe (&&)
+    assert "manifests=$(" in refusing
+    assert "deploy/render.sh emulated) && printf" in refusing
+    assert "| .venv/bin/python -m instaslice uninstall -f -" in refusing
     assert "--drain" not in refusing
     assert "uninstall -f - --drain" in _make_dry_run("undeploy", "DRAIN=true")
 
