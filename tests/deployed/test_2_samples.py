@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api import names
 from driver.cdi import VISIBLE_DEVICES_ENV
-from driver.cluster.port import PODS
+from driver.cluster.port import PODS, JsonObject
 from driver.cluster.views import PodView
 from tests.deploy.manifests import monitoring_generator
 from tests.deployed import checks
@@ -25,6 +25,36 @@ from tests.deployed.deploy import QUOTA_NS, SAMPLES, SAMPLES_NS, TIER_NS, Deploy
 from tests.deployed.prometheus import SCRAPE_SECONDS, Prometheus, targets
 
 OPAQUE_ENV = {"HF_HOME": "/models/cache", "TIER_GREETING": "hello from the claim"}
+
+
+def _claim_pod(
+    name: str,
+    namespace: str,
+    *,
+    claim: str = "",
+    template: str = "",
+    limits: dict[str, str] | None = None,
+) -> JsonObject:
+    """A busybox pod that sleeps holding one claim (by name, or made from ``template``), or, with
+    ``limits``, asking for classic resources instead."""
+    app: JsonObject = {
+        "name": "app",
+        "image": "busybox:1.36",
+        "command": ["sh", "-c", "exec sleep 86400"],
+        "resources": {"limits": limits} if limits else {"claims": [{"name": "mig"}]},
+    }
+    spec: JsonObject = {"containers": [app]}
+    if not limits:
+        source = (
+            {"resourceClaimTemplateName": template} if template else {"resourceClaimName": claim}
+        )
+        spec["resourceClaims"] = [{"name": "mig", **source}]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
 
 
 def _opaque_config_workload() -> str:
@@ -56,22 +86,7 @@ def _opaque_config_workload() -> str:
             }
         },
     }
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "opaque-config", "namespace": TIER_NS},
-        "spec": {
-            "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": "mig-with-env"}],
-            "containers": [
-                {
-                    "name": "app",
-                    "image": "busybox:1.36",
-                    "command": ["sh", "-c", "exec sleep 86400"],
-                    "resources": {"claims": [{"name": "mig"}]},
-                }
-            ],
-        },
-    }
+    pod = _claim_pod("opaque-config", TIER_NS, template="mig-with-env")
     return yaml.safe_dump_all([template, pod])
 
 
@@ -149,22 +164,7 @@ def _unsatisfiable_workload() -> str:
             }
         },
     }
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "too-many", "namespace": TIER_NS},
-        "spec": {
-            "resourceClaims": [{"name": "mig", "resourceClaimName": "too-many"}],
-            "containers": [
-                {
-                    "name": "app",
-                    "image": "busybox:1.36",
-                    "command": ["sleep", "86400"],
-                    "resources": {"claims": [{"name": "mig"}]},
-                }
-            ],
-        },
-    }
+    pod = _claim_pod("too-many", TIER_NS, claim="too-many")
     return yaml.safe_dump_all([claim, pod])
 
 
@@ -340,7 +340,6 @@ CHARGE_NS = "instaslice-chargeback"
 def _chargeback_workload() -> str:
     """A DRA pod and a classic pod of one 1g.5gb slice each, in a namespace of their own."""
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CHARGE_NS}}
-    container = {"name": "app", "image": "busybox:1.36", "command": ["sleep", "86400"]}
     template = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
@@ -355,23 +354,8 @@ def _chargeback_workload() -> str:
             }
         },
     }
-    dra = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "dra", "namespace": CHARGE_NS},
-        "spec": {
-            "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": "one-slice"}],
-            "containers": [{**container, "resources": {"claims": [{"name": "mig"}]}}],
-        },
-    }
-    classic = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "classic", "namespace": CHARGE_NS},
-        "spec": {
-            "containers": [{**container, "resources": {"limits": {"nvidia.com/mig-1g.5gb": "1"}}}]
-        },
-    }
+    dra = _claim_pod("dra", CHARGE_NS, template="one-slice")
+    classic = _claim_pod("classic", CHARGE_NS, limits={"nvidia.com/mig-1g.5gb": "1"})
     return yaml.safe_dump_all([namespace, template, dra, classic])
 
 
