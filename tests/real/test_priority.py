@@ -239,6 +239,7 @@ def test_waiting_pods_are_placed_in_priority_order_as_slices_free_one_at_a_time(
         assert placed == expected
     finally:
         cluster.restart_controllers()
+        cluster.wait_ready()  # the next test's pods need the webhook serving again
         for name in values:
             with contextlib.suppress(ApiNotFoundError):
                 cluster.api.delete(PRIORITY_CLASSES, name=name)
@@ -346,6 +347,7 @@ def test_a_whole_gpu_pod_runs_within_the_starvation_bound_plus_one_lifetime_unde
         without = _large_wait(cluster, "without", cap=WITHOUT_CAP_S)
     finally:
         cluster.restart_controllers()
+        cluster.wait_ready()
     shown = f"{without:.1f}s" if without is not None else f"not placed within {WITHOUT_CAP_S:g}s"
     print(
         f"7g.40gb under a 1g.5gb stream: {with_reservation:.1f}s with --starvation-after "
