@@ -8,6 +8,7 @@ import io
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -194,7 +195,10 @@ def _create_holder(api: KubeClusterApi, name: str) -> None:
 
 
 class _Clock:
-    """Time that passes only when the procedure sleeps."""
+    """Time that passes only when the procedure sleeps. Each sleep also lets a little real time
+    pass: what the procedure waits for is done by the local API server's threads (its garbage
+    collector deletes a DaemonSet's pods before the DaemonSet), which need it on a loaded
+    machine."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -204,6 +208,7 @@ class _Clock:
 
     def sleep(self, seconds: float) -> None:
         self.now += seconds
+        time.sleep(min(seconds, 0.05))
 
 
 def _no_metrics(namespace: str, pod: str, port: int) -> str:
