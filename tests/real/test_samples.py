@@ -4,12 +4,11 @@ real API server for both ways of asking (its own refusal message, nothing placed
 
 from __future__ import annotations
 
-import urllib.request
-
 import pytest
 
 from driver.cluster.port import PODS, RESOURCE_CLAIMS, JsonObject, PatchType
 from driver.errors import ClusterError
+from localcluster.daemonstack import local_metrics
 from localcluster.manifests import DEPLOYMENTS, read_kustomization
 from localcluster.realstack import RealStack
 from localcluster.stack import SAMPLES_DIR
@@ -173,10 +172,10 @@ def _wait_lines(stack: RealStack) -> list[str]:
     leader reports who waits)."""
     lines = []
     for port in stack.replica_metrics_ports:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-            text = response.read().decode()
         lines += [
-            x for x in text.splitlines() if x.startswith("instaslice_controller_waiting_pods{")
+            x
+            for x in local_metrics(port).splitlines()
+            if x.startswith("instaslice_controller_waiting_pods{")
         ]
     return lines
 
