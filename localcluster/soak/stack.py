@@ -109,11 +109,7 @@ class SoakStack(RealStack):
         for index, process in enumerate(self.controllers):
             if process.pid is None or not process.running():
                 continue
-            port = (
-                self.replica_metrics_ports[index]
-                if index < len(self.replica_metrics_ports)
-                else None
-            )
+            port = self.replica_metrics_ports[index]  # set with the replicas in start()
             found.append(Daemon(role=f"controller-{index}", pid=process.pid, metrics_port=port))
             child = self.webhook_child(index)
             if child is not None:
